@@ -1,0 +1,3 @@
+from dike_slurm.cli import main
+
+main()

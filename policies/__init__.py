@@ -1,0 +1,1 @@
+"""The policy plugins shipped with dike-slurm (installed as dike_slurm.policies)."""

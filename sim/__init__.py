@@ -1,0 +1,1 @@
+"""The discrete-event replay simulator (installed as dike_slurm.sim)."""

@@ -1,0 +1,1 @@
+"""Jinja2 templates (installed as package data under dike_slurm.templates)."""
