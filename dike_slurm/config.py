@@ -1,0 +1,188 @@
+"""The validated configuration: TOML file < environment (DIKE_SECTION__KEY) < CLI flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dike_slurm.errors import ConfigError, RegistryError
+from dike_slurm.policies.base import PolicyParams
+from dike_slurm.registry import default_registry
+
+ENV_PREFIX = "DIKE_"
+ENV_CONFIG_FILE = "DIKE_CONFIG"  # names the file; not a setting itself
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Section):
+    """The live cycle."""
+
+    policy: str = Field("dike", description="policy the engine runs")
+    interval_s: float = Field(60.0, gt=0, description="seconds between cycles")
+    priority_strategy: Literal["site_factor", "priority", "nice"] = "site_factor"
+    priority_span: int = Field(
+        1_000_000, ge=1, description="largest SiteFactor/Priority written; policy order is spread over [1, span]"
+    )
+    admin_comment: bool = Field(True, description="write `dike:level=N attained=X` to AdminComment")
+    max_changes_per_cycle: int = Field(200, ge=0)
+    breaker_change_fraction: float = Field(
+        0.9, gt=0, le=1, description="stop writing if more than this fraction of managed jobs would change"
+    )
+    breaker_min_jobs: int = Field(20, ge=0, description="the fraction check applies from this many managed jobs")
+    breaker_max_errors: int = Field(5, ge=0, description="stop writing after this many failed writes in a cycle")
+    cycle_deadline_s: float = Field(45.0, gt=0)
+    state_db: Path = Field(Path("/var/lib/dike-slurm/state.sqlite"))
+    lock_file: Path | None = Field(None, description="default: state_db + '.lock'")
+    seed: int = 0
+
+
+class ScopeSettings(_Section):
+    """Which jobs the engine may touch (empty list: all)."""
+
+    partitions: list[str] = Field(default_factory=list)
+    accounts: list[str] = Field(default_factory=list)
+    qos: list[str] = Field(default_factory=list)
+    exempt_tag: str = Field("dike:exempt", min_length=1, description="jobs whose comment holds this are never touched")
+
+
+class SlurmSettings(_Section):
+    """How the engine reaches Slurm."""
+
+    backend: Literal["cli", "pyslurm", "simulated"] = "cli"
+    slurm_conf: Path | None = Field(None, description="exported as SLURM_CONF to every Slurm command")
+    topology_conf: Path | None = Field(None, description="default: `scontrol show topology`")
+    bin_dir: Path | None = Field(None, description="folder of squeue/sinfo/sacct/scontrol; default: PATH")
+    command_timeout_s: float = Field(30.0, gt=0)
+
+
+class AccountingSettings(_Section):
+    """Usage and history from sacct."""
+
+    usage_half_life_h: float = Field(168.0, gt=0, description="decay of each owner's GPU usage")
+    lookback_days: float = Field(30.0, gt=0, description="sacct history read for usage and thresholds")
+    user_shares: dict[str, float] = Field(default_factory=dict, description="fair share per user/account (default 1)")
+
+
+class ReplaySettings(_Section):
+    """The offline simulator."""
+
+    interval_s: float = Field(60.0, gt=0, description="policy cycle in simulated seconds")
+    comm_penalty: float = Field(
+        1.0, ge=0, description="a heavy job spread over s leaves runs 1 + penalty x (s-1) times longer"
+    )
+    restart_cost_s: float = Field(60.0, ge=0, description="time lost by each preempted run on restart")
+    seed: int = 0
+
+
+class Config(_Section):
+    """The whole configuration; `[policies.NAME]` tables hold each policy's parameters."""
+
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    scope: ScopeSettings = Field(default_factory=ScopeSettings)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    accounting: AccountingSettings = Field(default_factory=AccountingSettings)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def policy_params(self, name: str) -> PolicyParams:
+        """The validated parameters of one policy (its defaults where the file is silent)."""
+        params_model = default_registry().get(name).Params
+        try:
+            return params_model.model_validate(self.policies.get(name, {}))
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, prefix=f"policies.{name}")) from None
+
+
+def _describe(exc: ValidationError, prefix: str = "", source: str = "") -> str:
+    problems = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"])
+        key = f"{prefix}.{key}" if prefix and key else (prefix or key or "(top level)")
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        problems.append(f"{key}: {message}")
+    where = f"{source}: " if source else ""
+    return where + "; ".join(problems)
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _env_value(text: str) -> Any:
+    """TOML literal if it parses as one (30, true, ["gpu"]), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`DIKE_ENGINE__INTERVAL_S=30` -> {"engine": {"interval_s": 30}}; DIKE_CONFIG is excluded."""
+    overrides: dict[str, Any] = {}
+    for name, text in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        if len(path) < 2 or not all(path):
+            continue
+        target = overrides
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = _env_value(text)
+    return overrides
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("config file not found", source=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config: {exc.strerror}", source=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=str(path)) from None
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Load and validate: the file (or $DIKE_CONFIG), then DIKE_* variables, then CLI overrides."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_CONFIG_FILE):
+        path = Path(environ[ENV_CONFIG_FILE])
+    data = read_toml(path) if path is not None else {}
+    data = _merge(data, environment_overrides(environ))
+    data = _merge(data, overrides or {})
+    source = str(path) if path is not None else "configuration"
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source=source)) from None
+    for key, name in [("engine.policy", config.engine.policy)] + [(f"policies.{n}", n) for n in config.policies]:
+        try:
+            config.policy_params(name)
+        except RegistryError as exc:
+            raise ConfigError(f"{key}: {exc}", source=source) from None
+        except ConfigError as exc:
+            raise ConfigError(str(exc), source=source) from None
+    return config

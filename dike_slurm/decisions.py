@@ -1,0 +1,78 @@
+"""Typed decisions a policy returns; backends translate them into Slurm changes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from dike_slurm.model import Placement
+
+
+@dataclass(frozen=True)
+class SetPriority:
+    """Put a job in a queue level with a score: higher scores run first, levels dominate."""
+
+    job_id: int
+    level: int
+    score: float
+    reason: str
+    promoted: bool = False  # starvation promotion: attained service counted so far is forgiven
+
+
+@dataclass(frozen=True)
+class SetPlacement:
+    """Ask Slurm to place a pending job under this constraint."""
+
+    job_id: int
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClearPlacement:
+    """Remove the constraint the engine set earlier on a pending job."""
+
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Preempt a running job by requeueing it."""
+
+    job_id: int
+    reason: str
+
+
+Decision = Union[SetPriority, SetPlacement, ClearPlacement, Requeue]
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The whole output of one `decide` call."""
+
+    priorities: tuple[SetPriority, ...] = ()
+    placements: tuple[SetPlacement | ClearPlacement, ...] = ()
+    requeues: tuple[Requeue, ...] = ()
+
+    def order(self) -> tuple[int, ...]:
+        """Job ids from the first to run to the last (score descending, then id)."""
+        ranked = sorted(self.priorities, key=lambda p: (-p.score, p.job_id))
+        return tuple(p.job_id for p in ranked)
+
+    def priority_of(self, job_id: int) -> SetPriority | None:
+        for decision in self.priorities:
+            if decision.job_id == job_id:
+                return decision
+        return None
+
+    def placement_of(self, job_id: int) -> SetPlacement | ClearPlacement | None:
+        for decision in self.placements:
+            if decision.job_id == job_id:
+                return decision
+        return None
+
+    def __iter__(self):
+        yield from self.priorities
+        yield from self.placements
+        yield from self.requeues

@@ -1,0 +1,39 @@
+"""The project's own exceptions: every known failure becomes one of these, with a clear message."""
+
+from __future__ import annotations
+
+
+class DikeError(Exception):
+    """Base of every error the CLI turns into a one-line message (exit code 1)."""
+
+    exit_code = 1
+
+
+class InputError(DikeError):
+    """Malformed input: names the source (file, line, job) and what is wrong."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None):
+        self.source = source
+        self.line = line
+        where = source or ""
+        if line is not None:
+            where = f"{where}:{line}" if where else f"line {line}"
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class ConfigError(InputError):
+    """Invalid configuration: names the key."""
+
+
+class PolicyError(DikeError):
+    """A policy cannot decide on this snapshot (e.g. the oracle asked to run live)."""
+
+
+class RegistryError(DikeError):
+    """Policy registry problems: unknown or duplicate policy names."""
+
+
+class SlurmError(DikeError):
+    """A Slurm command failed, timed out or printed something we cannot read."""

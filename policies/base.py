@@ -1,0 +1,31 @@
+"""What every policy is: a class with a name, a parameter model and a pure `decide`."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from dike_slurm.decisions import Decisions
+from dike_slurm.model import Snapshot
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's parameters: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Policy(ABC):
+    """A scheduling policy. `decide` must be pure: no I/O, no clock, randomness only from `rng`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
+    live: ClassVar[bool] = True  # False: replay only (e.g. an oracle that needs true durations)
+
+    @abstractmethod
+    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
+        """Decisions for the managed jobs of this snapshot."""

@@ -1,0 +1,166 @@
+"""Building blocks shared by the policies: levels, fairness, communication class, placement."""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from dike_slurm.decisions import ClearPlacement, SetPlacement
+from dike_slurm.model import Job, Placement, Snapshot, Topology
+
+COMMENT_TAG = re.compile(r"dike:comm=(high|low)\b", re.IGNORECASE)
+
+
+def level_of(service_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
+    """Queue level: how many ascending thresholds the service has reached."""
+    return bisect.bisect_right(list(thresholds_gpu_s), service_gpu_s)
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of an ascending sequence (q in [0, 1])."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def usage_fractions(usage: Mapping[str, float], owners: Sequence[str]) -> dict[str, float]:
+    """Each owner's share of the total decayed usage (0 for owners with none)."""
+    total = sum(max(0.0, usage.get(o, 0.0)) for o in set(owners) | set(usage))
+    if total <= 0:
+        return {o: 0.0 for o in owners}
+    return {o: max(0.0, usage.get(o, 0.0)) / total for o in owners}
+
+
+def share_fractions(shares: Mapping[str, float], owners: Sequence[str]) -> dict[str, float]:
+    """Each owner's normalised fair share among the given owners (default share 1)."""
+    unique = sorted(set(owners))
+    raw = {o: max(0.0, shares.get(o, 1.0)) for o in unique}
+    total = sum(raw.values()) or 1.0
+    return {o: raw[o] / total for o in unique}
+
+
+def owner_of(job: Job, by: str) -> str:
+    return job.account if by == "account" else job.user
+
+
+class CommRule(BaseModel):
+    """Tags jobs as communication-heavy or light by partition, account or job-name glob."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comm: Literal["high", "low"]
+    partition: str | None = None
+    account: str | None = None
+    name_pattern: str | None = None
+
+    def matches(self, job: Job) -> bool:
+        if self.partition is None and self.account is None and self.name_pattern is None:
+            return False
+        return (
+            (self.partition is None or job.partition == self.partition)
+            and (self.account is None or job.account == self.account)
+            and (self.name_pattern is None or fnmatch.fnmatchcase(job.name, self.name_pattern))
+        )
+
+
+def is_comm_heavy(job: Job, comm_gpus: int, rules: Sequence[CommRule]) -> bool:
+    """Comment tag first, then the first matching rule, then size (several nodes or many GPUs)."""
+    tag = COMMENT_TAG.search(job.comment or "")
+    if tag:
+        return tag.group(1).lower() == "high"
+    for rule in rules:
+        if rule.matches(job):
+            return rule.comm == "high"
+    return job.num_nodes > 1 or job.gpus >= comm_gpus
+
+
+def leaf_gpu_capacity(snapshot: Snapshot) -> dict[str, int]:
+    """Total GPUs under each leaf switch (nodes outside the tree are their own leaf)."""
+    capacity: dict[str, int] = {}
+    for node in snapshot.nodes:
+        if node.available:
+            leaf = snapshot.topology.leaf_of(node.name)
+            capacity[leaf] = capacity.get(leaf, 0) + node.gpus
+    return capacity
+
+
+def leaf_free_gpus(snapshot: Snapshot) -> dict[str, int]:
+    free: dict[str, int] = {}
+    for node in snapshot.nodes:
+        leaf = snapshot.topology.leaf_of(node.name)
+        free[leaf] = free.get(leaf, 0) + node.gpus_free
+    return free
+
+
+def switches_needed(job: Job, capacity: Mapping[str, int]) -> int:
+    """The fewest leaf switches that could hold the job."""
+    biggest = max(capacity.values(), default=0)
+    if biggest <= 0:
+        return 1
+    return max(1, math.ceil(job.gpus / biggest))
+
+
+def consolidation(
+    job: Job,
+    now: float,
+    capacity: Mapping[str, int],
+    free_by_leaf: Mapping[str, int],
+    wait_s: int,
+    mode: str,
+    leaf_feature_prefix: str,
+    reason: str,
+) -> SetPlacement | ClearPlacement | None:
+    """Consolidate a heavy pending job under as few leaves as possible, relaxed after `wait_s`.
+
+    `switches` mode writes Slurm's Switches=N@wait, which Slurm relaxes by itself after the wait.
+    `leaf_feature` mode pins a leaf through its feature and is cleared here once the wait passed.
+    """
+    count = switches_needed(job, capacity)
+    if mode == "switches":
+        return SetPlacement(job.job_id, Placement(max_switches=count, switches_wait_s=wait_s), reason)
+    waited = job.waiting_s(now)
+    if waited >= wait_s or count > 1:
+        if job.placement.features:
+            return ClearPlacement(job.job_id, f"consolidation wait {wait_s}s passed; relaxed")
+        return None
+    if job.placement.features and job.placement.features.startswith(leaf_feature_prefix):
+        return SetPlacement(job.job_id, job.placement, reason)  # keep the leaf chosen earlier
+    fitting = [leaf for leaf, cap in capacity.items() if cap >= job.gpus and not leaf.startswith("~")]
+    if not fitting:
+        return None
+    best = max(fitting, key=lambda leaf: (free_by_leaf.get(leaf, 0), leaf))
+    return SetPlacement(job.job_id, Placement(features=f"{leaf_feature_prefix}{best}"), reason)
+
+
+def steering_exclusions(snapshot: Snapshot, topology: Topology) -> tuple[str, ...]:
+    """Nodes of entirely idle leaves: light jobs kept off them leave whole leaves to heavy jobs."""
+    idle_leaf: dict[str, bool] = {}
+    members: dict[str, list[str]] = {}
+    for node in snapshot.nodes:
+        leaf = topology.leaf_of(node.name)
+        members.setdefault(leaf, []).append(node.name)
+        idle = node.available and node.gpus_alloc == 0
+        idle_leaf[leaf] = idle_leaf.get(leaf, True) and idle
+    excluded: list[str] = []
+    for leaf, idle in sorted(idle_leaf.items()):
+        if idle and not leaf.startswith("~"):
+            excluded.extend(sorted(members[leaf]))
+    return tuple(excluded)
+
+
+def fragmented_fit(job: Job, snapshot: Snapshot, excluded: frozenset[str]) -> bool:
+    """Whether a one-node job fits now on a node outside the excluded set."""
+    return any(
+        node.gpus_free >= job.gpus_per_node
+        for node in snapshot.nodes
+        if node.name not in excluded and (not job.partition or not node.partitions or job.partition in node.partitions)
+    )

@@ -1,0 +1,240 @@
+"""Dike: discrete mixed-priority feedback queues plus communication-aware placement.
+
+Our interpretation of Jiang et al., ICASSP 2025 (see docs/policies.md): levels from attained
+GPU service (information-agnostic), a fairness/wait mix inside a level, starvation promotion,
+consolidation of communication-heavy jobs, steering of light jobs, optional preemption.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.policies.common import (
+    CommRule,
+    consolidation,
+    fragmented_fit,
+    is_comm_heavy,
+    leaf_free_gpus,
+    leaf_gpu_capacity,
+    level_of,
+    owner_of,
+    quantile,
+    share_fractions,
+    steering_exclusions,
+    usage_fractions,
+)
+
+# Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
+WITHIN_SPAN = 0.999
+
+
+class DikeParams(PolicyParams):
+    """Every Dike knob; docs/configuration.md explains each."""
+
+    levels: int = Field(3, ge=2, le=8, description="number of feedback queues K")
+    thresholds_gpuh: list[float] | None = Field(
+        None, description="K-1 ascending demotion thresholds in GPU-hours; unset: derived from history"
+    )
+    auto_quantiles: list[float] | None = Field(
+        None, description="quantiles of finished jobs' GPU service for derived thresholds; unset: 1-2^-(i+1)"
+    )
+    min_history_jobs: int = Field(50, ge=1, description="finished jobs needed before deriving thresholds")
+    fallback_thresholds_gpuh: list[float] | None = Field(
+        None, description="thresholds while history is short; unset: 8^i GPU-hours (1, 8, 64, ...)"
+    )
+    fairness_weight: float = Field(0.5, ge=0, description="weight of the owner's fair-share deficit")
+    wait_weight: float = Field(0.5, ge=0, description="weight of the time waiting")
+    wait_scale_s: float = Field(3600.0, gt=0, description="wait at which the wait term reaches 1/2")
+    fairness_by: Literal["user", "account"] = "user"
+    promote_knob: float | None = Field(
+        8.0, gt=0, description="promote to level 0 when wait >= knob x last run time; unset: never"
+    )
+    max_wait_s: float | None = Field(2 * 86400.0, gt=0, description="promote after this wait regardless")
+    comm_gpus: int = Field(8, ge=1, description="jobs asking at least this many GPUs are communication-heavy")
+    comm_rules: list[CommRule] = Field(default_factory=list)
+    consolidate: bool = True
+    placement_mode: Literal["switches", "leaf_feature"] = "switches"
+    leaf_feature_prefix: str = Field("leaf_", description="leaf_feature mode: node feature = prefix + leaf switch name")
+    max_consolidation_wait_s: int = Field(1800, ge=0, description="relax the single-leaf constraint after this wait")
+    steer_light_jobs: bool = True
+    preemption: bool = False
+    min_runtime_s: float = Field(600.0, ge=0, description="never preempt a run younger than this")
+    max_preemptions: int = Field(2, ge=0, description="per job")
+    max_requeues_per_cycle: int = Field(4, ge=0)
+
+    @model_validator(mode="after")
+    def _check_lists(self) -> DikeParams:
+        for name in ("thresholds_gpuh", "auto_quantiles", "fallback_thresholds_gpuh"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != self.levels - 1:
+                raise ValueError(f"{name} needs levels-1 = {self.levels - 1} values, got {len(values)}")
+            if any(b <= a for a, b in zip(values, values[1:])):
+                raise ValueError(f"{name} must be strictly ascending, got {values}")
+            if any(v <= 0 for v in values):
+                raise ValueError(f"{name} must be positive, got {values}")
+        if self.auto_quantiles is not None and any(q >= 1 for q in self.auto_quantiles):
+            raise ValueError(f"auto_quantiles must be below 1, got {self.auto_quantiles}")
+        return self
+
+    def quantiles(self) -> list[float]:
+        return self.auto_quantiles or [1 - 2.0 ** -(i + 1) for i in range(self.levels - 1)]
+
+    def fallback_gpu_s(self) -> list[float]:
+        gpuh = self.fallback_thresholds_gpuh or [8.0**i for i in range(self.levels - 1)]
+        return [h * 3600.0 for h in gpuh]
+
+
+def thresholds_gpu_s(snapshot: Snapshot, params: DikeParams) -> tuple[list[float], str]:
+    """The demotion thresholds in GPU-seconds and where they came from."""
+    if params.thresholds_gpuh is not None:
+        return [h * 3600.0 for h in params.thresholds_gpuh], "configured"
+    history = snapshot.completed_service_gpu_s
+    if len(history) < params.min_history_jobs:
+        return params.fallback_gpu_s(), f"fallback ({len(history)} finished jobs < {params.min_history_jobs})"
+    derived = [quantile(history, q) for q in params.quantiles()]
+    # Keep them strictly ascending and positive even on degenerate histories.
+    fixed: list[float] = []
+    for value in derived:
+        floor = fixed[-1] * 1.01 if fixed else 60.0
+        fixed.append(max(value, floor))
+    return fixed, f"derived from {len(history)} finished jobs"
+
+
+def levels_with_promotion(
+    job: Job, now: float, thresholds: list[float], promote_knob: float | None, max_wait_s: float | None
+) -> tuple[int, bool, str]:
+    """(level, promoted, reason) for an active job: service-based level unless it starves."""
+    service = job.counted_gpu_s
+    level = level_of(service, thresholds)
+    reason = f"attained={service / 3600:.2f}gpuh"
+    if job.state is JobState.PENDING and level > 0:
+        waited = job.waiting_s(now)
+        if promote_knob is not None and job.last_run_s > 0 and waited >= promote_knob * job.last_run_s:
+            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= {promote_knob:g} x last run {job.last_run_s:.0f}s"
+        if max_wait_s is not None and waited >= max_wait_s:
+            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= max_wait {max_wait_s:.0f}s"
+    return level, False, reason
+
+
+class DikePolicy(Policy):
+    name = "dike"
+    description = "Dike: K feedback queues from attained GPU-hours, fairness/wait mix, comm-aware placement."
+    Params = DikeParams
+
+    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
+        assert isinstance(params, DikeParams)
+        now = snapshot.time
+        thresholds, origin = thresholds_gpu_s(snapshot, params)
+        active = snapshot.pending + snapshot.running
+        owners = [owner_of(j, params.fairness_by) for j in active]
+        usage = usage_fractions(snapshot.user_usage_gpu_s, owners)
+        shares = share_fractions(snapshot.user_shares, owners)
+        weight_total = params.fairness_weight + params.wait_weight
+
+        priorities: list[SetPriority] = []
+        level_by_job: dict[int, int] = {}
+        for job, owner in zip(active, owners):
+            level, promoted, reason = levels_with_promotion(
+                job, now, thresholds, params.promote_knob, params.max_wait_s
+            )
+            level_by_job[job.job_id] = level
+            deficit = shares[owner] - usage[owner]  # > 0: the owner got less than its share
+            fairness = (deficit + 1.0) / 2.0
+            waited = job.waiting_s(now)
+            wait = waited / (waited + params.wait_scale_s)
+            mix = (params.fairness_weight * fairness + params.wait_weight * wait) / weight_total if weight_total else 0.0
+            score = (params.levels - 1 - level) + WITHIN_SPAN * min(max(mix, 0.0), 1.0)
+            priorities.append(
+                SetPriority(
+                    job.job_id,
+                    level,
+                    score,
+                    f"level={level} {reason}; thresholds {origin}; fair={fairness:.2f} wait={wait:.2f}",
+                    promoted=promoted,
+                )
+            )
+
+        placements = self._placements(snapshot, params) if params.consolidate or params.steer_light_jobs else []
+        requeues = self._preemptions(snapshot, params, level_by_job) if params.preemption else []
+        return Decisions(tuple(priorities), tuple(placements), tuple(requeues))
+
+    def _placements(self, snapshot: Snapshot, params: DikeParams) -> list:
+        capacity = leaf_gpu_capacity(snapshot)
+        free_by_leaf = leaf_free_gpus(snapshot)
+        excluded = steering_exclusions(snapshot, snapshot.topology) if params.steer_light_jobs else ()
+        excluded_set = frozenset(excluded)
+        out = []
+        for job in snapshot.pending:
+            if is_comm_heavy(job, params.comm_gpus, params.comm_rules):
+                if params.consolidate:
+                    decision = consolidation(
+                        job,
+                        snapshot.time,
+                        capacity,
+                        free_by_leaf,
+                        params.max_consolidation_wait_s,
+                        params.placement_mode,
+                        params.leaf_feature_prefix,
+                        f"communication-heavy ({job.gpus} GPUs on {job.num_nodes} node(s)): consolidate",
+                    )
+                    if decision is not None:
+                        out.append(decision)
+            elif excluded and job.num_nodes == 1 and fragmented_fit(job, snapshot, excluded_set):
+                out.append(
+                    SetPlacement(
+                        job.job_id,
+                        Placement(exclude_nodes=excluded),
+                        "light job: steered to fragmented nodes to keep idle leaves whole",
+                    )
+                )
+        return out
+
+    def _preemptions(self, snapshot: Snapshot, params: DikeParams, level_by_job: dict[int, int]) -> list[Requeue]:
+        free = sum(n.gpus_free for n in snapshot.nodes)
+        blocked = sorted(
+            (j for j in snapshot.pending if level_by_job[j.job_id] == 0 and j.gpus > free),
+            key=lambda j: (j.submit_time, j.job_id),
+        )
+        if not blocked:
+            return []
+        victims = sorted(
+            (
+                j
+                for j in snapshot.running
+                if j.requeueable
+                and level_by_job[j.job_id] > 0
+                and j.start_time is not None
+                and snapshot.time - j.start_time >= params.min_runtime_s
+                and j.preemptions < params.max_preemptions
+            ),
+            # The most-served level first, then the youngest run (least work lost).
+            key=lambda j: (-level_by_job[j.job_id], -(j.start_time or 0.0), j.job_id),
+        )
+        requeues: list[Requeue] = []
+        taken: set[int] = set()
+        for job in blocked:
+            needed = job.gpus - free
+            chosen: list[Job] = []
+            freed = 0
+            for victim in victims:
+                if victim.job_id in taken or freed >= needed:
+                    continue
+                chosen.append(victim)
+                freed += victim.gpus
+            if freed < needed or len(requeues) + len(chosen) > params.max_requeues_per_cycle:
+                continue
+            for victim in chosen:
+                taken.add(victim.job_id)
+                requeues.append(
+                    Requeue(victim.job_id, f"level {level_by_job[victim.job_id]} job preempted for level-0 job {job.job_id}")
+                )
+            free = free + freed - job.gpus  # the rest of what was freed stays free
+        return requeues
