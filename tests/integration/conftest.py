@@ -1,0 +1,154 @@
+"""Fixtures for the integration tests: they run against the real Slurm lab.
+
+Start the lab first (as root): ``scripts/slurm-lab up``. When it is not up, every test
+here fails loudly, unless ``DIKE_SKIP_SLURM=1`` is set, which turns the failure into a
+skip. The tests take the lab over: each one starts and ends with an empty queue (every
+job in the lab is cancelled).
+
+This file must not import dike_slurm: it may not be installed when these tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+LAB_SCRIPT = REPO / "scripts" / "slurm-lab"
+
+T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm: needs the real Slurm lab cluster (scripts/slurm-lab up)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: mark only the ones under this folder.
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+class SlurmLab:
+    """Handle on the running lab: environment, paths and a few helpers.
+
+    Every command runs as an argv list (never through a shell) with ``env``.
+    """
+
+    def __init__(self, env: dict[str, str], lab_dir: Path) -> None:
+        self.env = env
+        self.lab_dir = lab_dir
+        self.slurm_conf = Path(env["SLURM_CONF"])
+
+    def run(self, *argv: str, user: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a command (as ``user`` through ``runuser`` when given) and capture its output."""
+        cmd = list(argv)
+        if user is not None:
+            cmd = ["runuser", "-u", user, "--", *cmd]
+        proc = subprocess.run(cmd, env=self.env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{shlex.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
+        return proc
+
+    def json(self, *argv: str) -> Any:
+        """Run a Slurm command with ``--json`` and parse it. Note: in 22.05 ``squeue --json``
+        and ``sinfo --json`` ignore filters such as -j/-t/-n; filter the result yourself."""
+        return json.loads(self.run(*argv, "--json").stdout)
+
+    def sbatch(self, *args: str, user: str | None = None) -> int:
+        """Submit a batch job and return its id.
+
+        ``args`` are sbatch arguments (e.g. ``"-N2", "--gres=gpu:8", "--wrap", "sleep 30"``).
+        Output goes to /dev/null and the job runs in /tmp unless ``args`` say otherwise.
+        ``user`` submits as that Unix user (``runuser -u USER -- sbatch``), so the job is
+        really theirs (munge credential, association, fairshare).
+        """
+        argv = ["sbatch", "--parsable"]
+        if not any(a in ("-o", "--output") or a.startswith("--output=") for a in args):
+            argv.append("--output=/dev/null")
+        if not any(a in ("-D", "--chdir") or a.startswith("--chdir=") for a in args):
+            argv.append("--chdir=/tmp")
+        out = self.run(*argv, *args, user=user).stdout.strip()
+        return int(out.split(";", 1)[0])
+
+    def job_ids(self) -> list[int]:
+        """Ids of all jobs the controller still lists (pending, running, completing)."""
+        out = self.run("squeue", "-h", "-o", "%A").stdout
+        return sorted({int(x) for x in out.split()})
+
+    def scancel_all(self, timeout: float = 30) -> None:
+        """Cancel every job in the lab and wait until squeue lists none."""
+        ids = self.job_ids()
+        if ids:
+            self.run("scancel", *map(str, ids), check=False)
+            self.wait_for(lambda: not self.job_ids(), timeout, f"jobs {ids} still listed after scancel")
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 30, message: str = "",
+                 interval: float = 0.25) -> T:
+        """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                pytest.fail(f"timed out after {timeout} s: {message or predicate}")
+            time.sleep(interval)
+
+    def job_state(self, job_id: int) -> str:
+        """State of a job as the controller sees it ('' once it has left squeue)."""
+        return self.run("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
+
+    def job_nodes(self, job_id: int) -> list[str]:
+        """Nodes of a running job, expanded (n[1-2] -> [n1, n2])."""
+        hostlist = self.run("squeue", "-h", "-j", str(job_id), "-o", "%N").stdout.strip()
+        if not hostlist:
+            return []
+        return self.run("scontrol", "show", "hostnames", hostlist).stdout.split()
+
+
+def _lab_env() -> dict[str, str]:
+    """os.environ plus the exports printed by ``scripts/slurm-lab env``."""
+    env = dict(os.environ)
+    out = subprocess.run([str(LAB_SCRIPT), "env"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            env[key] = value
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_lab() -> Iterator[SlurmLab]:
+    skip = os.environ.get("DIKE_SKIP_SLURM") == "1"
+    env = _lab_env()
+    status = subprocess.run([str(LAB_SCRIPT), "status"], env=env, capture_output=True, text=True)
+    if status.returncode != 0:
+        message = (f"the Slurm lab is not up: run `sudo scripts/slurm-lab up` first "
+                   f"(or set DIKE_SKIP_SLURM=1 to skip these tests).\n{status.stdout}{status.stderr}")
+        if skip:
+            pytest.skip(message)
+        pytest.fail(message, pytrace=False)
+    lab = SlurmLab(env, Path(env["SLURM_CONF"]).parent.parent)
+    yield lab
+    lab.scancel_all()
+
+
+@pytest.fixture(autouse=True)
+def _empty_queue(slurm_lab: SlurmLab) -> Iterator[None]:
+    """Every integration test needs the lab, and starts and ends with no job in it."""
+    slurm_lab.scancel_all()
+    yield
+    slurm_lab.scancel_all()
