@@ -1,0 +1,234 @@
+"""Each policy on hand-built snapshots: real assertions on order, levels and placement."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dike_slurm.decisions import ClearPlacement, Requeue, SetPlacement
+from dike_slurm.errors import PolicyError
+from dike_slurm.policies.common import CommRule
+from dike_slurm.policies.dike import DikeParams, DikePolicy
+from dike_slurm.policies.fifo import FifoPolicy
+from dike_slurm.policies.multifactor import MultifactorParams, MultifactorPolicy
+from dike_slurm.policies.srtf_oracle import SrtfOraclePolicy
+from dike_slurm.policies.tiresias import TiresiasParams, TiresiasPolicy
+from dike_slurm.model import Placement
+
+from snapshots import NOW, pending, running, snapshot
+
+RNG = random.Random(0)
+GPUH = 3600.0
+
+
+def test_fifo_orders_by_submit_time():
+    snap = snapshot([pending(3, waited=10), pending(1, waited=300), pending(2, waited=100)])
+    decisions = FifoPolicy().decide(snap, FifoPolicy.Params(), RNG)
+    assert decisions.order() == (1, 2, 3)
+    assert {p.level for p in decisions.priorities} == {0}
+    assert decisions.placements == () and decisions.requeues == ()
+
+
+def test_multifactor_prefers_the_user_with_less_usage():
+    snap = snapshot([pending(1, "heavy", waited=60), pending(2, "light", waited=60)], usage={"heavy": 100 * GPUH, "light": GPUH})
+    decisions = MultifactorPolicy().decide(snap, MultifactorParams(), RNG)
+    assert decisions.order() == (2, 1)
+
+
+def test_multifactor_age_and_size_factors():
+    params = MultifactorParams(weight_fairshare=0)
+    old_small = pending(1, waited=6 * 86400, gpus=1)
+    new_big = pending(2, waited=0, gpus=16)
+    decisions = MultifactorPolicy().decide(snapshot([old_small, new_big]), params, RNG)
+    assert decisions.order() == (1, 2)  # age 6/7 x 1000 beats size 16/32 x 1000
+    decisions = MultifactorPolicy().decide(snapshot([old_small, new_big]), MultifactorParams(weight_fairshare=0, weight_age=0), RNG)
+    assert decisions.order() == (2, 1)  # favor_small off: bigger first
+
+
+def test_tiresias_demotes_past_3600_gpu_seconds_and_is_fifo_inside():
+    served = pending(1, waited=500, attained_gpu_s=4 * 1000.0, run_count=1, last_run_s=1000)  # 4000 GPU-s
+    fresh_late = pending(2, waited=10)
+    fresh_early = pending(3, waited=20)
+    decisions = TiresiasPolicy().decide(snapshot([served, fresh_late, fresh_early]), TiresiasParams(), RNG)
+    assert decisions.priority_of(1).level == 1
+    assert decisions.priority_of(2).level == 0
+    assert decisions.order() == (3, 2, 1)
+
+
+def test_tiresias_consolidates_only_large_jobs():
+    decisions = TiresiasPolicy().decide(snapshot([pending(1, gpus=16), pending(2, gpus=4)]), TiresiasParams(), RNG)
+    big = decisions.placement_of(1)
+    assert isinstance(big, SetPlacement) and big.placement.max_switches == 1
+    assert decisions.placement_of(2) is None
+
+
+def test_tiresias_promote_knob():
+    starving = pending(1, waited=9000, attained_gpu_s=4000.0, last_run_s=1000.0)
+    assert TiresiasPolicy().decide(snapshot([starving]), TiresiasParams(), RNG).priority_of(1).level == 1
+    promoted = TiresiasPolicy().decide(snapshot([starving]), TiresiasParams(promote_knob=8), RNG).priority_of(1)
+    assert promoted.level == 0 and promoted.promoted
+
+
+def test_srtf_oracle_orders_by_remaining_gpu_time_and_refuses_without_durations():
+    jobs = [pending(1, gpus=1, true_duration_s=7200), pending(2, gpus=4, true_duration_s=600), pending(3, gpus=1, true_duration_s=60)]
+    assert SrtfOraclePolicy().decide(snapshot(jobs), SrtfOraclePolicy.Params(), RNG).order() == (3, 2, 1)
+    assert SrtfOraclePolicy.live is False
+    with pytest.raises(PolicyError, match="true durations"):
+        SrtfOraclePolicy().decide(snapshot([pending(1)]), SrtfOraclePolicy.Params(), RNG)
+
+
+# --- Dike -------------------------------------------------------------------------------
+
+FIXED = DikeParams(thresholds_gpuh=[1.0, 10.0], steer_light_jobs=False)
+
+
+def test_dike_levels_from_attained_gpu_hours():
+    jobs = [
+        pending(1, attained_gpu_s=0.5 * GPUH),
+        pending(2, attained_gpu_s=2 * GPUH, last_run_s=1800),
+        pending(3, attained_gpu_s=20 * GPUH, last_run_s=3600),
+    ]
+    decisions = DikePolicy().decide(snapshot(jobs), FIXED, RNG)
+    assert [decisions.priority_of(i).level for i in (1, 2, 3)] == [0, 1, 2]
+    assert decisions.order() == (1, 2, 3)
+
+
+def test_dike_job_past_threshold_drops_a_level():
+    before = running(1, gpus=4, ran=0.9 * GPUH / 4)
+    after = running(1, gpus=4, ran=1.1 * GPUH / 4)
+    assert DikePolicy().decide(snapshot([before]), FIXED, RNG).priority_of(1).level == 0
+    assert DikePolicy().decide(snapshot([after]), FIXED, RNG).priority_of(1).level == 1
+
+
+def test_dike_heavier_user_sorts_after_lighter_user_inside_a_level():
+    jobs = [pending(1, "heavy", waited=600), pending(2, "light", waited=600)]
+    decisions = DikePolicy().decide(snapshot(jobs, usage={"heavy": 500 * GPUH, "light": 5 * GPUH}), FIXED, RNG)
+    assert decisions.priority_of(1).level == decisions.priority_of(2).level == 0
+    assert decisions.order() == (2, 1)
+
+
+def test_dike_levels_dominate_fairness():
+    jobs = [pending(1, "light", attained_gpu_s=2 * GPUH, last_run_s=100, waited=10), pending(2, "heavy", waited=10)]
+    decisions = DikePolicy().decide(snapshot(jobs, usage={"heavy": 1000 * GPUH}), FIXED.model_copy(update={"promote_knob": None}), RNG)
+    assert decisions.order() == (2, 1)
+
+
+def test_dike_longer_wait_sorts_first_for_equal_owners():
+    jobs = [pending(1, "a", waited=60), pending(2, "a", waited=7200)]
+    assert DikePolicy().decide(snapshot(jobs), FIXED, RNG).order() == (2, 1)
+
+
+def test_dike_starving_job_is_promoted_and_counters_reset():
+    starving = pending(1, attained_gpu_s=20 * GPUH, last_run_s=600.0, waited=8 * 600.0 + 1)
+    not_yet = pending(2, attained_gpu_s=20 * GPUH, last_run_s=600.0, waited=8 * 600.0 - 100)
+    decisions = DikePolicy().decide(snapshot([starving, not_yet]), FIXED, RNG)
+    assert decisions.priority_of(1).level == 0 and decisions.priority_of(1).promoted
+    assert decisions.priority_of(2).level == 2 and not decisions.priority_of(2).promoted
+    # The engine then records attained_at_promotion: the job counts from zero again.
+    reset = pending(1, attained_gpu_s=20 * GPUH, attained_at_promotion_gpu_s=20 * GPUH, last_run_s=600.0, waited=5)
+    assert DikePolicy().decide(snapshot([reset]), FIXED, RNG).priority_of(1).level == 0
+
+
+def test_dike_max_wait_promotes_even_without_a_run_history():
+    old = pending(1, attained_gpu_s=20 * GPUH, waited=3 * 86400)
+    assert DikePolicy().decide(snapshot([old]), FIXED, RNG).priority_of(1).promoted
+
+
+def test_dike_16_gpu_job_gets_a_single_leaf_constraint():
+    decisions = DikePolicy().decide(snapshot([pending(1, gpus=16), pending(2, gpus=1)]), FIXED, RNG)
+    constraint = decisions.placement_of(1)
+    assert isinstance(constraint, SetPlacement)
+    assert constraint.placement == Placement(max_switches=1, switches_wait_s=1800)
+    assert decisions.placement_of(2) is None
+
+
+def test_dike_job_bigger_than_a_leaf_asks_for_the_fewest_leaves():
+    decisions = DikePolicy().decide(snapshot([pending(1, gpus=24)]), FIXED, RNG)
+    assert decisions.placement_of(1).placement.max_switches == 2
+
+
+def test_dike_comm_tags_override_size():
+    tagged_light = pending(1, gpus=16, comment="dike:comm=low")
+    tagged_heavy = pending(2, gpus=2, comment="please dike:comm=high")
+    by_rule = pending(3, gpus=2, name="gpt-pretrain-7b")
+    params = DikeParams(thresholds_gpuh=[1.0, 10.0], steer_light_jobs=False, comm_rules=[CommRule(comm="high", name_pattern="gpt-*")])
+    decisions = DikePolicy().decide(snapshot([tagged_light, tagged_heavy, by_rule]), params, RNG)
+    assert decisions.placement_of(1) is None
+    assert decisions.placement_of(2).placement.max_switches == 1
+    assert decisions.placement_of(3).placement.max_switches == 1
+
+
+def test_dike_leaf_feature_mode_pins_the_freest_leaf_then_relaxes():
+    params = FIXED.model_copy(update={"placement_mode": "leaf_feature", "max_consolidation_wait_s": 600})
+    fresh = pending(1, gpus=8, waited=60)
+    decisions = DikePolicy().decide(snapshot([fresh], alloc={"n1": 4}), params, RNG)
+    assert decisions.placement_of(1).placement.features == "leaf_s2"
+    waited = pending(1, gpus=8, waited=900, placement=Placement(features="leaf_s2"))
+    decisions = DikePolicy().decide(snapshot([waited], alloc={"n1": 4}), params, RNG)
+    assert isinstance(decisions.placement_of(1), ClearPlacement)
+
+
+def test_dike_steers_light_jobs_away_from_idle_leaves():
+    params = DikeParams(thresholds_gpuh=[1.0, 10.0])
+    jobs = [pending(1, gpus=2), running(9, gpus=4, node="n1")]
+    decisions = DikePolicy().decide(snapshot(jobs, alloc={"n1": 4}), params, RNG)
+    steer = decisions.placement_of(1)
+    assert isinstance(steer, SetPlacement) and steer.placement.exclude_nodes == ("n3", "n4")
+    # No fragmented room for it: no steering (it would only wait).
+    decisions = DikePolicy().decide(snapshot([pending(1, gpus=8), running(9, gpus=4, node="n1")], alloc={"n1": 4, "n2": 8}), params, RNG)
+    assert decisions.placement_of(1).placement.max_switches == 1  # 8 GPUs: heavy, consolidated instead
+
+
+def test_dike_thresholds_derive_from_history_quantiles():
+    history = [i * 360.0 for i in range(1, 101)]  # 0.1 .. 10 GPU-hours
+    params = DikeParams(steer_light_jobs=False)
+    job = pending(1, attained_gpu_s=6 * GPUH, last_run_s=100, waited=1)
+    decisions = DikePolicy().decide(snapshot([job], history=history), params, RNG)
+    assert decisions.priority_of(1).level == 1  # median ~5 GPUh < 6 < p75 ~7.5 GPUh
+    assert "derived from 100 finished jobs" in decisions.priority_of(1).reason
+    decisions = DikePolicy().decide(snapshot([job], history=history[:10]), params, RNG)
+    assert decisions.priority_of(1).level == 1  # fallback 1 and 8 GPU-hours
+    assert "fallback" in decisions.priority_of(1).reason
+
+
+def test_dike_preemption_requeues_lowest_level_opted_in_jobs_only():
+    params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
+    full = {"n1": 8, "n2": 8, "n3": 8, "n4": 8}
+    victims = [
+        running(10, "a", gpus=8, ran=11 * GPUH, node="n1", requeueable=True),  # 88 GPUh: level 2
+        running(11, "a", gpus=8, ran=900, node="n2", requeueable=True),  # 2 GPUh: level 1, younger
+        running(12, "b", gpus=8, ran=100 * GPUH, node="n3", requeueable=False),  # level 2 but not opted in
+        running(13, "b", gpus=8, ran=300, node="n4", requeueable=True, attained_gpu_s=20 * GPUH),  # too young
+    ]
+    blocked = pending(1, "c", gpus=8)
+    decisions = DikePolicy().decide(snapshot([blocked, *victims], alloc=full), params, RNG)
+    assert decisions.requeues == (decisions.requeues[0],) and isinstance(decisions.requeues[0], Requeue)
+    assert decisions.requeues[0].job_id == 10
+    off = DikePolicy().decide(snapshot([blocked, *victims], alloc=full), FIXED, RNG)
+    assert off.requeues == ()
+
+
+def test_dike_preemption_respects_max_preemptions():
+    params = FIXED.model_copy(update={"preemption": True, "max_preemptions": 1})
+    victim = running(10, gpus=8, ran=20 * GPUH, node="n1", requeueable=True, preemptions=1)
+    decisions = DikePolicy().decide(snapshot([pending(1, gpus=8), victim], alloc={f"n{i}": 8 for i in range(1, 5)}), params, RNG)
+    assert decisions.requeues == ()
+
+
+def test_dike_params_reject_bad_thresholds():
+    with pytest.raises(ValueError, match="ascending"):
+        DikeParams(thresholds_gpuh=[5.0, 1.0])
+    with pytest.raises(ValueError, match="levels-1"):
+        DikeParams(levels=4, thresholds_gpuh=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("policy", [FifoPolicy(), MultifactorPolicy(), TiresiasPolicy(), DikePolicy()])
+def test_policies_are_deterministic_and_do_not_mutate(policy):
+    jobs = [pending(i, f"u{i % 3}", gpus=1 + i % 9, waited=i * 37.0, attained_gpu_s=i * 500.0, last_run_s=100.0) for i in range(1, 40)]
+    snap = snapshot(jobs, usage={"u0": 10 * GPUH, "u1": 1 * GPUH})
+    first = policy.decide(snap, policy.Params(), random.Random(1))
+    second = policy.decide(snap, policy.Params(), random.Random(1))
+    assert first == second
+    assert snap.jobs == tuple(jobs)
+    assert set(first.order()) == {j.job_id for j in jobs}
