@@ -152,6 +152,8 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
 def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
     """`SwitchName=s1 Nodes=n[1-2]` / `SwitchName=top Switches=s[1-2]` lines."""
     switches: list[Switch] = []
+    seen_switch: dict[str, int] = {}
+    seen_node: dict[str, str] = {}
     for number, line in _logical_lines(text, source):
         pairs = _pairs(line, source, number)
         head_key, head_value = pairs[0]
@@ -165,6 +167,13 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
             raise InputError(str(exc), source=source, line=number) from None
         if not node_names and not children:
             raise InputError(f"switch {head_value!r} has neither Nodes= nor Switches=", source=source, line=number)
+        if head_value in seen_switch:
+            raise InputError(f"switch {head_value!r} already defined on line {seen_switch[head_value]}", source=source, line=number)
+        seen_switch[head_value] = number
+        for node in node_names:
+            if node in seen_node:
+                raise InputError(f"node {node!r} is already under switch {seen_node[node]!r}", source=source, line=number)
+            seen_node[node] = head_value
         switches.append(Switch(head_value, node_names, children))
     return Topology.from_switches(switches, source=source)
 
