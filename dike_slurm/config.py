@@ -158,6 +158,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config: {exc.strerror}", source=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=str(path)) from None
 
 
 def load_config(

@@ -157,10 +157,20 @@ def steering_exclusions(snapshot: Snapshot, topology: Topology) -> tuple[str, ..
     return tuple(excluded)
 
 
-def fragmented_fit(job: Job, snapshot: Snapshot, excluded: frozenset[str]) -> bool:
-    """Whether a one-node job fits now on a node outside the excluded set."""
-    return any(
-        node.gpus_free >= job.gpus_per_node
-        for node in snapshot.nodes
-        if node.name not in excluded and (not job.partition or not node.partitions or job.partition in node.partitions)
-    )
+def largest_free_outside(snapshot: Snapshot, excluded: frozenset[str]) -> dict[str, int]:
+    """Per partition ("" = any), the most free GPUs on one node outside the excluded set."""
+    best: dict[str, int] = {"": 0}
+    for node in snapshot.nodes:
+        if node.name in excluded:
+            continue
+        free = node.gpus_free
+        best[""] = max(best[""], free)
+        for partition in node.partitions:
+            best[partition] = max(best.get(partition, 0), free)
+    return best
+
+
+def fits_fragmented(job: Job, largest_free: Mapping[str, int]) -> bool:
+    """Whether a one-node job fits now on some node outside the excluded set."""
+    room = largest_free.get(job.partition, 0) if job.partition in largest_free else largest_free[""]
+    return job.gpus_per_node <= room

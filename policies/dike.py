@@ -18,8 +18,9 @@ from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import (
     CommRule,
     consolidation,
-    fragmented_fit,
+    fits_fragmented,
     is_comm_heavy,
+    largest_free_outside,
     leaf_free_gpus,
     leaf_gpu_capacity,
     level_of,
@@ -170,7 +171,7 @@ class DikePolicy(Policy):
         capacity = leaf_gpu_capacity(snapshot)
         free_by_leaf = leaf_free_gpus(snapshot)
         excluded = steering_exclusions(snapshot, snapshot.topology) if params.steer_light_jobs else ()
-        excluded_set = frozenset(excluded)
+        largest_free = largest_free_outside(snapshot, frozenset(excluded))
         out = []
         for job in snapshot.pending:
             if is_comm_heavy(job, params.comm_gpus, params.comm_rules):
@@ -187,7 +188,7 @@ class DikePolicy(Policy):
                     )
                     if decision is not None:
                         out.append(decision)
-            elif excluded and job.num_nodes == 1 and fragmented_fit(job, snapshot, excluded_set):
+            elif excluded and job.num_nodes == 1 and fits_fragmented(job, largest_free):
                 out.append(
                     SetPlacement(
                         job.job_id,
