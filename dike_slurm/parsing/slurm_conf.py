@@ -150,7 +150,12 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
 
 
 def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
-    """`SwitchName=s1 Nodes=n[1-2]` / `SwitchName=top Switches=s[1-2]` lines."""
+    """`SwitchName=s1 Nodes=n[1-2]` / `SwitchName=top Switches=s[1-2]` lines.
+
+    Also reads `scontrol show topology`, which adds `Level=` and `LinkSpeed=` and lists on an
+    upper switch every node below it (`Nodes=n[1-4] Switches=s[1-2]`): there only the child
+    switches count.
+    """
     switches: list[Switch] = []
     seen_switch: dict[str, int] = {}
     seen_node: dict[str, str] = {}
@@ -160,6 +165,8 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
         if head_key != "switchname":
             raise InputError(f"expected SwitchName=, got {pairs[0][0]!r}", source=source, line=number)
         fields = dict(pairs[1:])
+        if fields.get("switches") and fields.get("level", "0") not in ("", "0"):
+            fields.pop("nodes", None)
         try:
             node_names = expand_hostlist(fields.get("nodes", ""))
             children = expand_hostlist(fields.get("switches", ""))

@@ -169,3 +169,14 @@ def test_topology_errors():
         parse_topology_conf("SwitchName=a Switches=zz\n")
     with pytest.raises(InputError, match="switch loop"):
         parse_topology_conf("SwitchName=a Nodes=n1\nSwitchName=b Switches=c\nSwitchName=c Switches=b\n")
+
+
+def test_scontrol_show_topology_output():
+    text = (
+        "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]\n"
+        "SwitchName=s2 Level=0 LinkSpeed=1 Nodes=n[3-4]\n"
+        "SwitchName=top Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=s[1-2]\n"
+    )
+    topology = parse_topology_conf(text, source="scontrol show topology")
+    assert topology.leaf_of("n4") == "s2"
+    assert topology.lowest_common_switch(["n1", "n3"]) == "top"
