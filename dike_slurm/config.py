@@ -31,6 +31,9 @@ class EngineSettings(_Section):
     priority_span: int = Field(
         1_000_000, ge=1, description="largest SiteFactor/Priority written; policy order is spread over [1, span]"
     )
+    priority_tolerance: float = Field(
+        0.01, ge=0, lt=1, description="a value within this fraction of priority_span of what Slurm has is not rewritten"
+    )
     admin_comment: bool = Field(True, description="write `dike:level=N attained=X` to AdminComment")
     max_changes_per_cycle: int = Field(200, ge=0)
     breaker_change_fraction: float = Field(
@@ -42,6 +45,8 @@ class EngineSettings(_Section):
     state_db: Path = Field(Path("/var/lib/dike-slurm/state.sqlite"))
     lock_file: Path | None = Field(None, description="default: state_db + '.lock'")
     seed: int = 0
+    log_format: Literal["text", "json"] = Field("text", description="log lines on stderr: text, or one JSON object per line")
+    metrics_file: Path | None = Field(None, description="Prometheus textfile rewritten after every cycle; unset: none")
 
 
 class ScopeSettings(_Section):
