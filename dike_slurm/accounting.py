@@ -1,0 +1,515 @@
+"""Reading Slurm job accounting (`sacct --parsable2` and `sacct --json` dumps) into run records.
+
+One `AccountingRecord` is one allocation record: one run of a job. A requeued job has one
+record per run when the dump was taken with `--duplicates` (JSON output always has them).
+Job steps (`123.batch`, `123.0`, `123.extern`) are not runs and are skipped; so is every row
+that cannot be read, each counted under its reason in `ReadResult.skipped`.
+
+Columns (parsable2 header names, any order, any case; extra columns are ignored):
+
+* required: `JobID` or `JobIDRaw` (at least one), `User`, `State`, `Submit`, `Start`,
+  one of `End` / `ElapsedRaw` / `Elapsed`, one of `AllocTRES` / `ReqTRES`.
+* optional: `JobName`, `Account`, `Partition`, `QOS`, `Eligible`, `Timelimit` (missing:
+  unlimited), `NNodes`, `NCPUS`, `NodeList`, `Priority`, `Flags`, `Comment`.
+
+The parser is the standard library's `str.split`: measured against pandas `read_csv` on a
+million-row dump (bench/accounting_read.py), it is faster once each row is turned into a
+record, and it can repair rows whose job name contains the `|` separator (sacct does not
+escape it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from dike_slurm.errors import InputError
+from dike_slurm.model import JobState
+from dike_slurm.parsing.durations import parse_duration, parse_timestamp
+from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.tres import Tres, parse_tres
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingRecord:
+    """One allocation record (one run of a job) as sacct reports it; times in epoch seconds."""
+
+    job_id: int  # JobIDRaw: unique per array task
+    display_id: str = ""  # JobID as sacct prints it: `123`, `123_4`, `123_[5-9]`
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    state: JobState = JobState.OTHER
+    state_text: str = ""  # e.g. `CANCELLED by 1234`
+    submit: float | None = None
+    eligible: float | None = None
+    start: float | None = None  # None: never started
+    end: float | None = None  # None: still running (or pending)
+    elapsed_s: int = 0
+    time_limit_s: int | None = None  # None: UNLIMITED or Partition_Limit
+    num_nodes: int = 1
+    cpus: int = 1
+    gpus: int = 0  # AllocTRES when the run started, else ReqTRES
+    nodes: tuple[str, ...] = ()
+    priority: int | None = None
+    flags: str = ""
+    comment: str = ""
+
+    @property
+    def ran(self) -> bool:
+        """The record is a run that started (it has a start time)."""
+        return self.start is not None
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """The records of a dump, the number of data rows read, and the rows skipped by reason."""
+
+    records: tuple[AccountingRecord, ...]
+    rows: int
+    skipped: dict[str, int]
+    source: str
+    first_skipped_line: dict[str, int] = field(default_factory=dict)  # reason -> first line number
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+# Skip reasons (the keys of ReadResult.skipped).
+SKIP_STEP = "job step (not an allocation)"
+SKIP_FIELD_COUNT = "wrong number of fields"
+SKIP_REPEATED_HEADER = "repeated header row"
+SKIP_NO_ARRAY_RAW_ID = "array task without JobIDRaw"
+
+_FREE_TEXT_COLUMNS = frozenset(
+    {"jobname", "comment", "admincomment", "systemcomment", "workdir", "submitline", "constraints", "wckey", "reason"}
+)
+_JOB_ID = re.compile(
+    r"^(?P<base>\d+)"
+    r"(?:_(?:(?P<task>\d+)|\[(?P<range>[^\]]*)\]))?"
+    r"(?:\+(?P<het>\d+))?"
+    r"(?:\.(?P<step>.+))?$"
+)
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _timestamp(text: str) -> float | None:
+    """parse_timestamp with a fast path for the usual `2026-01-05T10:00:00` form."""
+    if text[:1].isdigit():
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            return parse_timestamp(text)  # raises the parser's own message
+        if moment.tzinfo is None:
+            return (moment - _EPOCH).total_seconds()
+        return moment.timestamp()
+    return parse_timestamp(text)
+
+
+class _RowError(Exception):
+    """A row that cannot be read: the message is the skip reason."""
+
+
+class _Caches:
+    """Memoised parses of the values that repeat across rows (limits, TRES, node lists)."""
+
+    def __init__(self) -> None:
+        self.durations: dict[str, int | None] = {}
+        self.tres: dict[str, Tres] = {}
+        self.hosts: dict[str, tuple[str, ...]] = {}
+        self.strings: dict[str, str] = {}
+
+    def duration(self, text: str, column: str) -> int | None:
+        try:
+            return self.durations[text]
+        except KeyError:
+            pass
+        try:
+            value = parse_duration(text)
+        except InputError:
+            raise _RowError(f"bad {column}") from None
+        self.durations[text] = value
+        return value
+
+    def parse_tres(self, text: str, column: str) -> Tres:
+        try:
+            return self.tres[text]
+        except KeyError:
+            pass
+        try:
+            value = parse_tres(text)
+        except InputError:
+            raise _RowError(f"bad {column}") from None
+        self.tres[text] = value
+        return value
+
+    def hostlist(self, text: str) -> tuple[str, ...]:
+        try:
+            return self.hosts[text]
+        except KeyError:
+            pass
+        try:
+            value = tuple(sys.intern(h) for h in expand_hostlist(text))
+        except InputError:
+            raise _RowError("bad NodeList") from None
+        self.hosts[text] = value
+        return value
+
+    def text(self, value: str) -> str:
+        """One shared copy of repeated strings (users, accounts, states) to keep memory low."""
+        return self.strings.setdefault(value, value)
+
+
+def _parse_job_id(display: str, raw: str | None) -> tuple[int, int | None, int | None, bool]:
+    """(job_id, array_job_id, array_task_id, is_step) from JobID and JobIDRaw."""
+    match = _JOB_ID.match(display) if display else None
+    raw_match = _JOB_ID.match(raw) if raw else None
+    if match is None and raw_match is None:
+        raise _RowError("bad JobID")
+    is_step = bool((match and match["step"]) or (raw_match and raw_match["step"]))
+    array_job_id = array_task_id = None
+    if match is not None and (match["task"] is not None or match["range"] is not None):
+        array_job_id = int(match["base"])
+        array_task_id = int(match["task"]) if match["task"] is not None else None
+    if raw_match is not None:
+        job_id = int(raw_match["base"])
+    elif array_task_id is not None and not is_step:
+        raise _RowError(SKIP_NO_ARRAY_RAW_ID)
+    else:
+        job_id = int(match["base"])  # type: ignore[index]
+    return job_id, array_job_id, array_task_id, is_step
+
+
+def _int_or_none(text: str, column: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise _RowError(f"bad {column}") from None
+
+
+class _Header:
+    """Column positions of one parsable2 header, and which ones are present."""
+
+    def __init__(self, names: list[str], source: str) -> None:
+        self.names = names
+        self.width = len(names)
+        lowered = [n.strip().lower() for n in names]
+        self.index = {name: i for i, name in reversed(list(enumerate(lowered)))}
+        free = [i for i, name in enumerate(lowered) if name in _FREE_TEXT_COLUMNS]
+        self.free_text_column = free[0] if len(free) == 1 else None
+        missing = []
+        if "jobid" not in self.index and "jobidraw" not in self.index:
+            missing.append("JobID (or JobIDRaw)")
+        for name, label in (("user", "User"), ("state", "State"), ("submit", "Submit"), ("start", "Start")):
+            if name not in self.index:
+                missing.append(label)
+        if not {"end", "elapsedraw", "elapsed"} & self.index.keys():
+            missing.append("End (or ElapsedRaw/Elapsed)")
+        if not {"alloctres", "reqtres"} & self.index.keys():
+            missing.append("AllocTRES (or ReqTRES)")
+        if missing:
+            raise InputError(
+                "sacct header lacks required column(s) " + ", ".join(missing)
+                + "; dump with the command in docs/replay.md",
+                source=source,
+                line=1,
+            )
+
+    def get(self, fields: list[str], name: str, default: str = "") -> str:
+        position = self.index.get(name)
+        return fields[position] if position is not None else default
+
+
+def _looks_like_header(line: str) -> bool:
+    words = {w.strip().lower() for w in line.split("|")}
+    return bool(words & {"jobid", "jobidraw"}) and "state" in words
+
+
+def read_sacct_parsable2(text: str, source: str) -> ReadResult:
+    """Read a `sacct --parsable2` dump (header row first); see the module docstring for columns."""
+    lines = text.split("\n")
+    header_number = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if header_number is None:
+        raise InputError("empty sacct dump", source=source)
+    header_line = lines[header_number].lstrip("\ufeff").rstrip("\r")
+    if not _looks_like_header(header_line):
+        raise InputError(
+            "no sacct header row (JobID|...|State|...): dump with --parsable2 and without --noheader",
+            source=source,
+            line=header_number + 1,
+        )
+    header = _Header(header_line.split("|"), source)
+    caches = _Caches()
+    records: list[AccountingRecord] = []
+    skipped: Counter[str] = Counter()
+    first_line: dict[str, int] = {}
+    rows = 0
+    for number in range(header_number + 1, len(lines)):
+        line = lines[number]
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip():
+            continue
+        rows += 1
+        try:
+            if line == header_line:
+                raise _RowError(SKIP_REPEATED_HEADER)
+            fields = _split_row(line, header)
+            record = _record_from_row(fields, header, caches)
+        except _RowError as exc:
+            reason = str(exc)
+            skipped[reason] += 1
+            first_line.setdefault(reason, number + 1)
+            continue
+        if record is not None:
+            records.append(record)
+    return ReadResult(tuple(records), rows, dict(sorted(skipped.items())), source, first_line)
+
+
+def _split_row(line: str, header: _Header) -> list[str]:
+    """The row's fields; a `|` inside the one free-text column (e.g. JobName) is rejoined."""
+    fields = line.split("|")
+    extra = len(fields) - header.width
+    if extra == 0:
+        return fields
+    if extra > 0 and header.free_text_column is not None:
+        at = header.free_text_column
+        return fields[:at] + ["|".join(fields[at : at + extra + 1])] + fields[at + extra + 1 :]
+    raise _RowError(SKIP_FIELD_COUNT)
+
+
+def _record_from_row(fields: list[str], header: _Header, caches: _Caches) -> AccountingRecord:
+    get = header.get
+    display = get(fields, "jobid").strip()
+    raw = get(fields, "jobidraw").strip() or None
+    job_id, array_job_id, array_task_id, is_step = _parse_job_id(display, raw)
+    if is_step:
+        raise _RowError(SKIP_STEP)
+    state_text = get(fields, "state").strip()
+    if not state_text:
+        raise _RowError("empty State")
+    try:
+        submit = _timestamp(get(fields, "submit").strip())
+        eligible = _timestamp(get(fields, "eligible").strip())
+    except InputError:
+        raise _RowError("bad Submit/Eligible timestamp") from None
+    try:
+        start = _timestamp(get(fields, "start").strip())
+        end = _timestamp(get(fields, "end").strip())
+    except InputError:
+        raise _RowError("bad Start/End timestamp") from None
+    if submit is None:
+        raise _RowError("no Submit time")
+    elapsed_raw = get(fields, "elapsedraw").strip()
+    if elapsed_raw:
+        elapsed = _int_or_none(elapsed_raw, "ElapsedRaw") or 0
+    elif get(fields, "elapsed").strip():
+        elapsed = caches.duration(get(fields, "elapsed").strip(), "Elapsed") or 0
+    elif start is not None and end is not None:
+        elapsed = int(round(end - start))
+    else:
+        elapsed = 0
+    limit_text = get(fields, "timelimit", "UNLIMITED").strip()
+    time_limit = caches.duration(limit_text, "Timelimit")
+    alloc_text = get(fields, "alloctres").strip()
+    requested = caches.parse_tres(get(fields, "reqtres").strip(), "ReqTRES")
+    # A run's AllocTRES is what it held; a job that never started has only its request.
+    used = caches.parse_tres(alloc_text, "AllocTRES") if start is not None and alloc_text else requested
+    nodes = caches.hostlist(get(fields, "nodelist").strip())
+    num_nodes = _int_or_none(get(fields, "nnodes"), "NNodes") or used.nodes or requested.nodes or len(nodes) or 1
+    cpus = _int_or_none(get(fields, "ncpus"), "NCPUS") or used.cpus or requested.cpus or 1
+    text = caches.text
+    return AccountingRecord(
+        job_id=job_id,
+        display_id=display or str(job_id),
+        array_job_id=array_job_id,
+        array_task_id=array_task_id,
+        name=get(fields, "jobname"),
+        user=text(get(fields, "user").strip()),
+        account=text(get(fields, "account").strip()),
+        partition=text(get(fields, "partition").strip()),
+        qos=text(get(fields, "qos").strip()),
+        state=JobState.parse(state_text),
+        state_text=text(state_text),
+        submit=submit,
+        eligible=eligible,
+        start=start,
+        end=end,
+        elapsed_s=max(0, elapsed),
+        time_limit_s=time_limit,
+        num_nodes=num_nodes,
+        cpus=cpus,
+        gpus=used.gpus,
+        nodes=nodes,
+        priority=_int_or_none(get(fields, "priority"), "Priority"),
+        flags=text(get(fields, "flags").strip()),
+        comment=get(fields, "comment"),
+    )
+
+
+# ------------------------------------------------------------------------------ JSON
+
+
+def read_sacct_json(text: str, source: str) -> ReadResult:
+    """Read `sacct --json` output (Slurm 22.05, openapi v0.0.38: `{"jobs": [...]}`)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg}", source=source, line=exc.lineno) from None
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        raise InputError('not sacct --json output: no "jobs" list at the top level', source=source)
+    caches = _Caches()
+    records: list[AccountingRecord] = []
+    skipped: Counter[str] = Counter()
+    first_index: dict[str, int] = {}
+    for index, job in enumerate(document["jobs"]):
+        try:
+            if not isinstance(job, dict):
+                raise _RowError("job entry is not an object")
+            records.append(_record_from_json(job, caches))
+        except _RowError as exc:
+            reason = str(exc)
+            skipped[reason] += 1
+            first_index.setdefault(reason, index)
+    # For JSON the "line" of a skipped entry is its index in the jobs list.
+    return ReadResult(tuple(records), len(document["jobs"]), dict(sorted(skipped.items())), source, first_index)
+
+
+def _json_int(value: Any, what: str, *, zero_is_none: bool = False) -> int | None:
+    """Integers as v0.0.38 prints them; newer plugins wrap them as {"set", "infinite", "number"}."""
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return None
+        if not value.get("set", True):
+            return None
+        value = value.get("number")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _RowError(f"bad {what}")
+    number = int(value)
+    return None if zero_is_none and number == 0 else number
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _json_tres(items: Any) -> tuple[int, int, int]:
+    """(gpus, cpus, nodes) from a list of {type, name, count} TRES entries."""
+    gpus_untyped: int | None = None
+    gpus_typed = cpus = nodes = 0
+    if not isinstance(items, list):
+        return 0, 0, 0
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind, name, count = item.get("type"), item.get("name"), item.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            continue
+        if kind == "cpu":
+            cpus = count
+        elif kind == "node":
+            nodes = count
+        elif kind == "gres" and isinstance(name, str):
+            if name == "gpu":
+                gpus_untyped = count
+            elif name.startswith("gpu:"):
+                gpus_typed += count
+    return (gpus_untyped if gpus_untyped is not None else gpus_typed), cpus, nodes
+
+
+def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
+    job_id = _json_int(job.get("job_id"), "job_id")
+    if job_id is None:
+        raise _RowError("no job_id")
+    array = job.get("array") if isinstance(job.get("array"), dict) else {}
+    array_job_id = _json_int(array.get("job_id"), "array.job_id", zero_is_none=True)
+    array_task_id = _json_int(array.get("task_id"), "array.task_id")
+    if array_job_id is not None and array_task_id is not None:
+        display = f"{array_job_id}_{array_task_id}"
+    elif array_job_id is not None and isinstance(array.get("task"), str) and array.get("task"):
+        display = f"{array_job_id}_[{array['task']}]"
+    else:
+        display = str(job_id)
+    state = job.get("state")
+    current = state.get("current") if isinstance(state, dict) else state
+    if isinstance(current, list):  # newer plugins print a list of state flags
+        current = " ".join(str(word) for word in current)
+    state_text = _json_text(current)
+    if not state_text:
+        raise _RowError("empty State")
+    times = job.get("time") if isinstance(job.get("time"), dict) else {}
+    submit = _json_int(times.get("submission"), "time.submission", zero_is_none=True)
+    if submit is None:
+        raise _RowError("no Submit time")
+    eligible = _json_int(times.get("eligible"), "time.eligible", zero_is_none=True)
+    start = _json_int(times.get("start"), "time.start", zero_is_none=True)
+    end = _json_int(times.get("end"), "time.end", zero_is_none=True)
+    elapsed = _json_int(times.get("elapsed"), "time.elapsed") or 0
+    limit_min = _json_int(times.get("limit"), "time.limit")
+    tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
+    alloc = _json_tres(tres.get("allocated"))
+    requested = _json_tres(tres.get("requested"))
+    used = alloc if start is not None else requested
+    node_text = _json_text(job.get("nodes"))
+    nodes = caches.hostlist(node_text.strip())
+    num_nodes = _json_int(job.get("allocation_nodes"), "allocation_nodes") or used[2] or requested[2] or len(nodes) or 1
+    required = job.get("required") if isinstance(job.get("required"), dict) else {}
+    cpus = used[1] or requested[1] or _json_int(required.get("CPUs"), "required.CPUs") or 1
+    flags = job.get("flags")
+    comment = job.get("comment")
+    text = caches.text
+    return AccountingRecord(
+        job_id=job_id,
+        display_id=display,
+        array_job_id=array_job_id,
+        array_task_id=array_task_id,
+        name=_json_text(job.get("name")),
+        user=text(_json_text(job.get("user"))),
+        account=text(_json_text(job.get("account"))),
+        partition=text(_json_text(job.get("partition"))),
+        qos=text(_json_text(job.get("qos"))),
+        state=JobState.parse(state_text),
+        state_text=text(state_text),
+        submit=float(submit),
+        eligible=float(eligible) if eligible is not None else None,
+        start=float(start) if start is not None else None,
+        end=float(end) if end is not None else None,
+        elapsed_s=max(0, elapsed),
+        time_limit_s=limit_min * 60 if limit_min is not None else None,
+        num_nodes=num_nodes,
+        cpus=cpus,
+        gpus=used[0],
+        nodes=nodes,
+        priority=_json_int(job.get("priority"), "priority"),
+        flags=text(",".join(str(f) for f in flags) if isinstance(flags, list) else ""),
+        comment=_json_text(comment.get("job") if isinstance(comment, dict) else comment),
+    )
+
+
+def read_sacct_file(path: Path) -> ReadResult:
+    """Read a dump file, JSON or parsable2 (sniffed from its first character)."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise InputError("no such file", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
+    if text.lstrip("\ufeff \t\r\n")[:1] in ("{", "["):
+        return read_sacct_json(text, str(path))
+    return read_sacct_parsable2(text, str(path))
