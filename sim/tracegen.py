@@ -1,0 +1,1289 @@
+"""Synthetic deep-learning workload generator and sample-cluster writer.
+
+Installed as ``dike_slurm.sim.tracegen``.  It produces what a Slurm site would
+hand to the replay simulator:
+
+* a job history exactly as ``sacct --parsable2`` prints it
+  (:func:`generate_jobs` + :func:`write_sacct_parsable2`),
+* the matching ``slurm.conf`` fragment and ``topology.conf``
+  (:func:`write_slurm_conf`, :func:`write_topology_conf`).
+
+Everything is pure standard library plus ``python-hostlist`` (for Slurm hostlist
+compression), and deterministic: the same arguments and seed give byte-identical
+output.  Generation is streaming (one submission at a time), so a million jobs
+need bounded memory.
+
+The workload model and where each of its shapes comes from is documented in
+``docs/workload.md``; the sacct output-format decisions (with their sources in the
+Slurm code) are listed in the docstring of :func:`write_sacct_parsable2`.
+
+Command line::
+
+    python -m dike_slurm.sim.tracegen --jobs 2500 --nodes 16 --seed 7 --out DIR
+
+writes ``DIR/sacct.txt``, ``DIR/slurm.conf`` and ``DIR/topology.conf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import functools
+import math
+import random
+import sys
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple, Sequence, TextIO
+
+import hostlist  # python-hostlist: Slurm-style hostlist compression
+
+__all__ = [
+    "SACCT_FIELDS",
+    "SACCT_COMMAND",
+    "TIMELIMIT_UNLIMITED",
+    "TIMELIMIT_PARTITION",
+    "ClusterSpec",
+    "WorkloadModel",
+    "SacctRecord",
+    "generate_jobs",
+    "write_sacct_parsable2",
+    "write_slurm_conf",
+    "write_topology_conf",
+    "generate_sample",
+    "describe_sacct",
+    "format_elapsed",
+    "format_timelimit",
+    "format_mem",
+    "main",
+]
+
+#: The columns, in order, of the generated ``sacct.txt`` (``--format=`` list).
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobID",
+    "JobIDRaw",
+    "JobName",
+    "User",
+    "Account",
+    "Partition",
+    "QOS",
+    "State",
+    "Submit",
+    "Eligible",
+    "Start",
+    "End",
+    "Elapsed",
+    "ElapsedRaw",
+    "Timelimit",
+    "NNodes",
+    "NCPUS",
+    "NodeList",
+    "ReqTRES",
+    "AllocTRES",
+    "Priority",
+    "Flags",
+)
+
+#: The sacct invocation whose output :func:`write_sacct_parsable2` reproduces.
+#: ``--duplicates`` is what makes sacct print every run of a requeued job (see
+#: :func:`write_sacct_parsable2`); ``{start}``/``{end}`` are the dump window.
+SACCT_COMMAND = (
+    "sacct --allusers --allocations --duplicates --parsable2 "
+    "-S {start} -E {end} --format=" + ",".join(SACCT_FIELDS)
+)
+
+#: ``SacctRecord.timelimit_min`` value printed as ``UNLIMITED`` (Slurm INFINITE).
+TIMELIMIT_UNLIMITED = -1
+#: ``SacctRecord.timelimit_min`` value printed as ``Partition_Limit`` (Slurm NO_VAL).
+TIMELIMIT_PARTITION = -2
+
+_DAY = 86400
+_EPOCH = datetime(1970, 1, 1)
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous GPU cluster and its switch tree.
+
+    Attributes:
+        nodes: number of compute nodes.
+        gpus_per_node: GPUs in each node (``Gres=gpu:<gpu_type>:<n>``).
+        cpus_per_node: ``CPUs=`` of each node.
+        real_memory_mb: ``RealMemory=`` of each node, in MB (Slurm's unit).
+        gpu_type: GPU type name used in ``Gres`` and typed TRES (``gres/gpu:a100``).
+        nodes_per_leaf: nodes under each leaf switch (the last leaf may be partial).
+        switch_fanout: children per switch above the leaves.
+        switch_levels: total number of switch levels, leaves and top included.
+            ``None`` groups by ``switch_fanout`` until a single top switch is
+            left.  When given, intermediate levels group by ``switch_fanout``
+            and the last level is one top switch over whatever remains.
+        node_prefix: node names are ``<prefix><zero-padded index>`` from 1.
+        cluster_name: ``ClusterName=``.
+        partition: the single partition holding every node.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 8
+    cpus_per_node: int = 64
+    real_memory_mb: int = 512000
+    gpu_type: str = "a100"
+    nodes_per_leaf: int = 4
+    switch_fanout: int = 4
+    switch_levels: int | None = None
+    node_prefix: str = "n"
+    cluster_name: str = "dike"
+    partition: str = "gpu"
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "cpus_per_node", "real_memory_mb",
+                     "nodes_per_leaf"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ClusterSpec.{name} must be >= 1")
+        if self.switch_fanout < 2:
+            raise ValueError("ClusterSpec.switch_fanout must be >= 2")
+        if self.switch_levels is not None and self.switch_levels < 1:
+            raise ValueError("ClusterSpec.switch_levels must be >= 1")
+        self.switch_tree()  # validates switch_levels against the fan-out
+
+    # -- convenience constructors -------------------------------------------------
+    @classmethod
+    def sample(cls) -> "ClusterSpec":
+        """The bundled demo cluster: 16 nodes x 8 A100, 4 leaves of 4 nodes."""
+        return cls()
+
+    @classmethod
+    def benchmark(cls) -> "ClusterSpec":
+        """The benchmark cluster: 2,000 nodes x 8 GPUs under 4 switch levels
+        (100 leaves of 20 nodes, fan-out 5: 100 -> 20 -> 4 -> 1)."""
+        return cls(nodes=2000, nodes_per_leaf=20, switch_fanout=5, switch_levels=4)
+
+    # -- derived quantities ----------------------------------------------------------
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def n_leaves(self) -> int:
+        return -(-self.nodes // self.nodes_per_leaf)
+
+    @property
+    def _node_width(self) -> int:
+        return max(3, len(str(self.nodes)))
+
+    def node_name(self, index: int) -> str:
+        """Name of node ``index`` (0-based)."""
+        return f"{self.node_prefix}{index + 1:0{self._node_width}d}"
+
+    def node_names(self) -> list[str]:
+        return [self.node_name(i) for i in range(self.nodes)]
+
+    def node_hostlist(self) -> str:
+        """All nodes as one compressed Slurm hostlist (``n[001-016]``)."""
+        return _compress([self.node_name(i) for i in range(self.nodes)])
+
+    def leaf_of(self, node_index: int) -> int:
+        return node_index // self.nodes_per_leaf
+
+    def switch_tree(self) -> list[list[tuple[str, list[str]]]]:
+        """The switch levels, leaves first: ``[[(switch, children), ...], ...]``.
+
+        Children of a leaf are node names; children of any other switch are
+        switch names of the level below.  The last level holds one top switch.
+        """
+        leaves: list[list[str]] = []
+        for first in range(0, self.nodes, self.nodes_per_leaf):
+            last = min(first + self.nodes_per_leaf, self.nodes)
+            leaves.append([self.node_name(i) for i in range(first, last)])
+        groups: list[list[list[str]]] = [leaves]  # children per switch, per level
+        counts = [len(leaves)]
+        target = self.switch_levels
+        while True:
+            below = counts[-1]
+            level_no = len(counts) + 1  # the level about to be built (1 = leaves)
+            if target is None:
+                if below == 1:
+                    break
+            else:
+                if len(counts) == target:
+                    break
+                if below == 1:
+                    raise ValueError(
+                        f"switch_levels={target} is more than this tree needs: a "
+                        f"single switch is reached after {len(counts)} level(s) with "
+                        f"fan-out {self.switch_fanout}")
+            if target is not None and level_no == target:
+                sizes = [below]  # the top switch takes everything left
+            else:
+                sizes = [min(self.switch_fanout, below - i)
+                         for i in range(0, below, self.switch_fanout)]
+            counts.append(len(sizes))
+            groups.append([[str(j) for j in range(s)] for s in sizes])
+        # name the switches level by level
+        levels: list[list[tuple[str, list[str]]]] = []
+        below_names: list[str] = []
+        for lvl, children_per_switch in enumerate(groups):
+            prefix = _LEVEL_PREFIXES[lvl] if lvl < len(_LEVEL_PREFIXES) else f"l{lvl + 1}sw"
+            width = max(2, len(str(len(children_per_switch))))
+            names = [f"{prefix}{k + 1:0{width}d}" for k in range(len(children_per_switch))]
+            if lvl == 0:
+                level = list(zip(names, children_per_switch))
+            else:
+                level = []
+                pos = 0
+                for name, kids in zip(names, children_per_switch):
+                    level.append((name, below_names[pos:pos + len(kids)]))
+                    pos += len(kids)
+            levels.append(level)
+            below_names = names
+        return levels
+
+
+_LEVEL_PREFIXES = ("leaf", "spine", "core", "super")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class WorkloadModel:
+    """Parameters of a heavy-tailed multi-tenant deep-learning workload.
+
+    Every field has a default; ``docs/workload.md`` explains each one and the
+    published statistics its shape follows.  Probabilities are per job (an array
+    task is a job) unless said otherwise.
+
+    Users and accounts
+        n_users: number of users submitting.
+        user_zipf_s: user *i* (1-based) submits with weight ``1 / i**s``.
+        accounts: ``(name, weight)``; each user belongs to one account.
+        user_size_tilt_sigma: per-user preference for larger or smaller jobs:
+            user weights for GPU count ``g`` are multiplied by ``g**tilt``,
+            ``tilt ~ Normal(0, sigma)``.
+        user_runtime_sigma: per-user run-time scale, ``LogNormal(0, sigma)``.
+        user_typed_gpu_frac: fraction of users who request the GPU type
+            (``--gres=gpu:a100:N``), so their ReqTRES carries ``gres/gpu:a100``.
+        user_no_timelimit_frac: fraction of users who never pass ``--time``.
+
+    Job shapes
+        gpu_count_weights: ``(gpus, weight)`` for GPU jobs; sizes larger than the
+            cluster, or multi-node sizes that are not a multiple of
+            ``gpus_per_node``, are dropped and the rest renormalised.
+        runtime_mixture: ``(weight, median_seconds, sigma)`` lognormal components
+            of the intended run time of a 1-GPU job.
+        runtime_size_exponent: a job with ``g`` GPUs has its run time multiplied
+            by ``g**exponent`` (larger jobs run longer).
+        min_runtime_s, max_runtime_s: clamp of the intended run time.
+        cpu_only_frac: fraction of submissions that request no GPU.
+        cpu_runtime_median_s, cpu_runtime_sigma: lognormal run time of CPU jobs.
+        array_frac: fraction of GPU submissions that are job arrays
+            (hyper-parameter sweeps); each task is a separate job.
+        array_tasks: inclusive range of the number of tasks of an array.
+        mem_per_gpu_mb: ``(MB, weight)`` memory requested per GPU (single node).
+
+    Arrivals
+        target_load: offered GPU load as a fraction of the cluster's GPUs;
+            the mean arrival rate is ``target_load * total_gpus / E[GPU-seconds
+            per submission]``, estimated by sampling the model itself.
+        diurnal_amplitude: arrivals follow ``1 + A*cos(2*pi*(hour-peak)/24)``.
+        diurnal_peak_hour: hour of the day with most submissions.
+        weekend_factor: arrival-rate multiplier on Saturdays and Sundays.
+        deferred_eligible_frac: jobs that become eligible later than submitted
+            (``--begin`` or a dependency).
+
+    User time limits
+        timelimit_grid_min: the round values users type for ``--time``
+            (minutes); an estimate is rounded up to the next one.
+        timelimit_factor_median, timelimit_factor_sigma: the estimate is
+            ``runtime * (1 + LogNormal(ln(median - 1), sigma))``.
+        timelimit_underestimate_frac: jobs whose limit is below their run time
+            (they end in ``TIMEOUT``).
+
+    Outcomes
+        cancel_before_start_frac: cancelled while pending (never started).
+        cancel_running_frac: cancelled by the user while running.
+        admin_cancel_frac: share of running cancellations done by root (uid 0).
+        fail_frac: jobs that end ``FAILED`` (early failures are most common).
+        node_fail_frac: jobs killed by a node failure (``NODE_FAIL``).
+        requeue_frac: jobs requeued once after a partial run (two records).
+        emit_requeue_duplicates: print every run of a requeued job, as
+            ``sacct --duplicates`` does; ``False`` prints only the last run.
+
+    Original schedule (synthetic, not a feasible schedule; replay ignores it)
+        wait_zero_frac: jobs started at submit time (``Flags=SchedSubmit``).
+        wait_median_s, wait_sigma: lognormal wait of the others, times
+            ``sqrt(gpus)``.
+        backfill_frac: share of the waiting jobs started by the backfill
+            scheduler (``SchedBackfill``; the others ``SchedMain``).
+        fragmented_placement_frac: multi-node jobs placed on scattered nodes
+            instead of a contiguous block.
+
+    Naming and ids
+        hostile_name_frac: jobs given a hostile name (shell metacharacters,
+            unicode, HTML, tabs) to exercise readers.
+        first_job_id: the first JobIDRaw.
+        qos: the QOS of every job.
+    """
+
+    # users and accounts
+    n_users: int = 30
+    user_zipf_s: float = 1.1
+    accounts: tuple[tuple[str, float], ...] = (
+        ("vision", 0.30), ("nlp", 0.30), ("speech", 0.10),
+        ("rl", 0.10), ("systems", 0.08), ("genai", 0.12),
+    )
+    user_size_tilt_sigma: float = 0.3
+    user_runtime_sigma: float = 0.4
+    user_typed_gpu_frac: float = 0.3
+    user_no_timelimit_frac: float = 0.15
+
+    # job shapes
+    gpu_count_weights: tuple[tuple[int, float], ...] = (
+        (1, 0.62), (2, 0.11), (4, 0.11), (8, 0.10),
+        (16, 0.03), (32, 0.013), (64, 0.006),
+    )
+    runtime_mixture: tuple[tuple[float, float, float], ...] = (
+        (0.52, 600.0, 1.2),      # debugging, failed starts, short evals: ~10 min
+        (0.38, 3600.0, 1.0),     # fine-tuning and medium training: ~1 h
+        (0.10, 28800.0, 0.9),    # long training: ~8 h, multi-day tail
+    )
+    runtime_size_exponent: float = 0.2
+    min_runtime_s: int = 30
+    max_runtime_s: int = 10 * _DAY
+    cpu_only_frac: float = 0.08
+    cpu_runtime_median_s: float = 900.0
+    cpu_runtime_sigma: float = 1.3
+    array_frac: float = 0.02
+    array_tasks: tuple[int, int] = (2, 16)
+    mem_per_gpu_mb: tuple[tuple[int, float], ...] = (
+        (16384, 0.3), (32768, 0.5), (61440, 0.2),
+    )
+
+    # arrivals
+    target_load: float = 1.0
+    diurnal_amplitude: float = 0.5
+    diurnal_peak_hour: float = 14.0
+    weekend_factor: float = 0.6
+    deferred_eligible_frac: float = 0.02
+
+    # user time limits
+    timelimit_grid_min: tuple[int, ...] = (
+        10, 15, 30, 60, 90, 120, 180, 240, 360, 480, 720, 1080, 1440,
+        2160, 2880, 4320, 5760, 7200, 10080, 14400, 20160,
+    )
+    timelimit_factor_median: float = 3.0
+    timelimit_factor_sigma: float = 0.8
+    timelimit_underestimate_frac: float = 0.05
+
+    # outcomes
+    cancel_before_start_frac: float = 0.05
+    cancel_running_frac: float = 0.07
+    admin_cancel_frac: float = 0.1
+    fail_frac: float = 0.10
+    node_fail_frac: float = 0.003
+    requeue_frac: float = 0.01
+    emit_requeue_duplicates: bool = True
+
+    # original schedule (synthetic)
+    wait_zero_frac: float = 0.3
+    wait_median_s: float = 600.0
+    wait_sigma: float = 1.6
+    backfill_frac: float = 0.35
+    fragmented_placement_frac: float = 0.25
+
+    # naming and ids
+    hostile_name_frac: float = 0.004
+    first_job_id: int = 1001
+    qos: str = "normal"
+
+    def __post_init__(self) -> None:
+        if self.n_users < 1:
+            raise ValueError("WorkloadModel.n_users must be >= 1")
+        if not self.target_load > 0:
+            raise ValueError("WorkloadModel.target_load must be > 0")
+        if not 0 <= self.diurnal_amplitude < 1:
+            raise ValueError("WorkloadModel.diurnal_amplitude must be in [0, 1)")
+        if not 0 < self.weekend_factor:
+            raise ValueError("WorkloadModel.weekend_factor must be > 0")
+        lo, hi = self.array_tasks
+        if not 2 <= lo <= hi:
+            raise ValueError("WorkloadModel.array_tasks must be (lo, hi), 2 <= lo <= hi")
+        if self.timelimit_factor_median <= 1:
+            raise ValueError("WorkloadModel.timelimit_factor_median must be > 1")
+        outcome = (self.cancel_running_frac + self.fail_frac + self.node_fail_frac
+                   + self.requeue_frac)
+        if outcome >= 1:
+            raise ValueError("WorkloadModel outcome fractions must add up to < 1")
+        if not self.runtime_mixture or not self.gpu_count_weights:
+            raise ValueError("WorkloadModel distributions must not be empty")
+
+
+# --------------------------------------------------------------------------- record
+
+
+class SacctRecord(NamedTuple):
+    """One row of ``sacct --allocations`` output, in typed form.
+
+    Times are whole seconds since 1970-01-01T00:00:00 of the cluster's local
+    wall clock (no time zone, as sacct prints them); ``None`` prints
+    ``Unknown``.  ``timelimit_min`` is minutes, or :data:`TIMELIMIT_UNLIMITED`
+    / :data:`TIMELIMIT_PARTITION`.  ``gpus`` (GPUs allocated or requested)
+    is carried for convenience and is not a sacct column.
+    """
+
+    job_id: str
+    job_id_raw: int
+    job_name: str
+    user: str
+    account: str
+    partition: str
+    qos: str
+    state: str
+    submit: int | None
+    eligible: int | None
+    start: int | None
+    end: int | None
+    elapsed: int
+    timelimit_min: int
+    nnodes: int
+    ncpus: int
+    nodelist: str
+    req_tres: str
+    alloc_tres: str
+    priority: int
+    flags: str
+    gpus: int
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+_HMS: list[str] = []
+
+
+def _hms_table() -> list[str]:
+    """``HH:MM:SS`` for every second of a day (built once, ~5 MB)."""
+    if not _HMS:
+        _HMS.extend(f"{h:02d}:{m:02d}:{s:02d}"
+                    for h in range(24) for m in range(60) for s in range(60))
+    return _HMS
+
+
+def format_elapsed(seconds: int) -> str:
+    """Slurm's ``secs2time_str``: ``[D-]HH:MM:SS``."""
+    days, rem = divmod(int(seconds), _DAY)
+    if days:
+        return f"{days}-{_hms_table()[rem]}"
+    return _hms_table()[rem]
+
+
+def format_timelimit(minutes: int) -> str:
+    """sacct's Timelimit column: ``UNLIMITED``, ``Partition_Limit`` or
+    Slurm's ``mins2time_str`` (``[D-]HH:MM:SS``)."""
+    if minutes == TIMELIMIT_UNLIMITED:
+        return "UNLIMITED"
+    if minutes == TIMELIMIT_PARTITION:
+        return "Partition_Limit"
+    if minutes <= 0:
+        return ""
+    return format_elapsed(minutes * 60)
+
+
+def format_mem(mb: int) -> str:
+    """A memory TRES count (MB) as sacct prints it by default: divided by 1024
+    while that stays exact (``convert_num_unit`` with CONVERT_NUM_UNIT_EXACT),
+    so ``32768`` -> ``32G``, ``512000`` -> ``500G``, ``64000`` -> ``64000M``."""
+    units = "MGTPE"
+    unit = 0
+    value = int(mb)
+    while value >= 1024 and value % 1024 == 0 and unit < len(units) - 1:
+        value //= 1024
+        unit += 1
+    return f"{value}{units[unit]}"
+
+
+@functools.lru_cache(maxsize=8192)
+def _tres(cpus: int, mem_mb: int, nodes: int, gpus: int, gpu_type: str | None) -> str:
+    """A TRES string as sacct prints it: ``name=count`` sorted by string
+    (``slurm_char_list_to_xstr`` sorts), so typed GPUs come first:
+    ``billing=8,cpu=8,gres/gpu:a100=4,gres/gpu=4,mem=32G,node=1``."""
+    items = [f"billing={cpus}", f"cpu={cpus}", f"mem={format_mem(mem_mb)}", f"node={nodes}"]
+    if gpus:
+        items.append(f"gres/gpu={gpus}")
+        if gpu_type:
+            items.append(f"gres/gpu:{gpu_type}={gpus}")
+    items.sort()
+    return ",".join(items)
+
+
+def _compress(names: Sequence[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    return hostlist.collect_hostlist(list(names))
+
+
+def _parse_local_time(text: str) -> int:
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is not None:
+        raise ValueError("start must be a naive local time such as 2026-01-05T00:00:00")
+    return int((dt - _EPOCH).total_seconds())
+
+
+# --------------------------------------------------------------------------- names
+
+_GPU_JOB_NAMES = (
+    "train_resnet50", "train_resnet101", "bert-large-ft", "bert-base-ft",
+    "vit_b16_imagenet", "yolov8-train", "detr-coco", "wav2vec2-ft",
+    "whisper-small-ft", "t5-base-eval", "lora-llama-7b", "eval_mmlu",
+    "sweep_lr", "ppo_atari", "sac-mujoco", "diffusion-unet-ft", "gnn-ogbn",
+    "seg_deeplabv3", "mae-pretrain-vitb", "clip-ft", "jupyter", "bash",
+    "interactive", "nccl-tests", "profile_dataloader",
+)
+_LARGE_GPU_JOB_NAMES = (
+    "gpt-neox-pretrain", "llama-13b-sft", "bert-large-pretrain",
+    "megatron-gpt-1.3b", "moe-8x-pretrain", "vit-h14-pretrain",
+    "clip-l14-pretrain", "ddp_resnet152", "fsdp-llama-7b",
+)
+_CPU_JOB_NAMES = (
+    "preprocess_shards", "tokenize_corpus", "eval_metrics", "tar_checkpoints",
+    "rsync_dataset", "build_index", "bash", "jupyter-cpu",
+)
+#: Names that try to break readers.  None contains ``|`` or a newline: sacct
+#: does not escape either (it prints the name raw between ``|`` separators), so
+#: such a name would make the dump itself unparsable.
+_HOSTILE_JOB_NAMES = (
+    "exp;rm -rf /",
+    "$(shutdown -h now)",
+    "`id`",
+    "résumé_модель_模型",
+    "🚀-launch",
+    "<script>alert(1)</script>",
+    "quote'\"mix",
+    "run name with spaces",
+    "tab\tname",
+    "a=b,c=d",
+    "--format=x",
+    " padded ",
+)
+_ARRAY_JOB_NAMES = ("sweep_lr", "hpo_trial", "seed_sweep", "ablation", "grid_search")
+
+_USER_NAMES = (
+    "achen", "bpatel", "cmuller", "dkim", "egarcia", "fnguyen", "gsilva", "hli",
+    "iivanova", "jsmith", "kwang", "lrossi", "mtanaka", "nali", "okowalski",
+    "pzhang", "qhuang", "rsingh", "sjohnson", "tlee", "ubrown", "vlopez",
+    "wchen", "xliu", "ymartin", "zwilson", "aokafor", "bschmidt", "cdubois",
+    "dyamamoto", "eandersson", "fcosta", "gmoreau", "hpark", "ijensen",
+    "jkowalczyk", "knovak", "lhoffmann", "mfischer", "nsato",
+)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+class _User(NamedTuple):
+    name: str
+    uid: int
+    account: str
+    tilt: float
+    runtime_scale: float
+    typed_gpu: bool
+    no_timelimit: bool
+
+
+class _Job(NamedTuple):
+    """A job before it is turned into sacct records."""
+
+    name: str
+    user: _User
+    gpus: int
+    nnodes: int
+    cpus: int
+    mem_mb: int
+    typed_request: bool
+    timelimit_min: int
+    runtime: int          # intended run time, seconds
+    fate: str             # COMPLETED / FAILED / CANCELLED / NODE_FAIL / REQUEUED / PENDING_CANCEL
+    elapsed: int          # elapsed of the (first) run
+    timed_out: bool
+
+
+def _cum(weights: Sequence[float]) -> list[float]:
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("weights must add up to > 0")
+    out, acc = [], 0.0
+    for w in weights:
+        acc += w / total
+        out.append(acc)
+    out[-1] = 1.0
+    return out
+
+
+class _Sampler:
+    """Draws job shapes and outcomes (everything but arrival times)."""
+
+    def __init__(self, model: WorkloadModel, cluster: ClusterSpec, users: list[_User]):
+        self.m = model
+        self.c = cluster
+        self.users = users
+        gpn = cluster.gpus_per_node
+        sizes = [(g, w) for g, w in model.gpu_count_weights
+                 if 1 <= g <= cluster.total_gpus and (g <= gpn or g % gpn == 0) and w > 0]
+        if not sizes:
+            raise ValueError("no GPU job size in gpu_count_weights fits this cluster")
+        self.sizes = [g for g, _ in sizes]
+        base = [w for _, w in sizes]
+        self.user_size_cum = [_cum([w * g ** u.tilt for g, w in zip(self.sizes, base)])
+                              for u in users]
+        zipf = [1.0 / (i + 1) ** model.user_zipf_s for i in range(len(users))]
+        self.user_cum = _cum(zipf)
+        self.rt_cum = _cum([w for w, _, _ in model.runtime_mixture])
+        self.rt_comp = [(math.log(med), sig) for _, med, sig in model.runtime_mixture]
+        self.mem_opts = [mb for mb, _ in model.mem_per_gpu_mb]
+        self.mem_cum = _cum([w for _, w in model.mem_per_gpu_mb])
+        self.grid = sorted(model.timelimit_grid_min)
+        self.tl_mu = math.log(model.timelimit_factor_median - 1.0)
+        self.cpu_opts = [c for c in (1, 2, 4, 8, 16, 32) if c <= cluster.cpus_per_node]
+        self.array_size_cum = _cum([0.8, 0.15, 0.05])
+        self.array_sizes = [g for g in (1, 2, 4) if g <= cluster.total_gpus] or [1]
+        self.hostile_count = 0
+
+    # -- helpers -----------------------------------------------------------------
+    def user(self, rng: random.Random) -> _User:
+        return self.users[bisect.bisect_left(self.user_cum, rng.random())]
+
+    def runtime(self, rng: random.Random, user: _User, gpus: int) -> int:
+        mu, sig = self.rt_comp[bisect.bisect_left(self.rt_cum, rng.random())]
+        t = rng.lognormvariate(mu, sig) * user.runtime_scale * gpus ** self.m.runtime_size_exponent
+        return int(min(max(t, self.m.min_runtime_s), self.m.max_runtime_s))
+
+    def gpu_shape(self, rng: random.Random, user_idx: int) -> tuple[int, int, int, int]:
+        """(gpus, nnodes, cpus, mem_mb) of a GPU job."""
+        c = self.c
+        g = self.sizes[bisect.bisect_left(self.user_size_cum[user_idx], rng.random())]
+        return self._alloc_for(rng, g)
+
+    def _alloc_for(self, rng: random.Random, g: int) -> tuple[int, int, int, int]:
+        c = self.c
+        gpn = c.gpus_per_node
+        if g >= gpn:
+            # whole nodes, exclusive: all CPUs, --mem=0 (all of RealMemory)
+            n = g // gpn
+            return g, n, c.cpus_per_node * n, c.real_memory_mb * n
+        per_gpu_cpus = max(1, c.cpus_per_node // gpn)
+        if rng.random() < 0.25:
+            per_gpu_cpus = max(1, per_gpu_cpus // 2)
+        mem = self.mem_opts[bisect.bisect_left(self.mem_cum, rng.random())]
+        mem = min(mem * g, c.real_memory_mb)
+        mem -= mem % 1024 if mem >= 1024 else 0
+        return g, 1, per_gpu_cpus * g, max(mem, 1024)
+
+    def timelimit(self, rng: random.Random, user: _User, runtime: int) -> tuple[int, bool]:
+        """(limit minutes or TIMELIMIT_UNLIMITED, underestimated)."""
+        if user.no_timelimit:
+            return TIMELIMIT_UNLIMITED, False
+        grid = self.grid
+        if rng.random() < self.m.timelimit_underestimate_frac:
+            below = [v for v in grid if v * 60 < runtime]
+            if below:
+                # mostly the largest round value below the real need
+                k = len(below) - 1 - min(len(below) - 1, int(rng.expovariate(1.5)))
+                return below[k], True
+        want = runtime * (1.0 + rng.lognormvariate(self.tl_mu, self.m.timelimit_factor_sigma))
+        minutes = int(math.ceil(want / 60.0))
+        i = bisect.bisect_left(grid, minutes)
+        if i < len(grid):
+            return grid[i], False
+        return TIMELIMIT_UNLIMITED, False
+
+    def outcome(self, rng: random.Random, runtime: int, limit_min: int,
+                can_requeue: bool = True) -> tuple[str, int, bool]:
+        """(fate, elapsed of the (first) run, timed_out) for a started job."""
+        m = self.m
+        u = rng.random()
+        if can_requeue and u < m.requeue_frac:
+            fate = "REQUEUED"
+            elapsed = max(60, int(runtime * rng.uniform(0.05, 0.9)))
+        elif u < m.requeue_frac + m.node_fail_frac:
+            fate = "NODE_FAIL"
+            elapsed = max(1, int(runtime * rng.random()))
+        elif u < m.requeue_frac + m.node_fail_frac + m.fail_frac:
+            fate = "FAILED"
+            elapsed = max(1, int(runtime * rng.random() ** 2))
+        elif u < m.requeue_frac + m.node_fail_frac + m.fail_frac + m.cancel_running_frac:
+            fate = "CANCELLED"
+            elapsed = max(1, int(runtime * rng.uniform(0.05, 1.0)))
+        else:
+            fate = "COMPLETED"
+            elapsed = runtime
+        timed_out = False
+        if limit_min > 0 and elapsed > limit_min * 60 and fate != "REQUEUED":
+            # killed by the time limit; Slurm checks limits periodically, so the
+            # recorded end lands shortly after the limit
+            elapsed = limit_min * 60 + rng.randint(1, 59)
+            fate, timed_out = "TIMEOUT", True
+        elif limit_min > 0 and fate == "REQUEUED":
+            elapsed = min(elapsed, limit_min * 60)
+        return fate, elapsed, timed_out
+
+    def name(self, rng: random.Random, gpus: int, cpu_only: bool) -> str:
+        if rng.random() < self.m.hostile_name_frac:
+            # cycle through the list so that even a short trace has each kind
+            self.hostile_count += 1
+            return _HOSTILE_JOB_NAMES[(self.hostile_count - 1) % len(_HOSTILE_JOB_NAMES)]
+        if cpu_only:
+            return rng.choice(_CPU_JOB_NAMES)
+        if gpus > self.c.gpus_per_node or (gpus >= 8 and rng.random() < 0.5):
+            return rng.choice(_LARGE_GPU_JOB_NAMES)
+        return rng.choice(_GPU_JOB_NAMES)
+
+    # -- a whole submission ----------------------------------------------------------
+    def submission(self, rng: random.Random) -> tuple[_User, list[_Job], bool]:
+        """(user, jobs, is_array).  An array gives one job per task."""
+        m = self.m
+        ui = bisect.bisect_left(self.user_cum, rng.random())
+        user = self.users[ui]
+        if rng.random() < m.cpu_only_frac:
+            cpus = rng.choice(self.cpu_opts)
+            mem = min(cpus * 4096, self.c.real_memory_mb - self.c.real_memory_mb % 1024)
+            rt = rng.lognormvariate(math.log(m.cpu_runtime_median_s), m.cpu_runtime_sigma)
+            rt = int(min(max(rt * user.runtime_scale, m.min_runtime_s), m.max_runtime_s))
+            return user, [self._job(rng, user, self.name(rng, 0, True),
+                                    (0, 1, cpus, mem), rt, True)], False
+        if rng.random() < m.array_frac:
+            lo, hi = m.array_tasks
+            n = rng.randint(lo, hi)
+            g = self.array_sizes[min(len(self.array_sizes) - 1,
+                                     bisect.bisect_left(self.array_size_cum, rng.random()))]
+            shape = self._alloc_for(rng, g)
+            base = self.runtime(rng, user, g)
+            name = self.name(rng, g, False)
+            if name in _GPU_JOB_NAMES or name in _LARGE_GPU_JOB_NAMES:
+                name = rng.choice(_ARRAY_JOB_NAMES)
+            limit, _ = self.timelimit(rng, user, int(base * 1.5))
+            jobs = []
+            for _ in range(n):
+                rt = int(min(max(base * rng.lognormvariate(0.0, 0.3), m.min_runtime_s),
+                             m.max_runtime_s))
+                jobs.append(self._job(rng, user, name, shape, rt, False, limit=limit))
+            return user, jobs, True
+        shape = self.gpu_shape(rng, ui)
+        rt = self.runtime(rng, user, shape[0])
+        return user, [self._job(rng, user, self.name(rng, shape[0], False), shape, rt, True)], False
+
+    def _job(self, rng: random.Random, user: _User, name: str,
+             shape: tuple[int, int, int, int], runtime: int, may_cancel_pending: bool,
+             limit: int | None = None) -> _Job:
+        gpus, nnodes, cpus, mem = shape
+        if limit is None:
+            limit, _ = self.timelimit(rng, user, runtime)
+        typed = bool(gpus) and user.typed_gpu
+        if may_cancel_pending and rng.random() < self.m.cancel_before_start_frac:
+            if limit == TIMELIMIT_UNLIMITED and user.no_timelimit:
+                # no --time given and never scheduled: the limit was never
+                # resolved from the partition, sacct prints Partition_Limit
+                limit = TIMELIMIT_PARTITION
+            return _Job(name, user, gpus, nnodes, cpus, mem, typed, limit, runtime,
+                        "PENDING_CANCEL", 0, False)
+        fate, elapsed, timed_out = self.outcome(rng, runtime, limit)
+        return _Job(name, user, gpus, nnodes, cpus, mem, typed, limit, runtime,
+                    fate, elapsed, timed_out)
+
+
+def _make_users(model: WorkloadModel, rng: random.Random) -> list[_User]:
+    acc_names = [a for a, _ in model.accounts]
+    acc_cum = _cum([w for _, w in model.accounts])
+    users = []
+    for i in range(model.n_users):
+        name = _USER_NAMES[i] if i < len(_USER_NAMES) else f"u{i + 1:05d}"
+        users.append(_User(
+            name=name,
+            uid=20001 + i,
+            account=acc_names[bisect.bisect_left(acc_cum, rng.random())],
+            tilt=rng.gauss(0.0, model.user_size_tilt_sigma),
+            runtime_scale=rng.lognormvariate(0.0, model.user_runtime_sigma),
+            typed_gpu=rng.random() < model.user_typed_gpu_frac,
+            no_timelimit=rng.random() < model.user_no_timelimit_frac,
+        ))
+    return users
+
+
+def _gpu_seconds(job: _Job, sampler: _Sampler) -> float:
+    if job.fate == "PENDING_CANCEL":
+        return 0.0
+    total = job.gpus * job.elapsed
+    if job.fate == "REQUEUED":
+        total += job.gpus * min(job.runtime, job.timelimit_min * 60
+                                if job.timelimit_min > 0 else job.runtime)
+    return float(total)
+
+
+def _calibrate(model: WorkloadModel, sampler: _Sampler, rng: random.Random,
+               n: int = 20000) -> float:
+    """Mean allocated GPU-seconds per submission, by sampling the model."""
+    total = 0.0
+    for _ in range(n):
+        _, jobs, _ = sampler.submission(rng)
+        for job in jobs:
+            total += _gpu_seconds(job, sampler)
+    return total / n
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def _rng(seed: int | str, stream: str) -> random.Random:
+    # str seeds are hashed with SHA-512 by random.seed(): stable across runs
+    # and independent of PYTHONHASHSEED
+    return random.Random(f"dike-tracegen:{seed}:{stream}")
+
+
+def generate_jobs(model: WorkloadModel, n_jobs: int, cluster: ClusterSpec, seed: int,
+                  start: str = "2026-01-05T00:00:00") -> Iterator[SacctRecord]:
+    """Stream the sacct records of ``n_jobs`` synthetic jobs.
+
+    A job is one JobIDRaw; an array task is a job.  A requeued job yields two
+    records (its ``REQUEUED`` run, then its final run) unless
+    ``model.emit_requeue_duplicates`` is false.  Records come in JobIDRaw
+    order, like sacct prints them.  ``start`` is the naive local time of the
+    first possible submission.  Deterministic in all arguments.
+    """
+    if n_jobs < 0:
+        raise ValueError("n_jobs must be >= 0")
+    t0 = _parse_local_time(start)
+    users = _make_users(model, _rng(seed, "users"))
+    sampler = _Sampler(model, cluster, users)
+    mean_gs = _calibrate(model, sampler, _rng(seed, "calibrate"))
+    sampler.hostile_count = 0
+    rate = model.target_load * cluster.total_gpus / max(mean_gs, 1e-9)  # per second
+    week_norm = (5.0 + 2.0 * model.weekend_factor) / 7.0
+    max_mult = (1.0 + model.diurnal_amplitude) * max(1.0, model.weekend_factor) / week_norm
+    lam_max = rate * max_mult
+    amp = model.diurnal_amplitude
+    peak = model.diurnal_peak_hour
+    two_pi_24 = 2.0 * math.pi / 24.0
+
+    rng = _rng(seed, "jobs")
+    t = float(t0)
+    next_id = model.first_job_id
+    emitted = 0
+    while emitted < n_jobs:
+        # non-homogeneous Poisson arrivals by thinning
+        t += rng.expovariate(lam_max)
+        now = int(t)
+        day, sod = divmod(now, _DAY)
+        mult = 1.0 + amp * math.cos(two_pi_24 * (sod / 3600.0 - peak))
+        if (day + 3) % 7 >= 5:  # 1970-01-01 was a Thursday; Mon=0 .. Sun=6
+            mult *= model.weekend_factor
+        if rng.random() * max_mult > mult / week_norm:
+            continue
+        user, jobs, is_array = sampler.submission(rng)
+        jobs = jobs[: n_jobs - emitted]
+        submit = now
+        eligible = submit
+        if rng.random() < model.deferred_eligible_frac:
+            eligible = submit + int(rng.lognormvariate(math.log(1800.0), 1.2))
+        priority = rng.randint(1000, 20000)
+        base_id = next_id
+        next_id += len(jobs)
+        if is_array:
+            n = len(jobs)
+            # the array's own id stays with its last task; the others get the
+            # ids after it (see docs/workload.md)
+            order = [n - 1] + list(range(n - 1))
+            for raw_offset, task in enumerate(order):
+                yield from _job_records(rng, model, cluster, sampler, jobs[task],
+                                        f"{base_id}_{task}", base_id + raw_offset,
+                                        submit, eligible, priority)
+        else:
+            yield from _job_records(rng, model, cluster, sampler, jobs[0], str(base_id),
+                                    base_id, submit, eligible, priority)
+        emitted += len(jobs)
+
+
+def _place(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec, nnodes: int) -> str:
+    if nnodes == 1:
+        return cluster.node_name(rng.randrange(cluster.nodes))
+    if rng.random() < model.fragmented_placement_frac:
+        idx = sorted(rng.sample(range(cluster.nodes), nnodes))
+    else:
+        first = rng.randrange(cluster.nodes - nnodes + 1)
+        idx = range(first, first + nnodes)
+    return _compress([cluster.node_name(i) for i in idx])
+
+
+def _wait(rng: random.Random, model: WorkloadModel, gpus: int) -> int:
+    if rng.random() < model.wait_zero_frac:
+        return 0
+    w = rng.lognormvariate(math.log(model.wait_median_s), model.wait_sigma)
+    return int(min(w * math.sqrt(max(gpus, 1)), 3 * _DAY)) + 1
+
+
+def _sched_flag(rng: random.Random, model: WorkloadModel, wait: int) -> str:
+    if wait == 0:
+        return "SchedSubmit"
+    return "SchedBackfill" if rng.random() < model.backfill_frac else "SchedMain"
+
+
+def _job_records(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec,
+                 sampler: _Sampler, job: _Job, job_id: str, raw: int, submit: int,
+                 eligible: int, priority: int) -> Iterator[SacctRecord]:
+    user = job.user
+    req = _tres(job.cpus, job.mem_mb, job.nnodes, job.gpus,
+                cluster.gpu_type if job.typed_request else None)
+    head = (job_id, raw, job.name, user.name, user.account, cluster.partition, model.qos)
+    limit = job.timelimit_min
+
+    if job.fate == "PENDING_CANCEL":
+        # cancelled while pending: slurmdbd has no start time and reports
+        # Start = End (the cancel time), Elapsed 0, no allocation
+        end = eligible + int(rng.lognormvariate(math.log(1200.0), 1.3)) + 1
+        uid = 0 if rng.random() < model.admin_cancel_frac else user.uid
+        yield SacctRecord(*head, f"CANCELLED by {uid}", submit, eligible, end, end, 0,
+                          limit, job.nnodes, 0, "None assigned", req, "", priority, "",
+                          job.gpus)
+        return
+
+    alloc = _tres(job.cpus, job.mem_mb, job.nnodes, job.gpus,
+                  cluster.gpu_type if job.gpus else None)
+    wait = _wait(rng, model, job.gpus)
+    start = eligible + wait
+    flags = _sched_flag(rng, model, wait)
+
+    if job.fate == "REQUEUED":
+        end1 = start + job.elapsed
+        nodes1 = _place(rng, model, cluster, job.nnodes)
+        if model.emit_requeue_duplicates:
+            yield SacctRecord(*head, "REQUEUED", submit, eligible, start, end1, job.elapsed,
+                              limit, job.nnodes, job.cpus, nodes1, req, alloc, priority,
+                              flags, job.gpus)
+        # the requeued job gets a new submit time once its epilog is done, and a
+        # BeginTime hold of about CredExpire + 1 s before it is eligible again
+        submit = end1 + rng.randint(1, 5)
+        eligible = end1 + 121
+        fate, elapsed, _ = sampler.outcome(rng, job.runtime, limit, can_requeue=False)
+        wait = _wait(rng, model, job.gpus)
+        start = eligible + wait
+        flags = _sched_flag(rng, model, wait)
+    else:
+        fate, elapsed = job.fate, job.elapsed
+
+    if fate == "CANCELLED":
+        uid = 0 if rng.random() < model.admin_cancel_frac else user.uid
+        state = f"CANCELLED by {uid}"
+    else:
+        state = fate
+    yield SacctRecord(*head, state, submit, eligible, start, start + elapsed, elapsed,
+                      limit, job.nnodes, job.cpus, _place(rng, model, cluster, job.nnodes),
+                      req, alloc, priority, flags, job.gpus)
+
+
+# --------------------------------------------------------------------------- writers
+
+
+class _TimeFormatter:
+    """``%FT%T`` of naive local seconds, caching the date part per day."""
+
+    def __init__(self) -> None:
+        self._days: dict[int, str] = {}
+        self._hms = _hms_table()
+
+    def __call__(self, t: int | None) -> str:
+        if t is None:
+            return "Unknown"
+        day, sod = divmod(t, _DAY)
+        ds = self._days.get(day)
+        if ds is None:
+            if len(self._days) > 100000:
+                self._days.clear()
+            ds = (date(1970, 1, 1) + timedelta(days=day)).isoformat() + "T"
+            self._days[day] = ds
+        return ds + self._hms[sod]
+
+
+def write_sacct_parsable2(records: Iterable[SacctRecord], fh: TextIO) -> int:
+    """Write records exactly as ``sacct --parsable2`` prints them; return the count.
+
+    The output is what :data:`SACCT_COMMAND` (Slurm 22.05 and later) prints:
+    a header row of the :data:`SACCT_FIELDS` names, then one row per record,
+    ``|``-separated with no trailing separator (``--parsable2``), ``\\n`` line
+    ends.  The file handle should be opened with ``encoding="utf-8"`` (sacct
+    prints job names as stored, so unicode names are raw UTF-8).
+
+    Format decisions, with their source in the Slurm code:
+
+    * Times are ``%FT%T`` (``2026-01-05T10:00:00``), local time, no zone
+      (``slurm_make_time_str``, src/common/parse_time.c).  A time of 0 prints
+      ``Unknown`` (still-pending jobs: Start and End; running jobs: End);
+      ``None`` is printed only for NO_VAL, which job records never carry.
+    * A job cancelled while pending has no start time in the database;
+      slurmdbd reports it with Start = End = the cancel time
+      (``if (!job->start || job->start > job->end) job->start = job->end`` in
+      src/plugins/accounting_storage/mysql/as_mysql_jobacct_process.c), so
+      sacct shows the cancel time as Start, ``00:00:00`` as Elapsed,
+      ``None assigned`` as NodeList, an empty AllocTRES, NCPUS 0 (CPU count is
+      read from AllocTRES) and NNodes from ReqTRES (print.c, PRINT_NNODES).
+    * Elapsed is ``secs2time_str``: ``[D-]HH:MM:SS``; Timelimit is
+      ``mins2time_str``, or ``UNLIMITED`` (INFINITE), or ``Partition_Limit``
+      (NO_VAL: a job submitted without ``--time`` that never started; once it
+      starts Slurm resolves the limit, ``UNLIMITED`` under ``MaxTime=INFINITE``)
+      (src/sacct/print.c, PRINT_TIMELIMIT).
+    * State is ``job_state_string``; cancelled jobs print ``CANCELLED by
+      <uid>`` (print.c, PRINT_STATE).
+    * TRES strings are ``name=count`` joined by ``,`` after a string sort
+      (``slurmdb_make_tres_string_from_simple`` collects them into a list
+      that ``slurm_char_list_to_xstr`` sorts), so ``gres/gpu:a100=4`` sorts
+      before ``gres/gpu=4``; memory is converted like ``convert_num_unit``
+      with CONVERT_NUM_UNIT_EXACT (sacct's default): ``mem=32G``, ``mem=500G``.
+    * Flags is ``SchedSubmit``/``SchedMain``/``SchedBackfill`` for started
+      jobs, and empty for jobs never scheduled (flags 0 print nothing,
+      print.c PRINT_FLAGS).
+    * Requeued jobs: every run has its own database row; sacct orders rows
+      ``by id_job, time_submit`` and, without ``--duplicates``, prints only
+      the last one (as_mysql_jobacct_process.c).  With ``--duplicates`` the
+      earlier run appears first with State ``REQUEUED``, and the next run has
+      a new Submit time (job_mgr.c resets ``submit_time`` so "the restarted
+      job looks like a new job").
+    * Array tasks print ``<array id>_<task>``; JobIDRaw is the task's own id.
+    * sacct does not escape ``|`` or newlines in any field (job names are
+      printed raw).  Such a name would corrupt the dump, so this writer
+      refuses it with ``ValueError``.
+    """
+    fmt_time = _TimeFormatter()
+    fh.write("|".join(SACCT_FIELDS) + "\n")
+    buf: list[str] = []
+    count = 0
+    for r in records:
+        for text in (r.job_name, r.user, r.account):
+            if "|" in text or "\n" in text or "\r" in text:
+                raise ValueError(
+                    f"field {text!r} of job {r.job_id} contains '|' or a newline, "
+                    "which sacct --parsable2 cannot represent")
+        buf.append("|".join((
+            r.job_id, str(r.job_id_raw), r.job_name, r.user, r.account, r.partition,
+            r.qos, r.state, fmt_time(r.submit), fmt_time(r.eligible), fmt_time(r.start),
+            fmt_time(r.end), format_elapsed(r.elapsed), str(r.elapsed),
+            format_timelimit(r.timelimit_min), str(r.nnodes), str(r.ncpus), r.nodelist,
+            r.req_tres, r.alloc_tres, str(r.priority), r.flags,
+        )))
+        count += 1
+        if len(buf) >= 8192:
+            buf.append("")
+            fh.write("\n".join(buf))
+            buf.clear()
+    if buf:
+        buf.append("")
+        fh.write("\n".join(buf))
+    return count
+
+
+def write_slurm_conf(cluster: ClusterSpec, fh: TextIO) -> None:
+    """Write the ``slurm.conf`` fragment describing ``cluster``."""
+    c = cluster
+    lines = [
+        "# slurm.conf fragment for the synthetic cluster "
+        f"({c.nodes} nodes x {c.gpus_per_node} {c.gpu_type} GPUs)",
+        "# written by dike_slurm.sim.tracegen",
+        f"ClusterName={c.cluster_name}",
+        "GresTypes=gpu",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "SchedulerType=sched/backfill",
+        "PriorityType=priority/multifactor",
+        "TopologyPlugin=topology/tree",
+        f"AccountingStorageTRES=gres/gpu,gres/gpu:{c.gpu_type}",
+        "JobRequeue=1",
+        f"NodeName={c.node_hostlist()} Gres=gpu:{c.gpu_type}:{c.gpus_per_node} "
+        f"CPUs={c.cpus_per_node} RealMemory={c.real_memory_mb} State=UNKNOWN",
+        f"PartitionName={c.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+    ]
+    fh.write("\n".join(lines) + "\n")
+
+
+def write_topology_conf(cluster: ClusterSpec, fh: TextIO) -> None:
+    """Write ``topology.conf`` (topology/tree) for ``cluster``'s switch tree."""
+    levels = cluster.switch_tree()
+    fh.write(f"# topology.conf for {cluster.cluster_name}: {len(levels)} switch level(s), "
+             f"{cluster.n_leaves} leaf switch(es)\n")
+    fh.write("# written by dike_slurm.sim.tracegen\n")
+    for lvl, level in enumerate(levels):
+        key = "Nodes" if lvl == 0 else "Switches"
+        for name, children in level:
+            fh.write(f"SwitchName={name} {key}={_compress(children)}\n")
+
+
+def generate_sample(out_dir: str | Path, n_jobs: int, cluster: ClusterSpec,
+                    model: WorkloadModel, seed: int,
+                    start: str = "2026-01-05T00:00:00") -> None:
+    """Write ``sacct.txt``, ``slurm.conf`` and ``topology.conf`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sacct.txt", "w", encoding="utf-8", newline="\n") as fh:
+        write_sacct_parsable2(generate_jobs(model, n_jobs, cluster, seed, start), fh)
+    with open(out / "slurm.conf", "w", encoding="utf-8", newline="\n") as fh:
+        write_slurm_conf(cluster, fh)
+    with open(out / "topology.conf", "w", encoding="utf-8", newline="\n") as fh:
+        write_topology_conf(cluster, fh)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = (len(sorted_values) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _tres_count(tres: str, key: str) -> int:
+    for item in tres.split(","):
+        name, _, value = item.partition("=")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def describe_sacct(lines: Iterable[str], total_gpus: int | None = None) -> dict:
+    """Summary statistics of a ``--parsable2`` dump (header row first).
+
+    Reads the text only (not generator internals).  GPU-hours count every
+    run, requeued ones included (``gres/gpu`` of AllocTRES x ElapsedRaw).
+    A job is *multi-node* when NNodes > 1.  Run-time percentiles are over the
+    final run of every GPU job that started.  With ``total_gpus``, the
+    offered load is GPU-hours / (total_gpus x hours from first to last submit).
+    """
+    it = iter(lines)
+    header = next(it).rstrip("\n").split("|")
+    col = {name: i for i, name in enumerate(header)}
+    rows = 0
+    jobs: set[str] = set()
+    gpu_jobs: set[str] = set()
+    users: set[str] = set()
+    one_gpu = 0
+    gpu_final = 0
+    gpu_hours = 0.0
+    multi_node_hours = 0.0
+    states: dict[str, int] = {}
+    runtimes: list[int] = []
+    first_submit = last_submit = last_end = None
+    for line in it:
+        f = line.rstrip("\n").split("|")
+        rows += 1
+        raw = f[col["JobIDRaw"]]
+        jobs.add(raw)
+        users.add(f[col["User"]])
+        state = f[col["State"]].split(" ")[0]
+        states[state] = states.get(state, 0) + 1
+        elapsed = int(f[col["ElapsedRaw"]])
+        gpus = _tres_count(f[col["AllocTRES"]], "gres/gpu") or \
+            _tres_count(f[col["ReqTRES"]], "gres/gpu")
+        nnodes = int(f[col["NNodes"]])
+        alloc_gpus = _tres_count(f[col["AllocTRES"]], "gres/gpu")
+        hours = alloc_gpus * elapsed / 3600.0
+        gpu_hours += hours
+        if nnodes > 1:
+            multi_node_hours += hours
+        submit = f[col["Submit"]]
+        end = f[col["End"]]
+        if first_submit is None or submit < first_submit:
+            first_submit = submit
+        if last_submit is None or submit > last_submit:
+            last_submit = submit
+        if end != "Unknown" and (last_end is None or end > last_end):
+            last_end = end
+        if gpus and state != "REQUEUED":
+            gpu_jobs.add(raw)
+            gpu_final += 1
+            if gpus == 1:
+                one_gpu += 1
+            if f[col["AllocTRES"]]:
+                runtimes.append(elapsed)
+    runtimes.sort()
+    span_days = submit_days = offered_load = None
+    if first_submit and last_end:
+        span = datetime.fromisoformat(last_end) - datetime.fromisoformat(first_submit)
+        span_days = span.total_seconds() / _DAY
+        submit_days = (datetime.fromisoformat(last_submit)
+                       - datetime.fromisoformat(first_submit)).total_seconds() / _DAY
+        if total_gpus and submit_days > 0:
+            offered_load = gpu_hours / (total_gpus * submit_days * 24.0)
+    return {
+        "records": rows,
+        "jobs": len(jobs),
+        "gpu_jobs": len(gpu_jobs),
+        "users": len(users),
+        "gpu_hours": gpu_hours,
+        "one_gpu_job_fraction": one_gpu / gpu_final if gpu_final else 0.0,
+        "multi_node_gpu_hour_fraction": multi_node_hours / gpu_hours if gpu_hours else 0.0,
+        "runtime_p50_s": _percentile(runtimes, 0.50),
+        "runtime_p90_s": _percentile(runtimes, 0.90),
+        "runtime_p99_s": _percentile(runtimes, 0.99),
+        "runtime_max_s": runtimes[-1] if runtimes else float("nan"),
+        "states": dict(sorted(states.items())),
+        "first_submit": first_submit,
+        "last_submit": last_submit,
+        "last_end": last_end,
+        "submit_span_days": submit_days,
+        "span_days": span_days,
+        "offered_load": offered_load,
+    }
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    d = ClusterSpec()
+    m = WorkloadModel()
+    p = argparse.ArgumentParser(
+        prog="python -m dike_slurm.sim.tracegen",
+        description="Generate a synthetic deep-learning Slurm workload: sacct.txt "
+                    "(sacct --parsable2 output), slurm.conf and topology.conf.")
+    p.add_argument("--jobs", type=int, default=2500, help="number of jobs (default 2500)")
+    p.add_argument("--nodes", type=int, default=d.nodes, help=f"nodes (default {d.nodes})")
+    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
+    p.add_argument("--cpus-per-node", type=int, default=d.cpus_per_node)
+    p.add_argument("--mem-per-node", type=int, default=d.real_memory_mb,
+                   help="RealMemory in MB")
+    p.add_argument("--gpu-type", default=d.gpu_type)
+    p.add_argument("--nodes-per-leaf", type=int, default=d.nodes_per_leaf)
+    p.add_argument("--switch-fanout", type=int, default=d.switch_fanout)
+    p.add_argument("--switch-levels", type=int, default=None,
+                   help="total switch levels (default: as many as the fan-out needs)")
+    p.add_argument("--users", type=int, default=m.n_users)
+    p.add_argument("--load", type=float, default=m.target_load,
+                   help="offered GPU load as a fraction of the cluster's GPUs")
+    p.add_argument("--start", default="2026-01-05T00:00:00",
+                   help="first possible submit time (naive local time)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--stats", action="store_true",
+                   help="print statistics of the written sacct.txt")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    cluster = ClusterSpec(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+        real_memory_mb=args.mem_per_node, gpu_type=args.gpu_type,
+        nodes_per_leaf=args.nodes_per_leaf, switch_fanout=args.switch_fanout,
+        switch_levels=args.switch_levels)
+    model = replace(WorkloadModel(), n_users=args.users, target_load=args.load)
+    generate_sample(args.out, args.jobs, cluster, model, args.seed, start=args.start)
+    if args.stats:
+        with open(Path(args.out) / "sacct.txt", encoding="utf-8", newline="\n") as fh:
+            stats = describe_sacct(fh, total_gpus=cluster.total_gpus)
+        for key, value in stats.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
