@@ -1,0 +1,230 @@
+"""The narrow interface between the engine and a cluster, in domain terms, plus an in-memory fake.
+
+A backend reads the cluster (`read_cluster`), the job accounting (`accounting`) and writes
+typed job updates (`apply`, `requeue`). Everything Slurm-specific (commands, JSON shapes,
+pyslurm objects, the simulator) stays behind it.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Union
+
+from dike_slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.model import Job, JobState, Node, Placement, Topology
+
+
+class JobField(enum.Enum):
+    """A job attribute the engine may write; the value is Slurm's `scontrol update` key."""
+
+    SITE_FACTOR = "SiteFactor"
+    PRIORITY = "Priority"
+    NICE = "Nice"
+    ADMIN_COMMENT = "AdminComment"
+    SWITCHES = "Switches"
+    FEATURES = "Features"
+    EXCLUDED_NODES = "ExcNodeList"
+
+    @property
+    def is_placement(self) -> bool:
+        """Placement fields can be changed on pending jobs only."""
+        return self in PLACEMENT_FIELDS
+
+
+PLACEMENT_FIELDS = frozenset({JobField.SWITCHES, JobField.FEATURES, JobField.EXCLUDED_NODES})
+
+
+@dataclass(frozen=True)
+class SwitchRequest:
+    """Slurm's `Switches=COUNT@WAIT`; COUNT 0 means no constraint."""
+
+    count: int
+    wait_s: int | None = None
+
+
+# int: SiteFactor, Priority, Nice. str: AdminComment, Features (""= none).
+# SwitchRequest: Switches. tuple of node names: ExcNodeList (() = none).
+# None (Priority only): hand the priority back to Slurm (hold + release).
+FieldValue = Union[int, str, SwitchRequest, tuple[str, ...], None]
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """New values for some fields of one job, written together in one call."""
+
+    job_id: int
+    values: tuple[tuple[JobField, FieldValue], ...]
+
+    @classmethod
+    def of(cls, job_id: int, values: Mapping[JobField, FieldValue]) -> JobUpdate:
+        order = list(JobField)
+        return cls(job_id, tuple(sorted(values.items(), key=lambda item: order.index(item[0]))))
+
+    @property
+    def fields(self) -> tuple[JobField, ...]:
+        return tuple(f for f, _ in self.values)
+
+    def get(self, wanted: JobField) -> FieldValue:
+        for key, value in self.values:
+            if key is wanted:
+                return value
+        raise KeyError(wanted)
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What happened to one write."""
+
+    ok: bool
+    command: str  # the exact command line, for the audit log
+    message: str = ""
+    job_gone: bool = False  # the job ended or started meanwhile: not an engine error
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The cluster as one backend read sees it.
+
+    Jobs are the active (pending, running, suspended) jobs with what Slurm holds now:
+    placement, priority, nice, comment. `site_factors` has the SiteFactor of each job the
+    backend can see it for (Slurm 22.05: eligible pending jobs only, through sprio).
+    """
+
+    time: float
+    jobs: tuple[Job, ...]
+    nodes: tuple[Node, ...]
+    topology: Topology
+    site_factors: Mapping[int, int] = field(default_factory=dict)
+    admin_comments: Mapping[int, str] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """Reads and writes one cluster; the engine never sees anything else of it."""
+
+    name: str
+    calls: int = 0  # Slurm calls (commands, API requests) made so far, reads and writes
+
+    @abstractmethod
+    def read_cluster(self) -> ClusterState:
+        """Active jobs, nodes, topology and what Slurm holds for each job now."""
+
+    @abstractmethod
+    def accounting(self, start: float, end: float) -> ReadResult:
+        """Every run (requeued jobs: each run) active between start and end, epoch seconds."""
+
+    @abstractmethod
+    def apply(self, update: JobUpdate) -> WriteOutcome:
+        """Write the fields of one job in one call."""
+
+    @abstractmethod
+    def requeue(self, job_id: int) -> WriteOutcome:
+        """Preempt a running job by requeueing it."""
+
+    @abstractmethod
+    def describe(self, update: JobUpdate) -> str:
+        """The command (or call) `apply` would make for this update, for humans and the audit."""
+
+    def close(self) -> None:
+        """Release whatever the backend holds (nothing by default)."""
+
+
+class FakeBackend(Backend):
+    """An in-memory cluster for unit tests: applies updates to its jobs and counts calls."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        jobs: Iterable[Job],
+        nodes: Iterable[Node],
+        topology: Topology | None = None,
+        *,
+        time: float = 1_000_000.0,
+        records: Iterable[AccountingRecord] = (),
+        admin_comments: Mapping[int, str] | None = None,
+    ) -> None:
+        self.time = time
+        self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
+        self.nodes = tuple(nodes)
+        self.topology = topology or Topology()
+        self.records = list(records)
+        self.site_factors: dict[int, int] = {}
+        self.admin_comments: dict[int, str] = dict(admin_comments or {})
+        self.applied: list[JobUpdate] = []
+        self.requeued: list[int] = []
+        self.failing_jobs: set[int] = set()
+
+    def read_cluster(self) -> ClusterState:
+        self.calls += 1
+        active = tuple(j for j in self.jobs.values() if j.state.is_active)
+        visible = {
+            j.job_id: self.site_factors.get(j.job_id, 0) for j in active if j.state is JobState.PENDING
+        }
+        return ClusterState(
+            self.time,
+            active,
+            self.nodes,
+            self.topology,
+            MappingProxyType(visible),
+            MappingProxyType({j.job_id: self.admin_comments.get(j.job_id, "") for j in active}),
+        )
+
+    def accounting(self, start: float, end: float) -> ReadResult:
+        self.calls += 1
+        chosen = tuple(
+            r for r in self.records
+            if (r.end is None or r.end >= start) and (r.start is None or r.start <= end)
+        )
+        return ReadResult(records=chosen, rows=len(chosen), skipped={}, source="fake")
+
+    def apply(self, update: JobUpdate) -> WriteOutcome:
+        self.calls += 1
+        command = self.describe(update)
+        job = self.jobs.get(update.job_id)
+        if job is None or not job.state.is_active or update.job_id in self.failing_jobs:
+            return WriteOutcome(False, command, "Invalid job id specified", job_gone=job is None)
+        if any(f.is_placement for f in update.fields) and job.state is not JobState.PENDING:
+            return WriteOutcome(False, command, "Job is no longer pending execution", job_gone=True)
+        self.applied.append(update)
+        placement = job.placement
+        for key, value in update.values:
+            if key is JobField.SITE_FACTOR:
+                self.site_factors[job.job_id] = int(value)  # type: ignore[arg-type]
+            elif key is JobField.PRIORITY:
+                job = replace(job, priority=value)  # type: ignore[arg-type]
+            elif key is JobField.NICE:
+                job = replace(job, nice=int(value))  # type: ignore[arg-type]
+            elif key is JobField.ADMIN_COMMENT:
+                self.admin_comments[job.job_id] = str(value)
+            elif key is JobField.SWITCHES:
+                assert isinstance(value, SwitchRequest)
+                placement = replace(
+                    placement,
+                    max_switches=value.count or None,
+                    switches_wait_s=value.wait_s if value.count else None,
+                )
+            elif key is JobField.FEATURES:
+                placement = replace(placement, features=str(value) or None)
+            elif key is JobField.EXCLUDED_NODES:
+                placement = replace(placement, exclude_nodes=tuple(value or ()))  # type: ignore[arg-type]
+        self.jobs[job.job_id] = replace(job, placement=placement)
+        return WriteOutcome(True, command)
+
+    def requeue(self, job_id: int) -> WriteOutcome:
+        self.calls += 1
+        self.requeued.append(job_id)
+        job = self.jobs[job_id]
+        self.jobs[job_id] = replace(job, state=JobState.PENDING, start_time=None, nodes=())
+        return WriteOutcome(True, f"requeue {job_id}")
+
+    def describe(self, update: JobUpdate) -> str:
+        parts = " ".join(f"{key.value}={value!r}" for key, value in update.values)
+        return f"update {update.job_id} {parts}"
+
+    def user_sets(self, job_id: int, placement: Placement) -> None:
+        """What a user's own `scontrol update` of their pending job does."""
+        self.jobs[job_id] = replace(self.jobs[job_id], placement=placement)

@@ -1,0 +1,753 @@
+"""The live cycle: read the cluster -> policy.decide -> diff -> guardrails -> apply -> audit.
+
+Only values that differ from what Slurm already holds (or, where Slurm does not show a value,
+from what the engine remembers writing) are written, so a quiet cluster gets no writes.
+`plan()` only reads; `apply()` writes through the backend and records every change, with the
+value it replaced and the command that undoes it, in the state store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from dike_slurm.backends.base import (
+    PLACEMENT_FIELDS,
+    Backend,
+    ClusterState,
+    FieldValue,
+    JobField,
+    JobUpdate,
+    SwitchRequest,
+    WriteOutcome,
+)
+from dike_slurm.config import Config
+from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.errors import PolicyError
+from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.policies.base import Policy
+from dike_slurm.registry import default_registry
+from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField, StateStore
+from dike_slurm.usage import (
+    JobService,
+    Run,
+    completed_service,
+    current_runs,
+    decayed_usage,
+    job_service,
+    merge_runs,
+    runs_from_records,
+)
+
+log = logging.getLogger("dike_slurm.engine")
+
+SACCT_OVERLAP_S = 900.0  # each cycle re-reads accounting from this long before the last read
+FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the state (not the audit)
+_COMMENT_LEVEL = re.compile(r"^dike:level=(\d+)\b")
+
+STRATEGY_FIELD = {
+    "site_factor": JobField.SITE_FACTOR,
+    "priority": JobField.PRIORITY,
+    "nice": JobField.NICE,
+}
+
+
+@dataclass(frozen=True)
+class PlannedWrite:
+    """One call that changes some fields of one job, with the update that undoes it."""
+
+    job_id: int
+    update: JobUpdate
+    undo: JobUpdate
+    originals: tuple[tuple[JobField, FieldValue], ...]  # value before the engine first changed each field
+    restores: tuple[JobField, ...]  # fields put back to their original: the engine lets go of them
+    reason: str
+    rank: int  # position of the job in the policy order; guardrails keep the first ones
+
+    @property
+    def kind(self) -> str:
+        return "placement" if any(f.is_placement for f in self.update.fields) else "priority"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What the engine decided for one in-scope job, and why."""
+
+    job: Job
+    managed: bool
+    note: str  # why the job is not managed, or what the engine leaves alone
+    level: int | None
+    reason: str
+    promoted: bool
+    value_now: int | None  # the strategy field (SiteFactor, Priority or Nice) as Slurm has it
+    value_wanted: int | None
+    placement_wanted: Placement | None  # None: the policy asks for no constraint
+    writes: tuple[PlannedWrite, ...]
+    hands_off: tuple[JobField, ...] = ()
+    hands_off_reason: str = ""
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """Everything one cycle would do; `writes` and `requeues` passed the guardrails."""
+
+    time: float
+    policy: str
+    strategy: str
+    jobs: tuple[JobPlan, ...]
+    writes: tuple[PlannedWrite, ...]
+    held_back: tuple[PlannedWrite, ...]
+    requeues: tuple[Requeue, ...]
+    notes: tuple[str, ...]
+    out_of_scope: int
+    new_runs: tuple[Run, ...] = ()
+    accounting_skipped: Mapping[str, int] = field(default_factory=dict)
+    read_calls: int = 0
+
+    def job(self, job_id: int) -> JobPlan | None:
+        return next((p for p in self.jobs if p.job.job_id == job_id), None)
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """What a cycle did (nothing but the plan when not applied)."""
+
+    plan: CyclePlan
+    applied: bool
+    outcomes: tuple[tuple[PlannedWrite, WriteOutcome], ...]
+    requeued: tuple[tuple[Requeue, WriteOutcome], ...]
+    errors: int
+    seconds: float
+    slurm_calls: int
+    write_calls: int
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RevertPlan:
+    """The writes that put every field the engine owns back to its original value."""
+
+    writes: tuple[PlannedWrite, ...]
+    released: tuple[tuple[int, JobField, str], ...]  # (job, field, why) let go without a write
+
+
+def in_scope(job: Job, config: Config) -> bool:
+    """Partition (every listed one), account and QOS all in the configured scope."""
+    scope = config.scope
+    partitions = [p for p in job.partition.split(",") if p]
+    if scope.partitions and (not partitions or not set(partitions) <= set(scope.partitions)):
+        return False
+    if scope.accounts and job.account not in scope.accounts:
+        return False
+    return not (scope.qos and job.qos not in scope.qos)
+
+
+def is_exempt(job: Job, config: Config) -> bool:
+    return config.scope.exempt_tag in (job.comment or "")
+
+
+def score_ceiling(decisions: Decisions) -> float:
+    """The smallest power of two at least as large as every score (at least 1).
+
+    Scores are mapped onto [1, span] against this ceiling; a power of two keeps the mapping
+    still while jobs come and go, so unchanged jobs keep their values.
+    """
+    top = max((p.score for p in decisions.priorities), default=1.0)
+    return float(2 ** max(0, math.ceil(math.log2(max(top, 1.0)))))
+
+
+def priority_value(score: float, ceiling: float, span: int) -> int:
+    """A policy score as an integer in [1, span]; higher runs first."""
+    clamped = min(max(score, 0.0), ceiling)
+    return 1 + round((span - 1) * clamped / ceiling)
+
+
+def admin_comment_text(level: int, attained_gpu_s: float, promoted: bool) -> str:
+    """The AdminComment the engine writes, built from its own numbers only."""
+    text = f"dike:level={level} attained={attained_gpu_s / 3600:.1f}gpuh"
+    return text + " promoted" if promoted else text
+
+
+def placement_fields(placement: Placement) -> dict[JobField, FieldValue]:
+    """The fields a wanted placement sets (the ones it leaves unset are not wanted)."""
+    values: dict[JobField, FieldValue] = {}
+    if placement.max_switches is not None:
+        values[JobField.SWITCHES] = SwitchRequest(placement.max_switches, placement.switches_wait_s)
+    if placement.features is not None:
+        values[JobField.FEATURES] = placement.features
+    if placement.exclude_nodes:
+        values[JobField.EXCLUDED_NODES] = tuple(placement.exclude_nodes)
+    return values
+
+
+def current_placement_value(job: Job, key: JobField) -> FieldValue:
+    placement = job.placement
+    if key is JobField.SWITCHES:
+        return SwitchRequest(placement.max_switches or 0, placement.switches_wait_s if placement.max_switches else None)
+    if key is JobField.FEATURES:
+        return placement.features or ""
+    return tuple(placement.exclude_nodes)
+
+
+def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:
+    """Whether Slurm holds the wanted value (Slurm caps a Switches wait at max_switch_wait)."""
+    if key is JobField.SWITCHES:
+        assert isinstance(current, SwitchRequest) and isinstance(wanted, SwitchRequest)
+        if current.count != wanted.count:
+            return False
+        if not wanted.count or wanted.wait_s is None or current.wait_s is None:
+            return True
+        return current.wait_s <= wanted.wait_s
+    if key is JobField.EXCLUDED_NODES:
+        return set(current or ()) == set(wanted or ())  # type: ignore[arg-type]
+    return current == wanted
+
+
+def is_unset(key: JobField, value: FieldValue) -> bool:
+    """A placement field the job does not use (no user request to preserve)."""
+    if key is JobField.SWITCHES:
+        return isinstance(value, SwitchRequest) and value.count == 0
+    return not value
+
+
+def describe_value(value: FieldValue) -> str:
+    if isinstance(value, SwitchRequest):
+        return f"{value.count}@{value.wait_s}s" if value.count and value.wait_s is not None else str(value.count)
+    if isinstance(value, tuple):
+        return ",".join(value) or "''"
+    if value is None:
+        return "(Slurm's own)"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+class Engine:
+    """One cluster, one policy, one state store."""
+
+    def __init__(
+        self,
+        config: Config,
+        backend: Backend,
+        store: StateStore,
+        *,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = store
+        self.policy = policy or default_registry().create(config.engine.policy)
+        if not self.policy.live:
+            raise PolicyError(
+                f"policy {self.policy.name!r} is replay-only (it needs true job durations) and cannot run live"
+            )
+        self.params = config.policy_params(self.policy.name)
+        self.strategy = config.engine.priority_strategy
+        self.strategy_field = STRATEGY_FIELD[self.strategy]
+        self.clock = clock
+
+    # ---------------------------------------------------------------- plan (reads only)
+
+    def plan(self) -> CyclePlan:
+        """Read the cluster and accounting, decide, and diff; writes nothing anywhere."""
+        calls_before = self.backend.calls
+        cluster = self.backend.read_cluster()
+        now = cluster.time
+        memory = self.store.jobs()
+        owned = self.store.owned()
+        new_runs, skipped = self._read_accounting(now)
+        active_in_scope = [j for j in cluster.jobs if in_scope(j, self.config)]
+        runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope))
+        service = job_service(runs, now)
+        fairness_by = getattr(self.params, "fairness_by", "user")
+        usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
+        jobs = tuple(self._enrich(j, service, memory, owned, cluster) for j in active_in_scope)
+        snapshot = Snapshot(
+            time=now,
+            jobs=jobs,
+            nodes=self._nodes_in_scope(cluster),
+            topology=cluster.topology,
+            user_usage_gpu_s=usage,
+            user_shares=dict(self.config.accounting.user_shares),
+            completed_service_gpu_s=completed_service(runs, now),
+        )
+        decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
+        plans, notes = self._diff(snapshot, decisions, cluster, memory, owned)
+        writes, held_back, guard_notes = self._guardrails(plans, owned)
+        managed_running = {p.job.job_id for p in plans if p.managed and p.job.state is JobState.RUNNING}
+        requeues = tuple(r for r in decisions.requeues if r.job_id in managed_running)
+        return CyclePlan(
+            time=now,
+            policy=self.policy.name,
+            strategy=self.strategy,
+            jobs=tuple(plans),
+            writes=writes,
+            held_back=held_back,
+            requeues=requeues[: max(0, self.config.engine.max_changes_per_cycle - len(writes))],
+            notes=tuple(notes + guard_notes),
+            out_of_scope=len(cluster.jobs) - len(active_in_scope),
+            new_runs=tuple(new_runs),
+            accounting_skipped=dict(skipped),
+            read_calls=self.backend.calls - calls_before,
+        )
+
+    def _read_accounting(self, now: float):
+        lookback_start = now - self.config.accounting.lookback_days * 86400.0
+        last = self.store.last_sync()
+        start = lookback_start if last is None else max(lookback_start, last - SACCT_OVERLAP_S)
+        result = self.backend.accounting(start, now)
+        finished = [r for r in runs_from_records(result.records) if r.end is not None]
+        return finished, result.skipped
+
+    def _nodes_in_scope(self, cluster: ClusterState):
+        wanted = set(self.config.scope.partitions)
+        if not wanted:
+            return cluster.nodes
+        return tuple(n for n in cluster.nodes if wanted & set(n.partitions))
+
+    def _enrich(
+        self,
+        job: Job,
+        service: Mapping[int, JobService],
+        memory: Mapping[int, JobMemory],
+        owned: Mapping[int, Mapping[JobField, OwnedField]],
+        cluster: ClusterState,
+    ) -> Job:
+        """The job with what the queue does not say: service over all runs, promotions, site factor."""
+        got = service.get(job.job_id, JobService())
+        remembered = memory.get(job.job_id)
+        pending_since = job.submit_time
+        if job.state is JobState.PENDING and got.last_end is not None:
+            pending_since = max(job.submit_time, got.last_end)
+        site_factor = cluster.site_factors.get(job.job_id)
+        if site_factor is None and JobField.SITE_FACTOR in owned.get(job.job_id, {}):
+            site_factor = owned[job.job_id][JobField.SITE_FACTOR].written  # type: ignore[assignment]
+        return replace(
+            job,
+            attained_gpu_s=got.attained_gpu_s,
+            attained_at_promotion_gpu_s=min(
+                remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
+            ),
+            run_count=got.run_count,
+            last_run_s=got.last_run_s,
+            preemptions=remembered.requeues if remembered else 0,
+            pending_since=pending_since,
+            site_factor=site_factor,
+        )
+
+    def _strategy_now(
+        self, job: Job, cluster: ClusterState, owned: Mapping[JobField, OwnedField]
+    ) -> tuple[int | None, FieldValue]:
+        """(value Slurm holds now, value before the engine's first change) for the strategy field."""
+        key = self.strategy_field
+        mine = owned.get(key)
+        if key is JobField.SITE_FACTOR:
+            now_value = cluster.site_factors.get(job.job_id)
+            if now_value is None:
+                now_value = int(mine.written) if mine is not None else 0  # type: ignore[arg-type]
+            return now_value, mine.original if mine is not None else now_value
+        if key is JobField.PRIORITY:
+            return job.priority, mine.original if mine is not None else None
+        return job.nice, mine.original if mine is not None else job.nice
+
+    def _diff(
+        self,
+        snapshot: Snapshot,
+        decisions: Decisions,
+        cluster: ClusterState,
+        memory: Mapping[int, JobMemory],
+        owned_all: Mapping[int, Mapping[JobField, OwnedField]],
+    ) -> tuple[list[JobPlan], list[str]]:
+        engine = self.config.engine
+        span = engine.priority_span
+        tolerance = engine.priority_tolerance * span
+        ceiling = score_ceiling(decisions)
+        known = {j.job_id for j in snapshot.jobs}
+        notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
+        rank = {job_id: i for i, job_id in enumerate(decisions.order())}
+        priorities = {p.job_id: p for p in decisions.priorities}
+        placements = {p.job_id: p for p in decisions.placements}
+        plans = []
+        for job in snapshot.jobs:
+            decision = priorities.get(job.job_id)
+            owned = owned_all.get(job.job_id, {})
+            remembered = memory.get(job.job_id)
+            level = decision.level if decision else None
+            reason = decision.reason if decision else "the policy gave no priority"
+            promoted = bool(decision and decision.promoted)
+            value_now, _ = self._strategy_now(job, cluster, owned)
+            wanted = None
+            if decision is not None:
+                wanted = priority_value(decision.score, ceiling, span)
+                if self.strategy == "nice":
+                    wanted = span - wanted
+            placement_decision = placements.get(job.job_id)
+            placement_wanted = (
+                placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+            )
+            common = dict(job=job, level=level, reason=reason, promoted=promoted, value_now=value_now,
+                          value_wanted=wanted, placement_wanted=placement_wanted)
+            if is_exempt(job, self.config):
+                plans.append(JobPlan(managed=False, note=f"exempt ({self.config.scope.exempt_tag} in comment)",
+                                     writes=(), **common))
+                continue
+            hands_off = set(remembered.hands_off) if remembered else set()
+            hands_off_reason = remembered.hands_off_reason if remembered else ""
+            changed = self._user_changes(job, owned, hands_off)
+            if changed:
+                hands_off |= changed[0]
+                hands_off_reason = changed[1]
+            writes = []
+            priority_write = self._priority_write(
+                job, decision, wanted, value_now, tolerance, cluster, owned, remembered, hands_off, rank
+            )
+            if priority_write is not None:
+                writes.append(priority_write)
+            placement_write = self._placement_write(
+                job, placement_decision, owned, hands_off, rank.get(job.job_id, len(rank))
+            )
+            if placement_write is not None:
+                writes.append(placement_write)
+            plans.append(
+                JobPlan(managed=True, note=hands_off_reason, writes=tuple(writes),
+                        hands_off=tuple(sorted(hands_off, key=lambda f: f.value)),
+                        hands_off_reason=hands_off_reason, **common)
+            )
+        return plans, notes
+
+    def _user_changes(
+        self, job: Job, owned: Mapping[JobField, OwnedField], already: set[JobField]
+    ) -> tuple[set[JobField], str] | None:
+        """Fields a user changed after the engine set them: placement (pending jobs) and Nice."""
+        if job.state is JobState.PENDING:
+            for key in sorted(PLACEMENT_FIELDS, key=lambda f: f.value):
+                mine = owned.get(key)
+                if mine is None or key in already:
+                    continue
+                now_value = current_placement_value(job, key)
+                if not values_match(key, now_value, mine.written):
+                    return set(PLACEMENT_FIELDS), (
+                        f"{key.value} changed to {describe_value(now_value)} after the engine set "
+                        f"{describe_value(mine.written)}: placement left to the user"
+                    )
+        mine = owned.get(JobField.NICE)
+        if mine is not None and JobField.NICE not in already and job.nice != mine.written:
+            return {JobField.NICE}, f"Nice changed to {job.nice} after the engine set {mine.written}: Nice left to the user"
+        return None
+
+    def _priority_write(
+        self,
+        job: Job,
+        decision: SetPriority | None,
+        wanted: int | None,
+        value_now: int | None,
+        tolerance: float,
+        cluster: ClusterState,
+        owned: Mapping[JobField, OwnedField],
+        remembered: JobMemory | None,
+        hands_off: set[JobField],
+        rank: Mapping[int, int],
+    ) -> PlannedWrite | None:
+        if decision is None or wanted is None or self.strategy_field in hands_off:
+            return None
+        key = self.strategy_field
+        written_level = remembered.written_level if remembered and key in owned else None
+        if job.state is JobState.PENDING:
+            drift = abs(wanted - value_now) if value_now is not None else math.inf
+            needed = drift > tolerance or (key in owned and written_level != decision.level)
+        else:  # running: its priority only matters if it is requeued; follow level changes only
+            needed = (written_level if written_level is not None else 0) != decision.level
+        values: dict[JobField, FieldValue] = {}
+        originals: dict[JobField, FieldValue] = {}
+        if needed and value_now != wanted:
+            values[key] = wanted
+            originals[key] = self._strategy_now(job, cluster, owned)[1]
+        comment_now = cluster.admin_comments.get(job.job_id, "")
+        ours = comment_now == "" or comment_now.startswith("dike:")
+        if self.config.engine.admin_comment and ours:
+            level_match = _COMMENT_LEVEL.match(comment_now)
+            comment_level = int(level_match.group(1)) if level_match else None
+            if values or comment_level != decision.level:
+                text = admin_comment_text(decision.level, job.counted_gpu_s, decision.promoted)
+                if text != comment_now:
+                    values[JobField.ADMIN_COMMENT] = text
+                    mine = owned.get(JobField.ADMIN_COMMENT)
+                    originals[JobField.ADMIN_COMMENT] = mine.original if mine is not None else comment_now
+        if not values:
+            return None
+        return PlannedWrite(
+            job.job_id,
+            JobUpdate.of(job.job_id, values),
+            JobUpdate.of(job.job_id, originals),
+            tuple(originals.items()),
+            (),
+            decision.reason,
+            rank.get(job.job_id, len(rank)),
+        )
+
+    def _placement_write(
+        self,
+        job: Job,
+        decision: SetPlacement | ClearPlacement | None,
+        owned: Mapping[JobField, OwnedField],
+        hands_off: set[JobField],
+        rank: int,
+    ) -> PlannedWrite | None:
+        if job.state is not JobState.PENDING:
+            return None
+        wanted = placement_fields(decision.placement) if isinstance(decision, SetPlacement) else {}
+        values: dict[JobField, FieldValue] = {}
+        originals: dict[JobField, FieldValue] = {}
+        restores: list[JobField] = []
+        for key in sorted(PLACEMENT_FIELDS, key=lambda f: f.value):
+            if key in hands_off:
+                continue
+            current = current_placement_value(job, key)
+            mine = owned.get(key)
+            if key in wanted:
+                if mine is None and not is_unset(key, current):
+                    continue  # the user's own request: never overridden
+                if values_match(key, current, wanted[key]):
+                    continue
+                values[key] = wanted[key]
+                originals[key] = mine.original if mine is not None else current
+            elif mine is not None:  # the policy no longer wants it: put the original back
+                if not values_match(key, current, mine.original):
+                    values[key] = mine.original
+                    originals[key] = mine.original
+                restores.append(key)
+        if not values and not restores:
+            return None
+        reason = decision.reason if decision is not None else "constraint no longer wanted"
+        return PlannedWrite(
+            job.job_id,
+            JobUpdate.of(job.job_id, values),
+            JobUpdate.of(job.job_id, originals),
+            tuple(originals.items()),
+            tuple(restores),
+            reason,
+            rank,
+        )
+
+    def _guardrails(
+        self, plans: list[JobPlan], owned: Mapping[int, Mapping[JobField, OwnedField]]
+    ) -> tuple[tuple[PlannedWrite, ...], tuple[PlannedWrite, ...], list[str]]:
+        """Circuit breaker on mass rewrites, then at most max_changes_per_cycle calls, first jobs first."""
+        engine = self.config.engine
+        candidates = sorted(
+            (w for p in plans for w in p.writes), key=lambda w: (w.rank, w.job_id, w.kind)
+        )
+        notes = []
+        previously_written = [p for p in plans if p.managed and self.strategy_field in owned.get(p.job.job_id, {})]
+        rewritten = [
+            p for p in previously_written if any(self.strategy_field in w.update.fields for w in p.writes)
+        ]
+        if (
+            len(previously_written) >= engine.breaker_min_jobs
+            and previously_written
+            and len(rewritten) / len(previously_written) > engine.breaker_change_fraction
+        ):
+            notes.append(
+                f"circuit breaker: {len(rewritten)} of {len(previously_written)} jobs the engine already set would "
+                f"change (> {engine.breaker_change_fraction:.0%}); nothing written this cycle"
+            )
+            return (), tuple(candidates), notes
+        limit = engine.max_changes_per_cycle
+        kept = [w for w in candidates if w.update.values][:limit]
+        releases_only = [w for w in candidates if not w.update.values]
+        held = [w for w in candidates if w.update.values][limit:]
+        if held:
+            notes.append(f"max_changes_per_cycle={limit}: {len(held)} write(s) left for the next cycle")
+        return tuple(kept + releases_only), tuple(held), notes
+
+    # ---------------------------------------------------------------- apply (writes)
+
+    def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:
+        """Write the plan, audit every write, remember levels, runs and promotions."""
+        started = self.clock() if started is None else started
+        engine = self.config.engine
+        calls_before = self.backend.calls
+        cycle = self.store.next_cycle()
+        outcomes: list[tuple[PlannedWrite, WriteOutcome]] = []
+        requeued: list[tuple[Requeue, WriteOutcome]] = []
+        notes: list[str] = []
+        errors = 0
+        succeeded: set[tuple[int, JobField]] = set()
+        for write in plan.writes:
+            if errors >= engine.breaker_max_errors:
+                notes.append(f"circuit breaker: {errors} failed writes; the rest waits for the next cycle")
+                break
+            if self.clock() - started > engine.cycle_deadline_s:
+                notes.append(f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle")
+                break
+            outcome = self._write(write, plan.time, cycle)
+            outcomes.append((write, outcome))
+            if outcome.ok:
+                succeeded.update((write.job_id, f) for f in write.update.fields)
+            elif not outcome.job_gone:
+                errors += 1
+        for requeue in plan.requeues:
+            if errors >= engine.breaker_max_errors:
+                break
+            outcome = self.backend.requeue(requeue.job_id)
+            with self.store.transaction():
+                self.store.audit(AuditEntry(
+                    plan.time, cycle, requeue.job_id, "requeue", "requeued", outcome.command,
+                    "none: a requeue cannot be undone", outcome.ok, outcome.message, requeue.reason,
+                ))
+            requeued.append((requeue, outcome))
+            if not outcome.ok and not outcome.job_gone:
+                errors += 1
+        self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok})
+        seconds = self.clock() - started
+        write_calls = self.backend.calls - calls_before
+        report = CycleReport(
+            plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
+            plan.read_calls + write_calls, write_calls, tuple(notes),
+        )
+        with self.store.transaction():
+            self.store.record_cycle(self._summary(report))
+        return report
+
+    def _write(self, write: PlannedWrite, now: float, cycle: int) -> WriteOutcome:
+        originals = dict(write.originals)
+        if write.update.values:
+            outcome = self.backend.apply(write.update)
+        else:
+            outcome = WriteOutcome(True, "(none: Slurm already holds the original)")
+        change = "; ".join(
+            f"{key.value} {describe_value(originals.get(key))} -> {describe_value(value)}"
+            for key, value in write.update.values
+        ) or "released " + ", ".join(f.value for f in write.restores)
+        with self.store.transaction():
+            self.store.audit(AuditEntry(
+                now, cycle, write.job_id, "update", change, outcome.command,
+                self.backend.describe(write.undo) if write.undo.values else "none",
+                outcome.ok, outcome.message, write.reason,
+            ))
+            if outcome.ok:
+                for key, value in write.update.values:
+                    if key not in write.restores:
+                        self.store.record_write(write.job_id, key, originals[key], value, now)
+                self.store.release(write.job_id, write.restores)
+            elif outcome.job_gone and write.kind == "placement":
+                self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
+        log.info(
+            "job %s: %s (%s)%s", write.job_id, change, write.reason,
+            "" if outcome.ok else f" FAILED: {outcome.message}",
+        )
+        return outcome
+
+    def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int]) -> None:
+        memory = self.store.jobs()
+        memories = []
+        for job_plan in plan.jobs:
+            if not job_plan.managed:
+                continue
+            job = job_plan.job
+            old = memory.get(job.job_id) or JobMemory(job.job_id, plan.time)
+            written_level = old.written_level
+            if (job.job_id, self.strategy_field) in succeeded:
+                written_level = job_plan.level
+            at_promotion = old.attained_at_promotion_gpu_s
+            promotions = old.promotions
+            if job_plan.promoted:
+                at_promotion = job.attained_gpu_s
+                promotions += 1
+            memories.append(replace(
+                old,
+                last_seen=plan.time,
+                level=job_plan.level,
+                written_level=written_level,
+                attained_gpu_s=job.attained_gpu_s,
+                attained_at_promotion_gpu_s=at_promotion,
+                promotions=promotions,
+                requeues=old.requeues + (1 if job.job_id in requeued else 0),
+                hands_off=job_plan.hands_off,
+                hands_off_reason=job_plan.hands_off_reason,
+                reason=job_plan.reason,
+            ))
+        lookback_start = plan.time - self.config.accounting.lookback_days * 86400.0
+        with self.store.transaction():
+            self.store.remember(memories)
+            for job_plan in plan.jobs:  # a user took these over: the engine no longer owns them
+                if job_plan.hands_off:
+                    self.store.release(job_plan.job.job_id, job_plan.hands_off)
+            self.store.add_runs(plan.new_runs)
+            self.store.set_last_sync(plan.time)
+            self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
+            self.store.forget_jobs(plan.time - FORGET_AFTER_S)
+
+    def _summary(self, report: CycleReport) -> CycleSummary:
+        plan = report.plan
+        return CycleSummary(
+            started=plan.time,
+            seconds=report.seconds,
+            policy=plan.policy,
+            applied=report.applied,
+            jobs=len(plan.jobs),
+            managed=sum(1 for p in plan.jobs if p.managed),
+            writes=sum(1 for _, o in report.outcomes if o.ok),
+            errors=report.errors,
+            slurm_calls=report.slurm_calls,
+            note="; ".join(plan.notes + report.notes),
+        )
+
+    def cycle(self, *, apply: bool) -> CycleReport:
+        """One whole cycle; without `apply` only the plan (nothing is written anywhere)."""
+        started = self.clock()
+        plan = self.plan()
+        if apply:
+            return self.apply(plan, started)
+        return CycleReport(plan, False, (), (), 0, self.clock() - started, plan.read_calls, 0)
+
+    # ---------------------------------------------------------------- revert
+
+    def revert_plan(self) -> RevertPlan:
+        """Put back every value the engine owns on jobs still active; let go of the others."""
+        cluster = self.backend.read_cluster()
+        jobs = {j.job_id: j for j in cluster.jobs}
+        writes: list[PlannedWrite] = []
+        released: list[tuple[int, JobField, str]] = []
+        for job_id, fields in sorted(self.store.owned().items()):
+            job = jobs.get(job_id)
+            if job is None:
+                released.extend((job_id, f, "job no longer active") for f in fields)
+                continue
+            values: dict[JobField, FieldValue] = {}
+            for key, mine in fields.items():
+                if key.is_placement and job.state is not JobState.PENDING:
+                    released.append((job_id, key, "job is no longer pending: its constraint is spent"))
+                    continue
+                values[key] = mine.original
+            if values:
+                update = JobUpdate.of(job_id, values)
+                writes.append(PlannedWrite(
+                    job_id, update, update, tuple(values.items()), tuple(values), "revert", len(writes),
+                ))
+        return RevertPlan(tuple(writes), tuple(released))
+
+    def revert(self, plan: RevertPlan) -> list[tuple[PlannedWrite, WriteOutcome]]:
+        """Apply a revert plan; every job's fields are released once restored (or gone)."""
+        now = time.time()
+        cycle = self.store.next_cycle()
+        outcomes = []
+        for write in plan.writes:
+            outcome = self.backend.apply(write.update)
+            change = "; ".join(f"{k.value} -> {describe_value(v)}" for k, v in write.update.values)
+            with self.store.transaction():
+                self.store.audit(AuditEntry(
+                    now, cycle, write.job_id, "revert", change, outcome.command, "none", outcome.ok,
+                    outcome.message, "revert",
+                ))
+                if outcome.ok or outcome.job_gone:
+                    self.store.release(write.job_id, write.update.fields)
+            outcomes.append((write, outcome))
+        with self.store.transaction():
+            for job_id, key, _ in plan.released:
+                self.store.release(job_id, [key])
+        return outcomes

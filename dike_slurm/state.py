@@ -1,0 +1,349 @@
+"""What the engine must remember and Slurm forgets, in one SQLite file (stdlib sqlite3).
+
+Earlier runs of requeued jobs, each job's level and promotions, every field the engine wrote
+with the value it replaced, and an audit log with the exact undo command. Each engine write
+and its audit row are committed in one transaction, so a crash never leaves a change without
+its record; the file survives restarts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
+from dike_slurm.errors import DikeError
+from dike_slurm.usage import Run
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,
+    user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL,
+    PRIMARY KEY (job_id, start));
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id INTEGER PRIMARY KEY, level INTEGER, written_level INTEGER,
+    attained_gpu_s REAL NOT NULL DEFAULT 0, attained_at_promotion_gpu_s REAL NOT NULL DEFAULT 0,
+    promotions INTEGER NOT NULL DEFAULT 0, requeues INTEGER NOT NULL DEFAULT 0,
+    hands_off TEXT NOT NULL DEFAULT '', hands_off_reason TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '', last_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS owned (
+    job_id INTEGER NOT NULL, field TEXT NOT NULL, original TEXT NOT NULL, written TEXT NOT NULL,
+    written_at REAL NOT NULL, PRIMARY KEY (job_id, field));
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, cycle INTEGER NOT NULL,
+    job_id INTEGER NOT NULL, action TEXT NOT NULL, change TEXT NOT NULL, command TEXT NOT NULL,
+    undo TEXT NOT NULL, ok INTEGER NOT NULL, message TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_job ON audit (job_id);
+CREATE TABLE IF NOT EXISTS cycles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, seconds REAL NOT NULL,
+    policy TEXT NOT NULL, applied INTEGER NOT NULL, jobs INTEGER NOT NULL, managed INTEGER NOT NULL,
+    writes INTEGER NOT NULL, errors INTEGER NOT NULL, slurm_calls INTEGER NOT NULL, note TEXT NOT NULL);
+"""
+
+
+class StateError(DikeError):
+    """The state file cannot be opened, is from a newer version, or is locked."""
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What the engine remembers of one job between cycles."""
+
+    job_id: int
+    last_seen: float
+    level: int | None = None  # the level the policy gave it last
+    written_level: int | None = None  # the level its priority was last written for
+    attained_gpu_s: float = 0.0
+    attained_at_promotion_gpu_s: float = 0.0
+    promotions: int = 0
+    requeues: int = 0  # preemptions by the engine
+    hands_off: tuple[JobField, ...] = ()  # fields the engine leaves alone: a user changed what it set
+    hands_off_reason: str = ""
+    reason: str = ""  # the policy's last reason
+
+
+@dataclass(frozen=True)
+class OwnedField:
+    """A job field the engine changed: the value it replaced and the value it wrote."""
+
+    job_id: int
+    field: JobField
+    original: FieldValue
+    written: FieldValue
+    written_at: float
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One engine action, with the exact command and the command that undoes it."""
+
+    at: float
+    cycle: int
+    job_id: int
+    action: str  # update | requeue | revert
+    change: str  # "SiteFactor 0 -> 5000; AdminComment '' -> 'dike:level=0 ...'"
+    command: str
+    undo: str
+    ok: bool
+    message: str = ""
+    reason: str = ""
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class CycleSummary:
+    started: float
+    seconds: float
+    policy: str
+    applied: bool
+    jobs: int
+    managed: int
+    writes: int
+    errors: int
+    slurm_calls: int
+    note: str = ""
+
+
+def encode_value(value: FieldValue) -> str:
+    """A field value as JSON text (SwitchRequest as {"count", "wait_s"})."""
+    if isinstance(value, SwitchRequest):
+        return json.dumps({"count": value.count, "wait_s": value.wait_s})
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    return json.dumps(value)
+
+
+def decode_value(field: JobField, text: str) -> FieldValue:
+    """The inverse of encode_value for this field's type."""
+    data = json.loads(text)
+    if field is JobField.SWITCHES:
+        return SwitchRequest(int(data["count"]), data["wait_s"])
+    if field is JobField.EXCLUDED_NODES:
+        return tuple(str(n) for n in data)
+    if field in (JobField.ADMIN_COMMENT, JobField.FEATURES):
+        return str(data)
+    return None if data is None else int(data)
+
+
+class StateStore:
+    """The engine's SQLite file; `None` path or a missing file opened read-only: empty, in memory."""
+
+    def __init__(self, path: Path | None, *, read_only: bool = False) -> None:
+        self.path = path
+        self.read_only = read_only
+        try:
+            if path is None or (read_only and not path.exists()):
+                self._db = sqlite3.connect(":memory:")
+            elif read_only:
+                self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(path, timeout=30)
+                self._db.execute("PRAGMA journal_mode=WAL")
+        except (sqlite3.Error, OSError) as exc:
+            raise StateError(f"cannot open state file {path}: {exc}") from None
+        self._db.row_factory = sqlite3.Row
+        self._prepare()
+
+    def _prepare(self) -> None:
+        try:
+            version = self._meta("schema")
+            if version is not None and int(version) > SCHEMA_VERSION:
+                raise StateError(
+                    f"state file {self.path} has schema {version}; this dike-slurm knows {SCHEMA_VERSION}"
+                )
+            if self.read_only and self.path is not None and self.path.exists():
+                return
+            with self._db:
+                self._db.executescript(_SCHEMA)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                )
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state file {self.path} is not usable: {exc}") from None
+
+    def _meta(self, key: str) -> str | None:
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError:  # no meta table yet
+            return None
+        return None if row is None else row["value"]
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything inside commits together or not at all."""
+        with self._db:
+            yield
+
+    # ---------------------------------------------------------------- accounting sync
+
+    def last_sync(self) -> float | None:
+        value = self._meta("last_sync")
+        return None if value is None else float(value)
+
+    def set_last_sync(self, when: float) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_sync', ?)", (repr(when),))
+
+    def add_runs(self, runs: Iterable[Run]) -> None:
+        """Store finished runs (a run seen again replaces the stored one)."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final)) for r in runs if r.end is not None],
+        )
+
+    def runs(self) -> list[Run]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY job_id, start").fetchall()
+        return [
+            Run(row["job_id"], row["user"], row["account"], row["gpus"], row["start"], row["end"], bool(row["final"]))
+            for row in rows
+        ]
+
+    def prune_runs(self, ended_before: float, keep_jobs: Iterable[int]) -> int:
+        """Forget runs that ended before the look-back window, except those of active jobs."""
+        keep = sorted(set(keep_jobs))
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS keep_jobs (job_id INTEGER PRIMARY KEY)")
+        self._db.execute("DELETE FROM keep_jobs")
+        self._db.executemany("INSERT INTO keep_jobs (job_id) VALUES (?)", [(j,) for j in keep])
+        cursor = self._db.execute(
+            "DELETE FROM runs WHERE end < ? AND job_id NOT IN (SELECT job_id FROM keep_jobs)", (ended_before,)
+        )
+        return cursor.rowcount
+
+    # ---------------------------------------------------------------- jobs
+
+    def jobs(self) -> dict[int, JobMemory]:
+        rows = self._db.execute("SELECT * FROM jobs").fetchall()
+        return {row["job_id"]: _job_memory(row) for row in rows}
+
+    def job(self, job_id: int) -> JobMemory | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return None if row is None else _job_memory(row)
+
+    def remember(self, memories: Iterable[JobMemory]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO jobs (job_id, level, written_level, attained_gpu_s, attained_at_promotion_gpu_s,"
+            " promotions, requeues, hands_off, hands_off_reason, reason, last_seen)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (m.job_id, m.level, m.written_level, m.attained_gpu_s, m.attained_at_promotion_gpu_s,
+                 m.promotions, m.requeues, ",".join(f.value for f in m.hands_off), m.hands_off_reason,
+                 m.reason, m.last_seen)
+                for m in memories
+            ],
+        )
+
+    def forget_jobs(self, last_seen_before: float) -> int:
+        """Drop jobs (and their owned fields) not seen active since then; the audit stays."""
+        self._db.execute(
+            "DELETE FROM owned WHERE job_id IN (SELECT job_id FROM jobs WHERE last_seen < ?)", (last_seen_before,)
+        )
+        return self._db.execute("DELETE FROM jobs WHERE last_seen < ?", (last_seen_before,)).rowcount
+
+    # ---------------------------------------------------------------- owned fields
+
+    def owned(self) -> dict[int, dict[JobField, OwnedField]]:
+        result: dict[int, dict[JobField, OwnedField]] = {}
+        for row in self._db.execute("SELECT * FROM owned ORDER BY job_id").fetchall():
+            field = JobField(row["field"])
+            result.setdefault(row["job_id"], {})[field] = OwnedField(
+                row["job_id"], field, decode_value(field, row["original"]),
+                decode_value(field, row["written"]), row["written_at"],
+            )
+        return result
+
+    def record_write(self, job_id: int, field: JobField, original: FieldValue, written: FieldValue, at: float) -> None:
+        """Remember a value the engine wrote; the original is kept from the first write on."""
+        self._db.execute(
+            "INSERT INTO owned (job_id, field, original, written, written_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (job_id, field) DO UPDATE SET written = excluded.written, written_at = excluded.written_at",
+            (job_id, field.value, encode_value(original), encode_value(written), at),
+        )
+
+    def release(self, job_id: int, fields: Iterable[JobField]) -> None:
+        """The engine no longer owns these fields (restored, or left to the user)."""
+        self._db.executemany(
+            "DELETE FROM owned WHERE job_id = ? AND field = ?", [(job_id, f.value) for f in fields]
+        )
+
+    # ---------------------------------------------------------------- audit and cycles
+
+    def audit(self, entry: AuditEntry) -> None:
+        self._db.execute(
+            "INSERT INTO audit (at, cycle, job_id, action, change, command, undo, ok, message, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (entry.at, entry.cycle, entry.job_id, entry.action, entry.change, entry.command, entry.undo,
+             int(entry.ok), entry.message, entry.reason),
+        )
+
+    def audit_log(self, job_id: int | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The newest entries last."""
+        if job_id is None:
+            rows = self._db.execute("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM audit WHERE job_id = ? ORDER BY id DESC LIMIT ?", (job_id, limit)
+            ).fetchall()
+        return [
+            AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
+                       row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"])
+            for row in reversed(rows)
+        ]
+
+    def record_cycle(self, summary: CycleSummary) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO cycles (started, seconds, policy, applied, jobs, managed, writes, errors, slurm_calls, note)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (summary.started, summary.seconds, summary.policy, int(summary.applied), summary.jobs, summary.managed,
+             summary.writes, summary.errors, summary.slurm_calls, summary.note),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def next_cycle(self) -> int:
+        row = self._db.execute("SELECT COALESCE(MAX(id), 0) + 1 AS n FROM cycles").fetchone()
+        return int(row["n"])
+
+    def cycles(self, limit: int = 10) -> list[CycleSummary]:
+        rows = self._db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [
+            CycleSummary(row["started"], row["seconds"], row["policy"], bool(row["applied"]), row["jobs"],
+                         row["managed"], row["writes"], row["errors"], row["slurm_calls"], row["note"])
+            for row in reversed(rows)
+        ]
+
+
+def _job_memory(row: sqlite3.Row) -> JobMemory:
+    return JobMemory(
+        row["job_id"], row["last_seen"], row["level"], row["written_level"], row["attained_gpu_s"],
+        row["attained_at_promotion_gpu_s"], row["promotions"], row["requeues"],
+        tuple(JobField(f) for f in row["hands_off"].split(",") if f), row["hands_off_reason"], row["reason"],
+    )
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an advisory lock so that two engines never write the same cluster at once."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateError(f"another dike-slurm engine holds {path}") from None
+        yield
+    finally:
+        os.close(handle)

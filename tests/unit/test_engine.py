@@ -1,0 +1,259 @@
+"""The engine cycle against the in-memory FakeBackend: diff, guardrails, state, revert."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dike_slurm.backends.base import FakeBackend, JobField, SwitchRequest
+from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
+from dike_slurm.engine import Engine, admin_comment_text, priority_value, score_ceiling
+from dike_slurm.errors import PolicyError
+from dike_slurm.model import JobState, Placement, Snapshot
+from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.state import StateStore
+
+from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
+
+
+def cluster(*jobs, records=(), alloc=None, admin_comments=None) -> FakeBackend:
+    return FakeBackend(jobs, nodes(alloc), TOPOLOGY, time=NOW, records=records, admin_comments=admin_comments)
+
+
+def test_first_cycle_writes_site_factor_and_comment_second_cycle_writes_nothing(tmp_path):
+    backend = cluster(pending(1, "alice"), pending(2, "bob", gpus=2))
+    cfg = config(tmp_path)
+    report = engine(cfg, backend).cycle(apply=True)
+    assert report.errors == 0
+    written = {u.job_id: dict(u.values) for u in backend.applied}
+    assert set(written) == {1, 2}
+    assert all(JobField.SITE_FACTOR in v and JobField.ADMIN_COMMENT in v for v in written.values())
+    assert backend.admin_comments[1] == "dike:level=0 attained=0.0gpuh"
+    calls = backend.calls
+    second = engine(cfg, backend).cycle(apply=True)
+    assert second.write_calls == 0 and second.plan.writes == ()
+    assert backend.calls - calls == 2  # the two reads, nothing else
+
+
+def test_a_heavy_user_gets_the_lower_site_factor(tmp_path):
+    history = [finished_run(50, "alice", 8, NOW - 7200, NOW - 3600)]
+    backend = cluster(pending(1, "alice", waited=600), pending(2, "bob", waited=600), records=history)
+    engine(config(tmp_path), backend).cycle(apply=True)
+    assert backend.site_factors[2] > backend.site_factors[1] > 0
+
+
+def test_dry_run_writes_nothing_anywhere(tmp_path):
+    backend = cluster(pending(1), pending(2, "bob"))
+    cfg = config(tmp_path)
+    report = engine(cfg, backend, read_only=True).cycle(apply=False)
+    assert len(report.plan.writes) == 2
+    assert backend.applied == [] and not cfg.engine.state_db.exists()
+
+
+def test_heavy_job_gets_switches_and_a_user_reset_is_left_alone(tmp_path):
+    backend = cluster(pending(7, "bob", gpus=16, num_nodes=2))
+    cfg = config(tmp_path)
+    engine(cfg, backend).cycle(apply=True)
+    assert backend.jobs[7].placement == Placement(max_switches=1, switches_wait_s=1800)
+    backend.user_sets(7, Placement())  # the user clears the constraint
+    report = engine(cfg, backend).cycle(apply=True)
+    assert [w for w in report.plan.writes if w.kind == "placement"] == []
+    plan = report.plan.job(7)
+    assert plan is not None and JobField.SWITCHES in plan.hands_off and "Switches" in plan.hands_off_reason
+    assert backend.jobs[7].placement == Placement()
+    # remembered across restarts, and revert does not touch the user's choice either
+    again = engine(cfg, backend).cycle(apply=True)
+    assert [w for w in again.plan.writes if w.kind == "placement"] == []
+    revert = engine(cfg, backend).revert_plan()
+    assert all(JobField.SWITCHES not in w.update.fields for w in revert.writes)
+
+
+def test_the_users_own_constraint_is_never_overridden(tmp_path):
+    backend = cluster(pending(7, "bob", gpus=16, num_nodes=2, placement=Placement(max_switches=2, switches_wait_s=60)))
+    engine(config(tmp_path), backend).cycle(apply=True)
+    assert backend.jobs[7].placement == Placement(max_switches=2, switches_wait_s=60)
+
+
+def test_slurm_capping_the_switch_wait_is_not_a_user_change(tmp_path):
+    backend = cluster(pending(7, "bob", gpus=16, num_nodes=2))
+    cfg = config(tmp_path)
+    engine(cfg, backend).cycle(apply=True)
+    backend.user_sets(7, Placement(max_switches=1, switches_wait_s=300))  # max_switch_wait=300
+    report = engine(cfg, backend).cycle(apply=True)
+    assert report.plan.writes == () and report.plan.job(7).hands_off == ()
+
+
+def test_exempt_and_out_of_scope_jobs_are_untouched(tmp_path):
+    backend = cluster(
+        pending(1, comment="please dike:exempt"),
+        pending(2, partition="debug"),
+        pending(3, account="other"),
+        pending(4),
+    )
+    cfg = config(tmp_path, scope={"partitions": ["gpu"], "accounts": ["research"]})
+    report = engine(cfg, backend).cycle(apply=True)
+    assert {u.job_id for u in backend.applied} == {4}
+    assert report.plan.out_of_scope == 2
+    assert not report.plan.job(1).managed
+
+
+class _PlacesEverything(Policy):
+    """A misbehaving policy: constraints for running jobs too."""
+
+    name = "dike"
+    description = "test"
+    Params = PolicyParams
+
+    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
+        return Decisions(
+            priorities=tuple(SetPriority(j.job_id, 0, 1.0, "t") for j in snapshot.jobs),
+            placements=tuple(SetPlacement(j.job_id, Placement(features="leaf_s2"), "t") for j in snapshot.jobs),
+        )
+
+
+def test_running_jobs_constraints_are_never_touched(tmp_path):
+    backend = cluster(running(1), pending(2), alloc={"n1": 1})
+    cfg = config(tmp_path)
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, backend, store, policy=_PlacesEverything()).cycle(apply=True)
+    placed = {u.job_id for u in backend.applied if JobField.FEATURES in u.fields}
+    assert placed == {2}
+    assert backend.jobs[1].placement == Placement()
+
+
+def test_srtf_oracle_is_refused_live(tmp_path):
+    cfg = config(tmp_path, engine={"policy": "srtf_oracle"})
+    with pytest.raises(PolicyError, match="replay-only"):
+        engine(cfg, cluster(pending(1)))
+
+
+def test_revert_undoes_every_change(tmp_path):
+    backend = cluster(pending(1), pending(7, "bob", gpus=16, num_nodes=2),
+                      admin_comments={1: "", 7: ""})
+    cfg = config(tmp_path)
+    engine(cfg, backend).cycle(apply=True)
+    assert backend.site_factors[1] > 0 and backend.jobs[7].placement.max_switches == 1
+    eng = engine(cfg, backend)
+    plan = eng.revert_plan()
+    outcomes = eng.revert(plan)
+    assert all(o.ok for _, o in outcomes)
+    assert backend.site_factors == {1: 0, 7: 0}
+    assert backend.admin_comments == {1: "", 7: ""}
+    assert backend.jobs[7].placement == Placement()
+    assert StateStore(cfg.engine.state_db).owned() == {}
+    assert engine(cfg, backend).revert_plan().writes == ()
+
+
+def test_an_admins_own_comment_is_kept(tmp_path):
+    backend = cluster(pending(1), admin_comments={1: "ticket 42"})
+    engine(config(tmp_path), backend).cycle(apply=True)
+    assert backend.admin_comments[1] == "ticket 42"
+    assert JobField.SITE_FACTOR in backend.applied[0].fields
+
+
+def test_max_changes_per_cycle_keeps_the_first_jobs_in_policy_order(tmp_path):
+    jobs = [pending(i, f"user{i}", waited=60 * i) for i in range(1, 11)]
+    backend = cluster(*jobs)
+    cfg = config(tmp_path, engine={"max_changes_per_cycle": 3})
+    report = engine(cfg, backend).cycle(apply=True)
+    assert len(backend.applied) == 3 and len(report.plan.held_back) == 7
+    order = [p.job_id for p in sorted(report.plan.writes, key=lambda w: w.rank)]
+    assert order == [w.job_id for w in report.plan.writes]
+
+
+def test_breaker_stops_a_mass_rewrite(tmp_path):
+    jobs = [pending(i, "alice") for i in range(1, 31)]
+    backend = cluster(*jobs)
+    cfg = config(tmp_path, engine={"breaker_min_jobs": 20})
+    engine(cfg, backend).cycle(apply=True)
+    backend.site_factors = {i: 1 for i in backend.site_factors}  # someone reset every value
+    report = engine(cfg, backend).cycle(apply=True)
+    assert report.plan.writes == () and any("circuit breaker" in n for n in report.plan.notes)
+
+
+def test_failed_writes_stop_after_breaker_max_errors(tmp_path):
+    backend = cluster(*[pending(i, f"u{i}") for i in range(1, 11)])
+    backend.failing_jobs = set(range(1, 11))
+    cfg = config(tmp_path, engine={"breaker_max_errors": 2})
+    report = engine(cfg, backend).cycle(apply=True)
+    assert report.errors == 2 and len(report.outcomes) == 2
+    assert any("circuit breaker" in n for n in report.notes)
+
+
+def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_factor_falls(tmp_path):
+    cfg = config(tmp_path)
+    backend = cluster(running(1, gpus=8, ran=60), alloc={"n1": 8})
+    engine(cfg, backend).cycle(apply=True)
+    # level 0: its comment says so, its priority (which matters only if requeued) is left alone
+    assert [u.fields for u in backend.applied] == [(JobField.ADMIN_COMMENT,)]
+    backend.time = NOW + 1800  # 4 GPU-hours later: past the 1 GPU-hour threshold
+    engine(cfg, backend).cycle(apply=True)
+    assert backend.admin_comments[1].startswith("dike:level=1 ")
+    first = backend.site_factors[1]
+    backend.time = NOW + 3 * 3600  # now past 8 GPU-hours too
+    engine(cfg, backend).cycle(apply=True)
+    assert backend.admin_comments[1].startswith("dike:level=2 ")
+    assert backend.site_factors[1] < first
+
+
+def test_attained_service_of_a_requeued_job_survives_a_restart(tmp_path):
+    cfg = config(tmp_path)
+    earlier = finished_run(5, "alice", 8, NOW - 7200, NOW - 3600, state=JobState.REQUEUED)
+    backend = cluster(pending(5, gpus=8), records=[earlier])
+    first = engine(cfg, backend).cycle(apply=True)
+    assert first.plan.job(5).job.attained_gpu_s == pytest.approx(8 * 3600)
+    assert first.plan.job(5).level == 2  # 8 GPU-hours: past both thresholds
+    # accounting loses the run (purged, or outside the window); the state store has it
+    later = cluster(pending(5, gpus=8))
+    later.time = NOW + 60
+    second = engine(cfg, later).cycle(apply=True)
+    assert second.plan.job(5).job.attained_gpu_s == pytest.approx(8 * 3600)
+    assert second.plan.job(5).job.run_count == 1
+
+
+def test_a_promotion_forgives_the_service_so_far(tmp_path):
+    cfg = config(tmp_path, policies={"dike": {"thresholds_gpuh": [1.0, 8.0], "max_wait_s": 600.0,
+                                              "promote_knob": None, "steer_light_jobs": False}})
+    earlier = finished_run(5, "alice", 8, NOW - 7200, NOW - 3600, state=JobState.REQUEUED)
+    backend = cluster(pending(5, gpus=8, submit_time=NOW - 9000), records=[earlier])
+    first = engine(cfg, backend).cycle(apply=True)
+    assert first.plan.job(5).promoted and first.plan.job(5).level == 0
+    memory = StateStore(cfg.engine.state_db).job(5)
+    assert memory.attained_at_promotion_gpu_s == pytest.approx(8 * 3600) and memory.promotions == 1
+    backend.time = NOW + 60
+    second = engine(cfg, backend).cycle(apply=True)
+    assert second.plan.job(5).level == 0 and not second.plan.job(5).promoted
+
+
+def test_nice_strategy_leaves_a_users_raised_nice_alone(tmp_path):
+    cfg = config(tmp_path, engine={"priority_strategy": "nice", "priority_span": 10000})
+    backend = cluster(pending(1), pending(2, "bob", waited=4000))
+    engine(cfg, backend).cycle(apply=True)
+    assert backend.jobs[1].nice >= 0
+    backend.jobs[1] = backend.jobs[1].__class__(**{**backend.jobs[1].__dict__, "nice": 9999})
+    backend.applied.clear()
+    report = engine(cfg, backend).cycle(apply=True)
+    assert 1 not in {u.job_id for u in backend.applied}
+    assert JobField.NICE in report.plan.job(1).hands_off
+
+
+def test_score_mapping_is_stable_and_ordered():
+    decisions = Decisions(priorities=(SetPriority(1, 0, 2.5, ""), SetPriority(2, 1, 1.2, "")))
+    ceiling = score_ceiling(decisions)
+    assert ceiling == 4.0
+    assert priority_value(2.5, ceiling, 1000) > priority_value(1.2, ceiling, 1000) >= 1
+    assert priority_value(4.0, ceiling, 1000) == 1000 and priority_value(-1, ceiling, 1000) == 1
+
+
+def test_admin_comment_is_built_from_numbers_only():
+    assert admin_comment_text(1, 3.24 * 3600, False) == "dike:level=1 attained=3.2gpuh"
+    assert admin_comment_text(0, 0, True) == "dike:level=0 attained=0.0gpuh promoted"
+
+
+def test_switch_request_wait_is_written_as_asked(tmp_path):
+    backend = cluster(pending(7, "bob", gpus=16, num_nodes=2))
+    cfg = config(tmp_path, policies={"dike": {"max_consolidation_wait_s": 300, "thresholds_gpuh": [1.0, 8.0]}})
+    engine(cfg, backend).cycle(apply=True)
+    update = next(u for u in backend.applied if JobField.SWITCHES in u.fields)
+    assert update.get(JobField.SWITCHES) == SwitchRequest(1, 300)
