@@ -323,7 +323,8 @@ class WorkloadModel:
 
     Naming and ids
         hostile_name_frac: jobs given a hostile name (shell metacharacters,
-            unicode, HTML, tabs) to exercise readers.
+            unicode, HTML, tabs) to exercise readers; the names are taken in
+            turn from a fixed list so that a short trace still has each kind.
         first_job_id: the first JobIDRaw.
         qos: the QOS of every job.
     """
@@ -662,7 +663,6 @@ class _Sampler:
 
     def gpu_shape(self, rng: random.Random, user_idx: int) -> tuple[int, int, int, int]:
         """(gpus, nnodes, cpus, mem_mb) of a GPU job."""
-        c = self.c
         g = self.sizes[bisect.bisect_left(self.user_size_cum[user_idx], rng.random())]
         return self._alloc_for(rng, g)
 
