@@ -611,6 +611,12 @@ class _Job(NamedTuple):
     timed_out: bool
 
 
+def _cap_mem(mb: int, real_memory_mb: int) -> int:
+    """A memory request no larger than a node, in whole GB when it is over 1 GB."""
+    mb = min(mb, real_memory_mb)
+    return mb - mb % 1024 if mb >= 1024 else mb
+
+
 def _cum(weights: Sequence[float]) -> list[float]:
     total = float(sum(weights))
     if total <= 0:
@@ -649,13 +655,11 @@ class _Sampler:
         self.tl_mu = math.log(model.timelimit_factor_median - 1.0)
         self.cpu_opts = [c for c in (1, 2, 4, 8, 16, 32) if c <= cluster.cpus_per_node]
         self.array_size_cum = _cum([0.8, 0.15, 0.05])
-        self.array_sizes = [g for g in (1, 2, 4) if g <= cluster.total_gpus] or [1]
+        self.array_sizes = [g for g in (1, 2, 4) if g <= cluster.total_gpus
+                            and (g <= gpn or g % gpn == 0)] or [1]
         self.hostile_count = 0
 
     # -- helpers -----------------------------------------------------------------
-    def user(self, rng: random.Random) -> _User:
-        return self.users[bisect.bisect_left(self.user_cum, rng.random())]
-
     def runtime(self, rng: random.Random, user: _User, gpus: int) -> int:
         mu, sig = self.rt_comp[bisect.bisect_left(self.rt_cum, rng.random())]
         t = rng.lognormvariate(mu, sig) * user.runtime_scale * gpus ** self.m.runtime_size_exponent
@@ -677,9 +681,8 @@ class _Sampler:
         if rng.random() < 0.25:
             per_gpu_cpus = max(1, per_gpu_cpus // 2)
         mem = self.mem_opts[bisect.bisect_left(self.mem_cum, rng.random())]
-        mem = min(mem * g, c.real_memory_mb)
-        mem -= mem % 1024 if mem >= 1024 else 0
-        return g, 1, per_gpu_cpus * g, max(mem, 1024)
+        return (g, 1, min(per_gpu_cpus * g, c.cpus_per_node),
+                _cap_mem(mem * g, c.real_memory_mb))
 
     def timelimit(self, rng: random.Random, user: _User, runtime: int) -> tuple[int, bool]:
         """(limit minutes or TIMELIMIT_UNLIMITED, underestimated)."""
@@ -748,7 +751,7 @@ class _Sampler:
         user = self.users[ui]
         if rng.random() < m.cpu_only_frac:
             cpus = rng.choice(self.cpu_opts)
-            mem = min(cpus * 4096, self.c.real_memory_mb - self.c.real_memory_mb % 1024)
+            mem = _cap_mem(cpus * 4096, self.c.real_memory_mb)
             rt = rng.lognormvariate(math.log(m.cpu_runtime_median_s), m.cpu_runtime_sigma)
             rt = int(min(max(rt * user.runtime_scale, m.min_runtime_s), m.max_runtime_s))
             return user, [self._job(rng, user, self.name(rng, 0, True),

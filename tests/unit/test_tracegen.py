@@ -355,16 +355,28 @@ def test_nodelist_hosts_exist_in_slurm_conf(rows5k):
         assert hostlist.collect_hostlist(hosts) == r["NodeList"]
 
 
-def test_jobs_never_exceed_the_cluster():
-    cluster = tracegen.ClusterSpec(nodes=3, gpus_per_node=4, nodes_per_leaf=2)
+_UNITS = {"M": 1, "G": 1024, "T": 1024 ** 2}
+
+
+@pytest.mark.parametrize("cluster", [
+    tracegen.ClusterSpec(nodes=3, gpus_per_node=4, nodes_per_leaf=2),
+    tracegen.ClusterSpec(nodes=5, gpus_per_node=3, nodes_per_leaf=2),
+    tracegen.ClusterSpec(nodes=4, gpus_per_node=8, cpus_per_node=2, real_memory_mb=1000,
+                         nodes_per_leaf=2),
+], ids=["3x4", "5x3", "few-cpus-tiny-memory"])
+def test_jobs_never_exceed_the_cluster(cluster):
     rows = _rows(_dump(2000, seed=5, cluster=cluster))
+    assert len({r["JobIDRaw"] for r in rows}) == 2000
     for r in rows:
-        m = re.search(r"gres/gpu=(\d+)", r["ReqTRES"])
-        g = int(m.group(1)) if m else 0
-        assert g <= cluster.total_gpus
-        assert int(r["NNodes"]) <= cluster.nodes
+        req = dict(i.split("=") for i in r["ReqTRES"].split(","))
+        g = int(req.get("gres/gpu", 0))
+        n = int(r["NNodes"])
+        assert g <= cluster.gpus_per_node * n <= cluster.total_gpus
         if g > cluster.gpus_per_node:
             assert g % cluster.gpus_per_node == 0
+        assert int(req["cpu"]) <= cluster.cpus_per_node * n
+        mem = int(req["mem"][:-1]) * _UNITS[req["mem"][-1]]
+        assert mem <= cluster.real_memory_mb * n
 
 
 # ----------------------------------------------------------------------------- bundled sample
