@@ -1,0 +1,361 @@
+"""The command-line backend: Slurm's own commands, read as JSON or fixed formats, written with scontrol.
+
+Every call is an argv list run without a shell, with a timeout, with `SLURM_CONF` from the
+configuration and `TZ=UTC` (so that sacct prints, and reads -S/-E, in UTC like the rest of
+the engine). Job names, comments and accounts are data only: they never reach a command line
+except as the value of our own fields, which is a single argv element.
+
+Reads per cycle: `squeue --json`, `squeue -O` (Switches, which the JSON of 22.05 lacks),
+`sinfo --json`, `sprio` (SiteFactor, which `scontrol show job` does not print in 22.05),
+`sacct --parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf
+is configured. Writes: one `scontrol update JobId=N Key=Value...` per job and kind of change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from dike_slurm.accounting import ReadResult, read_sacct_parsable2
+from dike_slurm.backends.base import (
+    Backend,
+    ClusterState,
+    FieldValue,
+    JobField,
+    JobUpdate,
+    SwitchRequest,
+    WriteOutcome,
+)
+from dike_slurm.config import SlurmSettings
+from dike_slurm.errors import InputError, SlurmError
+from dike_slurm.model import Job, JobState, Node, Placement, Switch, Topology
+from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
+from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.slurm_conf import parse_topology_conf
+from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+
+log = logging.getLogger("dike_slurm.backends.cli")
+
+SACCT_FORMAT = (
+    "JobID,JobIDRaw,User,Account,Partition,QOS,State,Submit,Eligible,Start,End,"
+    "ElapsedRaw,Timelimit,NNodes,NCPUS,AllocTRES,ReqTRES,NodeList"
+)
+SWITCH_FORMAT = "JobID:|,ReqSwitch:|,Wait4Switch:|"
+SPRIO_FORMAT = "%i|%S|%Y"
+_NO_TIME_LIMIT = 0xFFFFFFFE  # Slurm's INFINITE (NO_VAL is one more)
+
+# stderr of scontrol when the job ended or started meanwhile: not an engine failure
+_JOB_GONE = ("Invalid job id specified", "Job has already finished", "no longer pending")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], Mapping[str, str], float], CommandResult]
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CommandResult:
+    """Run argv without a shell; missing commands and timeouts become SlurmError."""
+    try:
+        proc = subprocess.run(
+            list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: command not found (set slurm.bin_dir)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:g}s") from None
+    except OSError as exc:
+        raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
+    return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _number(value: Any) -> int | None:
+    """An integer as squeue/sinfo JSON prints it (plain, or {"set", "infinite", "number"} in newer plugins)."""
+    if isinstance(value, dict):
+        if value.get("infinite") or not value.get("set", True):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    raise ValueError(f"not a number: {value!r}")
+
+
+def _epoch(value: Any) -> float | None:
+    number = _number(value)
+    return float(number) if number else None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _hosts(value: Any) -> tuple[str, ...]:
+    try:
+        return expand_hostlist(_text(value))
+    except InputError:
+        return ()
+
+
+def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchRequest]) -> Job:
+    """One job of `squeue --json` (openapi v0.0.38) as the domain Job."""
+    job_id = _number(entry.get("job_id"))
+    if job_id is None:
+        raise ValueError("job without job_id")
+    state = JobState.parse(_text(entry.get("job_state")))
+    array_job_id = _number(entry.get("array_job_id")) or None
+    alloc = parse_tres(_text(entry.get("tres_alloc_str")))
+    requested = parse_tres(_text(entry.get("tres_req_str")))
+    node_count = _number(entry.get("node_count")) or 1
+    gpus = alloc.gpus if state is JobState.RUNNING and alloc.gpus else requested.gpus
+    if not gpus:
+        per_job = parse_gres_gpus(_text(entry.get("tres_per_job")))
+        gpus = per_job or parse_gres_gpus(_text(entry.get("tres_per_node"))) * node_count
+    limit_min = _number(entry.get("time_limit"))
+    switch = switches.get(job_id, SwitchRequest(0))
+    return Job(
+        job_id=job_id,
+        user=_text(entry.get("user_name")) or str(_number(entry.get("user_id"))),
+        state=state,
+        submit_time=_epoch(entry.get("submit_time")) or 0.0,
+        gpus=gpus,
+        num_nodes=node_count,
+        cpus=_number(entry.get("cpus")) or 1,
+        account=_text(entry.get("account")),
+        partition=_text(entry.get("partition")),
+        qos=_text(entry.get("qos")),
+        name=_text(entry.get("name")),
+        comment=_text(entry.get("comment")),
+        array_job_id=array_job_id,
+        array_task_id=_number(entry.get("array_task_id")) if array_job_id else None,
+        eligible_time=_epoch(entry.get("eligible_time")),
+        start_time=_epoch(entry.get("start_time")) if state is JobState.RUNNING else None,
+        time_limit_s=None if limit_min is None or limit_min >= _NO_TIME_LIMIT else limit_min * 60,
+        nodes=_hosts(entry.get("nodes")) if state is JobState.RUNNING else (),
+        placement=Placement(
+            max_switches=switch.count or None,
+            switches_wait_s=switch.wait_s if switch.count else None,
+            features=_text(entry.get("features")) or None,
+            exclude_nodes=_hosts(entry.get("excluded_nodes")),
+        ),
+        priority=_number(entry.get("priority")),
+        nice=_number(entry.get("nice")) or 0,
+        requeueable=bool(entry.get("requeue")),
+    )
+
+
+def node_from_sinfo(entry: Mapping[str, Any]) -> Node:
+    """One node of `sinfo --json` as the domain Node (state words joined with '+')."""
+    flags = [str(f).upper() for f in entry.get("state_flags") or []]
+    state = "+".join([_text(entry.get("state")).upper() or "UNKNOWN", *flags])
+    features = _text(entry.get("active_features")) or _text(entry.get("features"))
+    return Node(
+        name=_text(entry.get("name")),
+        gpus=parse_gres_gpus(_text(entry.get("gres"))),
+        gpus_alloc=parse_gres_gpus(_text(entry.get("gres_used"))),
+        cpus=_number(entry.get("cpus")) or 1,
+        state=state,
+        features=tuple(f for f in features.split(",") if f),
+        partitions=tuple(str(p) for p in entry.get("partitions") or []),
+    )
+
+
+def topology_from_scontrol(text: str) -> Topology:
+    """`scontrol show topology`: upper switches list every node below them; keep only leaves' nodes."""
+    lines = []
+    for line in text.splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if "SwitchName" not in words:
+            continue
+        if words.get("Switches"):
+            lines.append(f"SwitchName={words['SwitchName']} Switches={words['Switches']}")
+        elif words.get("Nodes"):
+            lines.append(f"SwitchName={words['SwitchName']} Nodes={words['Nodes']}")
+    return parse_topology_conf("\n".join(lines), source="scontrol show topology") if lines else Topology()
+
+
+def field_argument(key: JobField, value: FieldValue) -> str:
+    """`Key=Value` for scontrol update; the value is one argv element, never shell text."""
+    if isinstance(value, SwitchRequest):
+        text = str(value.count)
+        if value.count and value.wait_s is not None:
+            text += "@" + format_duration(value.wait_s)
+    elif isinstance(value, tuple):
+        text = ",".join(value)
+    else:
+        text = str(value)
+    return f"{key.value}={text}"
+
+
+class SlurmCliBackend(Backend):
+    """Slurm through its commands (the default backend; tested against a real Slurm 22.05)."""
+
+    name = "cli"
+
+    def __init__(
+        self,
+        settings: SlurmSettings,
+        *,
+        runner: Runner = run_command,
+        clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.clock = clock
+        env = dict(os.environ if environ is None else environ)
+        env["TZ"] = "UTC"
+        if settings.slurm_conf is not None:
+            env["SLURM_CONF"] = str(settings.slurm_conf)
+        self.env = MappingProxyType(env)
+
+    def _command(self, name: str) -> str:
+        return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
+
+    def _run(self, *argv: str) -> CommandResult:
+        self.calls += 1
+        return self.runner(argv, self.env, self.settings.command_timeout_s)
+
+    def _read(self, *argv: str) -> str:
+        result = self._run(*argv)
+        if result.returncode != 0:
+            detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SlurmError(f"{shlex.join(argv)} failed (exit {result.returncode}): {detail}")
+        return result.stdout
+
+    def _json(self, *argv: str) -> dict[str, Any]:
+        text = self._read(*argv)
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(f"{shlex.join(argv)} printed invalid JSON: {exc.msg}") from None
+        if not isinstance(document, dict):
+            raise SlurmError(f"{shlex.join(argv)} printed JSON that is not an object")
+        errors = document.get("errors") or []
+        if errors:
+            raise SlurmError(f"{shlex.join(argv)} reported: {errors[0]}")
+        return document
+
+    # ---------------------------------------------------------------- reads
+
+    def read_cluster(self) -> ClusterState:
+        now = self.clock()
+        queue = self._json(self._command("squeue"), "--json")
+        switches = self._switch_requests()
+        jobs: list[Job] = []
+        admin_comments: dict[int, str] = {}
+        for entry in queue.get("jobs") or []:
+            try:
+                job = job_from_squeue(entry, switches)
+            except (ValueError, TypeError, InputError) as exc:
+                log.warning("squeue entry skipped: %s", exc)
+                continue
+            if job.state.is_active:
+                jobs.append(job)
+                admin_comments[job.job_id] = _text(entry.get("admin_comment"))
+        info = self._json(self._command("sinfo"), "--json")
+        nodes: dict[str, Node] = {}
+        for entry in info.get("nodes") or []:
+            node = node_from_sinfo(entry)
+            if node.name:
+                nodes.setdefault(node.name, node)
+        return ClusterState(
+            time=now,
+            jobs=tuple(jobs),
+            nodes=tuple(nodes.values()),
+            topology=self._topology(),
+            site_factors=MappingProxyType(self._site_factors()),
+            admin_comments=MappingProxyType(admin_comments),
+        )
+
+    def _switch_requests(self) -> dict[int, SwitchRequest]:
+        """Switches=COUNT@WAIT of pending jobs (squeue -O; numbers only, nothing user-typed)."""
+        text = self._read(self._command("squeue"), "-h", "-a", "-t", "PD", "-O", SWITCH_FORMAT)
+        requests = {}
+        for line in text.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
+                continue
+            try:
+                wait = parse_duration(parts[2])
+            except InputError:
+                wait = None
+            requests[int(parts[0])] = SwitchRequest(int(parts[1]), wait)
+        return requests
+
+    def _site_factors(self) -> dict[int, int]:
+        """SiteFactor of eligible pending jobs (sprio lists no others)."""
+        text = self._read(self._command("sprio"), "-h", "-o", SPRIO_FORMAT)
+        factors = {}
+        for line in text.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) >= 2 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
+                factors[int(parts[0])] = int(parts[1])
+        return factors
+
+    def _topology(self) -> Topology:
+        path = self.settings.topology_conf
+        if path is not None:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise SlurmError(f"cannot read topology file {path}: {exc.strerror}") from None
+            return parse_topology_conf(text, source=str(path))
+        return topology_from_scontrol(self._read(self._command("scontrol"), "show", "topology"))
+
+    def accounting(self, start: float, end: float) -> ReadResult:
+        text = self._read(
+            self._command("sacct"), "--allusers", "--allocations", "--duplicates", "--parsable2",
+            f"--format={SACCT_FORMAT}", "-S", format_timestamp(start), "-E", format_timestamp(end),
+        )
+        if not text.strip():
+            return ReadResult((), 0, {}, "sacct")
+        return read_sacct_parsable2(text, "sacct")
+
+    # ---------------------------------------------------------------- writes
+
+    def update_commands(self, update: JobUpdate) -> list[list[str]]:
+        """The argv lists that apply this update (Priority back to Slurm: hold then release)."""
+        scontrol = self._command("scontrol")
+        job = str(update.job_id)
+        arguments = [field_argument(k, v) for k, v in update.values if not (k is JobField.PRIORITY and v is None)]
+        commands = [[scontrol, "update", f"JobId={job}", *arguments]] if arguments else []
+        if any(k is JobField.PRIORITY and v is None for k, v in update.values):
+            commands += [[scontrol, "hold", job], [scontrol, "release", job]]
+        return commands
+
+    def describe(self, update: JobUpdate) -> str:
+        return " && ".join(shlex.join(argv) for argv in self.update_commands(update))
+
+    def apply(self, update: JobUpdate) -> WriteOutcome:
+        return self._write(self.update_commands(update))
+
+    def requeue(self, job_id: int) -> WriteOutcome:
+        return self._write([[self._command("scontrol"), "requeue", str(job_id)]])
+
+    def _write(self, commands: list[list[str]]) -> WriteOutcome:
+        text = " && ".join(shlex.join(argv) for argv in commands)
+        for argv in commands:
+            try:
+                result = self._run(*argv)
+            except SlurmError as exc:
+                return WriteOutcome(False, text, str(exc))
+            if result.returncode != 0:
+                message = " ".join(result.stderr.split()) or f"exit {result.returncode}"
+                return WriteOutcome(False, text, message, job_gone=any(m in message for m in _JOB_GONE))
+        return WriteOutcome(True, text)
