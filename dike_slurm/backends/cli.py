@@ -257,6 +257,7 @@ class SlurmCliBackend(Backend):
         now = self.clock()
         queue = self._json(self._command("squeue"), "--json")
         switches = self._switch_requests()
+        site_factors = self._site_factors()
         jobs: list[Job] = []
         admin_comments: dict[int, str] = {}
         for entry in queue.get("jobs") or []:
@@ -279,7 +280,7 @@ class SlurmCliBackend(Backend):
             jobs=tuple(jobs),
             nodes=tuple(nodes.values()),
             topology=self._topology(),
-            site_factors=MappingProxyType(self._site_factors()),
+            site_factors=MappingProxyType(site_factors),
             admin_comments=MappingProxyType(admin_comments),
         )
 

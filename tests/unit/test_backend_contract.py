@@ -1,0 +1,226 @@
+"""The contract of the command-line backend: the exact argv of every Slurm call it makes.
+
+A recording runner stands in for subprocess; its canned answers are shaped like Slurm 22.05's
+own output (squeue/sinfo --json are openapi v0.0.38, checked against the lab cluster).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
+from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend
+from dike_slurm.config import SlurmSettings
+from dike_slurm.errors import SlurmError
+from dike_slurm.model import JobState, Placement
+
+SQUEUE_JSON = {
+    "meta": {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}},
+    "errors": [],
+    "jobs": [
+        {  # a running 16-GPU job on two nodes
+            "account": "research", "admin_comment": "", "array_job_id": 0, "array_task_id": None,
+            "comment": "", "cpus": 2, "eligible_time": 1796025904, "excluded_nodes": "", "features": "",
+            "job_id": 53, "job_state": "RUNNING", "name": "train", "node_count": 2, "nodes": "n[1-2]",
+            "nice": None, "partition": "gpu", "priority": 11003, "qos": "normal", "requeue": True,
+            "start_time": 1796025910, "submit_time": 1796025904, "time_limit": 525600,
+            "tres_alloc_str": "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16",
+            "tres_per_job": "", "tres_per_node": "gres:gpu:8",
+            "tres_req_str": "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16", "user_id": 1001,
+            "user_name": "dikeuser1",
+        },
+        {  # a pending array task with a hostile comment and name, Features and ExcNodeList set
+            "account": "teaching", "admin_comment": "dike:level=0 attained=0.0gpuh", "array_job_id": 60,
+            "array_task_id": 3, "comment": "$(rm -rf /); dike:comm=high", "cpus": 1,
+            "eligible_time": 1796025920, "excluded_nodes": "n[3-4]", "features": "leaf_s1", "job_id": 63,
+            "job_state": "PENDING", "name": "x`reboot`", "node_count": 1, "nodes": "", "nice": 100,
+            "partition": "gpu", "priority": 11165, "qos": "normal", "requeue": True, "start_time": 1796029520,
+            "submit_time": 1796025920, "time_limit": None, "tres_alloc_str": "", "tres_per_job": "",
+            "tres_per_node": "gres:gpu:2", "tres_req_str": "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2",
+            "user_id": 1002, "user_name": "dikeuser2",
+        },
+        {  # finished jobs stay in squeue for MinJobAge: not active, ignored
+            "job_id": 50, "job_state": "COMPLETED", "user_name": "root", "submit_time": 1796025800,
+            "tres_req_str": "cpu=1", "node_count": 1,
+        },
+    ],
+}
+SINFO_JSON = {
+    "errors": [],
+    "nodes": [
+        {"name": "n1", "state": "mixed", "state_flags": [], "gres": "gpu:8", "gres_used": "gpu:3", "cpus": 16,
+         "active_features": "leaf_s1", "features": "leaf_s1", "partitions": ["gpu"]},
+        {"name": "n3", "state": "idle", "state_flags": ["DRAIN"], "gres": "gpu:8", "gres_used": "gpu:0",
+         "cpus": 16, "active_features": "leaf_s2", "features": "leaf_s2", "partitions": ["gpu"]},
+    ],
+}
+SWITCHES = "63|1|5:00|\n"
+SPRIO = "63|631297|642062\n"
+TOPOLOGY = (
+    "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]\n"
+    "SwitchName=s2 Level=0 LinkSpeed=1 Nodes=n[3-4]\n"
+    "SwitchName=top Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=s[1-2]\n"
+)
+SACCT = (
+    "JobID|JobIDRaw|User|Account|Partition|QOS|State|Submit|Eligible|Start|End|ElapsedRaw|Timelimit|NNodes|"
+    "NCPUS|AllocTRES|ReqTRES|NodeList\n"
+    "53|53|dikeuser1|research|gpu|normal|REQUEUED|2026-11-30T08:00:00|2026-11-30T08:00:00|2026-11-30T08:00:05|"
+    "2026-11-30T08:10:05|600|365-00:00:00|2|2|cpu=2,gres/gpu=16,node=2|cpu=2,gres/gpu=16,node=2|n[1-2]\n"
+)
+
+
+class Recorder:
+    """Stands in for subprocess: remembers each call, answers from a table keyed by argv prefix."""
+
+    def __init__(self, answers: dict[tuple[str, ...], CommandResult] | None = None) -> None:
+        self.calls: list[tuple[list[str], dict[str, str], float]] = []
+        self.answers = answers or {}
+
+    def __call__(self, argv, env, timeout) -> CommandResult:
+        self.calls.append((list(argv), dict(env), timeout))
+        for prefix, result in self.answers.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                return result
+        return CommandResult(0, "", "")
+
+    @property
+    def argvs(self) -> list[list[str]]:
+        return [argv for argv, _, _ in self.calls]
+
+
+def ok(text: str) -> CommandResult:
+    return CommandResult(0, text, "")
+
+
+def reads(prefix: str = "") -> dict[tuple[str, ...], CommandResult]:
+    return {
+        (f"{prefix}squeue", "--json"): ok(json.dumps(SQUEUE_JSON)),
+        (f"{prefix}squeue", "-h"): ok(SWITCHES),
+        (f"{prefix}sinfo", "--json"): ok(json.dumps(SINFO_JSON)),
+        (f"{prefix}sprio",): ok(SPRIO),
+        (f"{prefix}scontrol", "show", "topology"): ok(TOPOLOGY),
+        (f"{prefix}sacct",): ok(SACCT),
+    }
+
+
+def backend(recorder: Recorder, **settings) -> SlurmCliBackend:
+    return SlurmCliBackend(
+        SlurmSettings(**settings), runner=recorder, clock=lambda: 1796026000.0, environ={"PATH": "/usr/bin"}
+    )
+
+
+def test_read_cluster_makes_exactly_these_calls():
+    recorder = Recorder(reads())
+    backend(recorder).read_cluster()
+    assert recorder.argvs == [
+        ["squeue", "--json"],
+        ["squeue", "-h", "-a", "-t", "PD", "-O", "JobID:|,ReqSwitch:|,Wait4Switch:|"],
+        ["sprio", "-h", "-o", "%i|%S|%Y"],
+        ["sinfo", "--json"],
+        ["scontrol", "show", "topology"],
+    ]
+
+
+def test_every_call_gets_slurm_conf_utc_and_the_timeout_and_bin_dir(tmp_path):
+    recorder = Recorder(reads("/opt/slurm/bin/"))
+    topology = tmp_path / "topology.conf"
+    topology.write_text("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\n")
+    cli = backend(recorder, slurm_conf=Path("/etc/slurm-lab/slurm.conf"), bin_dir=Path("/opt/slurm/bin"),
+                  command_timeout_s=7, topology_conf=topology)
+    state = cli.read_cluster()
+    assert [argv[0] for argv in recorder.argvs] == [
+        "/opt/slurm/bin/squeue", "/opt/slurm/bin/squeue", "/opt/slurm/bin/sprio", "/opt/slurm/bin/sinfo",
+    ]  # the topology came from the file: no scontrol call
+    assert state.topology.leaves == ("s1", "s2")
+    for _, env, timeout in recorder.calls:
+        assert env["SLURM_CONF"] == "/etc/slurm-lab/slurm.conf" and env["TZ"] == "UTC" and timeout == 7
+    assert cli.calls == 4
+
+
+def test_accounting_always_passes_explicit_start_and_end():
+    recorder = Recorder(reads())
+    result = backend(recorder).accounting(1796025600.0, 1796026000.0)
+    assert recorder.argvs == [[
+        "sacct", "--allusers", "--allocations", "--duplicates", "--parsable2", f"--format={SACCT_FORMAT}",
+        "-S", "2026-11-30T08:00:00", "-E", "2026-11-30T08:06:40",
+    ]]
+    (record,) = result.records
+    assert record.job_id == 53 and record.gpus == 16 and record.state is JobState.REQUEUED
+
+
+@pytest.mark.parametrize(
+    ("values", "argvs"),
+    [
+        ({JobField.SITE_FACTOR: 631297, JobField.ADMIN_COMMENT: "dike:level=1 attained=3.2gpuh"},
+         [["scontrol", "update", "JobId=63", "SiteFactor=631297", "AdminComment=dike:level=1 attained=3.2gpuh"]]),
+        ({JobField.SWITCHES: SwitchRequest(1, 300), JobField.FEATURES: "leaf_s1",
+          JobField.EXCLUDED_NODES: ("n3", "n4")},
+         [["scontrol", "update", "JobId=63", "Switches=1@00:05:00", "Features=leaf_s1", "ExcNodeList=n3,n4"]]),
+        ({JobField.SWITCHES: SwitchRequest(0), JobField.FEATURES: "", JobField.EXCLUDED_NODES: ()},
+         [["scontrol", "update", "JobId=63", "Switches=0", "Features=", "ExcNodeList="]]),
+        ({JobField.PRIORITY: 5000}, [["scontrol", "update", "JobId=63", "Priority=5000"]]),
+        ({JobField.PRIORITY: None, JobField.ADMIN_COMMENT: ""},
+         [["scontrol", "update", "JobId=63", "AdminComment="], ["scontrol", "hold", "63"],
+          ["scontrol", "release", "63"]]),
+        ({JobField.NICE: 250}, [["scontrol", "update", "JobId=63", "Nice=250"]]),
+    ],
+)
+def test_writes_make_exactly_these_calls(values, argvs):
+    recorder = Recorder()
+    outcome = backend(recorder).apply(JobUpdate.of(63, values))
+    assert outcome.ok and recorder.argvs == argvs
+
+
+def test_requeue_is_one_call():
+    recorder = Recorder()
+    assert backend(recorder).requeue(53).ok
+    assert recorder.argvs == [["scontrol", "requeue", "53"]]
+
+
+def test_squeue_json_becomes_the_domain_jobs_and_untrusted_text_stays_data():
+    recorder = Recorder(reads())
+    state = backend(recorder).read_cluster()
+    running, pending = state.jobs
+    assert (running.job_id, running.state, running.gpus, running.num_nodes) == (53, JobState.RUNNING, 16, 2)
+    assert running.nodes == ("n1", "n2") and running.nice == 0 and running.start_time == 1796025910.0
+    assert running.time_limit_s == 525600 * 60
+    assert pending.display_id == "60_3" and pending.gpus == 2 and pending.nice == 100
+    assert pending.start_time is None and pending.time_limit_s is None
+    assert pending.placement == Placement(max_switches=1, switches_wait_s=300, features="leaf_s1",
+                                          exclude_nodes=("n3", "n4"))
+    assert state.site_factors == {63: 631297}
+    assert state.admin_comments == {53: "", 63: "dike:level=0 attained=0.0gpuh"}
+    n1, n3 = state.nodes
+    assert (n1.gpus, n1.gpus_alloc, n1.features) == (8, 3, ("leaf_s1",))
+    assert n3.state == "IDLE+DRAIN" and not n3.available
+    assert state.topology.lowest_common_switch(["n1", "n3"]) == "top"
+    # The hostile comment and name are data: no argv of any call contains them.
+    assert not any("rm -rf" in word or "reboot" in word for argv in recorder.argvs for word in argv)
+
+
+def test_a_job_that_started_meanwhile_is_not_an_engine_error():
+    recorder = Recorder({("scontrol",): CommandResult(1, "", "Job is no longer pending execution for job 63\n")})
+    outcome = backend(recorder).apply(JobUpdate.of(63, {JobField.FEATURES: "leaf_s1"}))
+    assert not outcome.ok and outcome.job_gone
+    assert outcome.message == "Job is no longer pending execution for job 63"
+
+
+def test_a_refused_write_is_an_error_with_slurms_message():
+    recorder = Recorder({("scontrol",): CommandResult(1, "", "Access/permission denied for job 63\n")})
+    outcome = backend(recorder).apply(JobUpdate.of(63, {JobField.SITE_FACTOR: 5}))
+    assert not outcome.ok and not outcome.job_gone and "permission denied" in outcome.message
+
+
+def test_a_failing_read_raises_with_the_command_and_slurms_message():
+    recorder = Recorder({("squeue", "--json"): CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
+    with pytest.raises(SlurmError, match="squeue --json failed .*Unable to contact slurm controller"):
+        backend(recorder).read_cluster()
+
+
+def test_describe_quotes_for_a_shell_reader():
+    cli = backend(Recorder())
+    text = cli.describe(JobUpdate.of(7, {JobField.SITE_FACTOR: 0, JobField.ADMIN_COMMENT: "ticket 42"}))
+    assert text == "scontrol update JobId=7 SiteFactor=0 'AdminComment=ticket 42'"
