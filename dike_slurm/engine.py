@@ -154,12 +154,15 @@ def is_exempt(job: Job, config: Config) -> bool:
     return config.scope.exempt_tag in (job.comment or "")
 
 
-def score_ceiling(decisions: Decisions) -> float:
-    """The smallest power of two at least as large as every score (at least 1).
+def score_ceiling(decisions: Decisions, declared: float | None) -> float:
+    """What scores are mapped against: the policy's own bound, else a power of two above them all.
 
-    Scores are mapped onto [1, span] against this ceiling; a power of two keeps the mapping
-    still while jobs come and go, so unchanged jobs keep their values.
+    Scores are mapped onto [1, span] against this ceiling. A fixed bound (Dike: the number of
+    levels) keeps every job's value still while other jobs come and go; for unbounded scores a
+    power of two changes only when the largest score crosses one.
     """
+    if declared is not None and declared > 0:
+        return float(declared)
     top = max((p.score for p in decisions.priorities), default=1.0)
     return float(2 ** max(0, math.ceil(math.log2(max(top, 1.0)))))
 
@@ -368,7 +371,7 @@ class Engine:
         engine = self.config.engine
         span = engine.priority_span
         tolerance = engine.priority_tolerance * span
-        ceiling = score_ceiling(decisions)
+        ceiling = score_ceiling(decisions, self.policy.score_ceiling(self.params))
         known = {j.job_id for j in snapshot.jobs}
         notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
         rank = {job_id: i for i, job_id in enumerate(decisions.order())}

@@ -29,3 +29,11 @@ class Policy(ABC):
     @abstractmethod
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         """Decisions for the managed jobs of this snapshot."""
+
+    def score_ceiling(self, params: PolicyParams) -> float | None:
+        """An upper bound of the scores `decide` returns, if it has a fixed one; None: unbounded.
+
+        The live engine maps scores onto Slurm priorities against it, so that a job's value does
+        not move when other jobs come and go.
+        """
+        return None

@@ -167,6 +167,10 @@ class DikePolicy(Policy):
         requeues = self._preemptions(snapshot, params, level_by_job) if params.preemption else []
         return Decisions(tuple(priorities), tuple(placements), tuple(requeues))
 
+    def score_ceiling(self, params: PolicyParams) -> float | None:
+        assert isinstance(params, DikeParams)
+        return float(params.levels)  # level l scores in [levels-1-l, levels-l)
+
     def _placements(self, snapshot: Snapshot, params: DikeParams) -> list:
         capacity = leaf_gpu_capacity(snapshot)
         free_by_leaf = leaf_free_gpus(snapshot)

@@ -28,6 +28,11 @@ class MultifactorPolicy(Policy):
     description = "Slurm-like priority/multifactor: age + fair-share + job size."
     Params = MultifactorParams
 
+    def score_ceiling(self, params: PolicyParams) -> float | None:
+        assert isinstance(params, MultifactorParams)
+        total = params.weight_age + params.weight_fairshare + params.weight_job_size
+        return total if total > 0 else None
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         assert isinstance(params, MultifactorParams)
         active = snapshot.pending + snapshot.running

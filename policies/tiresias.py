@@ -34,6 +34,10 @@ class TiresiasPolicy(Policy):
     description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, consolidate large jobs."
     Params = TiresiasParams
 
+    def score_ceiling(self, params: PolicyParams) -> float | None:
+        assert isinstance(params, TiresiasParams)
+        return float(len(params.thresholds_gpu_s) + 1)
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         assert isinstance(params, TiresiasParams)
         levels = len(params.thresholds_gpu_s) + 1

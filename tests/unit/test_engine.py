@@ -191,6 +191,7 @@ def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_facto
     engine(cfg, backend).cycle(apply=True)
     assert backend.admin_comments[1].startswith("dike:level=1 ")
     first = backend.site_factors[1]
+    assert 1_000_000 / 3 < first <= 1_000_000 * 2 / 3  # level 1 of 3 keeps its band, alone or not
     backend.time = NOW + 3 * 3600  # now past 8 GPU-hours too
     engine(cfg, backend).cycle(apply=True)
     assert backend.admin_comments[1].startswith("dike:level=2 ")
@@ -240,8 +241,8 @@ def test_nice_strategy_leaves_a_users_raised_nice_alone(tmp_path):
 
 def test_score_mapping_is_stable_and_ordered():
     decisions = Decisions(priorities=(SetPriority(1, 0, 2.5, ""), SetPriority(2, 1, 1.2, "")))
-    ceiling = score_ceiling(decisions)
-    assert ceiling == 4.0
+    ceiling = score_ceiling(decisions, None)
+    assert ceiling == 4.0 and score_ceiling(decisions, 3.0) == 3.0
     assert priority_value(2.5, ceiling, 1000) > priority_value(1.2, ceiling, 1000) >= 1
     assert priority_value(4.0, ceiling, 1000) == 1000 and priority_value(-1, ceiling, 1000) == 1
 
