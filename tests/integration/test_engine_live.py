@@ -1,0 +1,290 @@
+"""The live engine against the real Slurm lab: `dike-slurm run --once --apply` as an admin runs it.
+
+Each test gets its own state file and an accounting look-back that starts with the test, so
+the lab's earlier jobs do not colour the users' usage. The engine runs as a subprocess with the
+lab's DIKE_CONFIG (scripts/lab-dike.toml.in: thresholds 72 and 720 GPU-seconds, span 10^6).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SlurmLab = Any  # the slurm_lab fixture's class lives in conftest.py (not importable by name)
+LEAVES = ({"n1", "n2"}, {"n3", "n4"})
+
+
+class LiveEngine:
+    """Runs dike-slurm against the lab with a private state file."""
+
+    def __init__(self, lab: SlurmLab, state_dir: Path) -> None:
+        self.lab = lab
+        self.state_db = state_dir / "state.sqlite"
+        self.started = time.time()
+        self.env = dict(lab.env)
+        self.env.update({
+            "DIKE_ENGINE__STATE_DB": str(self.state_db),
+            "DIKE_ENGINE__METRICS_FILE": str(state_dir / "metrics.prom"),
+            "COLUMNS": "250",
+        })
+
+    def __call__(self, *args: str, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        env = dict(self.env)
+        # usage and history only from this test's own jobs
+        env["DIKE_ACCOUNTING__LOOKBACK_DAYS"] = repr((time.time() - self.started + 30) / 86400)
+        env.update(extra_env)
+        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=env, capture_output=True,
+                              text=True, timeout=120, cwd="/tmp")
+        if check and proc.returncode != 0:
+            raise AssertionError(f"dike-slurm {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    def cycle(self) -> dict[str, int]:
+        """One applied cycle; the counts from its summary line."""
+        out = self("run", "--once", "--apply").stdout
+        match = re.search(r"(\d+) change\(s\) written, (\d+) error\(s\), (\d+) Slurm call\(s\) \((\d+) write\)", out)
+        assert match, out
+        written, errors, calls, writes = map(int, match.groups())
+        return {"written": written, "errors": errors, "calls": calls, "writes": writes}
+
+    def audit_count(self) -> int:
+        with sqlite3.connect(self.state_db) as db:
+            return db.execute("SELECT COUNT(*) FROM audit WHERE action = 'update'").fetchone()[0]
+
+
+@pytest.fixture
+def engine(slurm_lab: SlurmLab, tmp_path: Path) -> LiveEngine:
+    return LiveEngine(slurm_lab, tmp_path)
+
+
+def site_factors(lab: SlurmLab) -> dict[int, tuple[int, int]]:
+    """sprio: job -> (site factor, priority), eligible pending jobs only."""
+    out = lab.run("sprio", "-h", "-o", "%i|%S|%Y").stdout
+    rows = {}
+    for line in out.splitlines():
+        job, site, priority = (f.strip() for f in line.split("|"))
+        rows[int(job)] = (int(site), int(priority))
+    return rows
+
+
+def show_job(lab: SlurmLab, job_id: int) -> str:
+    """The one line of `scontrol show job -d -o`."""
+    return lab.run("scontrol", "show", "job", "-d", "-o", str(job_id)).stdout.strip()
+
+
+def admin_comment(lab: SlurmLab, job_id: int) -> str:
+    jobs = {j["job_id"]: j for j in lab.json("squeue")["jobs"]}
+    return jobs[job_id]["admin_comment"] or ""
+
+
+def switch_request(lab: SlurmLab, job_id: int) -> tuple[int, str]:
+    out = lab.run("squeue", "-h", "-j", str(job_id), "-O", "ReqSwitch:|,Wait4Switch:|").stdout.strip()
+    count, wait = out.split("|")[:2]
+    return int(count), wait.strip()
+
+
+def wait_state(lab: SlurmLab, job_id: int, state: str, timeout: float = 60) -> None:
+    lab.wait_for(lambda: lab.job_state(job_id) == state, timeout, f"job {job_id} {state}")
+
+
+def sprio_lists(lab: SlurmLab, *job_ids: int, timeout: float = 30) -> dict[int, tuple[int, int]]:
+    return lab.wait_for(lambda: (lambda r: r if all(j in r for j in job_ids) else None)(site_factors(lab)),
+                        timeout, f"jobs {job_ids} listed by sprio")
+
+
+def fill_cluster(lab: SlurmLab, user: str, seconds: int = 600) -> list[int]:
+    """One 8-GPU job per node: the cluster is full."""
+    blockers = [lab.sbatch("-w", node, "--gres=gpu:8", "--wrap", f"sleep {seconds}", user=user)
+                for node in ("n1", "n2", "n3", "n4")]
+    for job in blockers:
+        wait_state(lab, job, "RUNNING")
+    return blockers
+
+
+def test_light_users_new_job_gets_the_higher_site_factor_and_starts_first(slurm_lab, engine):
+    lab = slurm_lab
+    blockers = fill_cluster(lab, "dikeuser1")
+    time.sleep(12)  # dikeuser1 accrues usage on 32 GPUs, each blocker past 72 GPU-seconds
+    heavy_users = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 30", user="dikeuser1")
+    # dikeuser2's job is submitted later and with a large nice: Slurm alone would run it last
+    light_users = lab.sbatch("--gres=gpu:8", "--nice=20000", "--wrap", "sleep 30", user="dikeuser2")
+    before = sprio_lists(lab, heavy_users, light_users)
+    assert before[heavy_users][1] > before[light_users][1]
+    assert before[heavy_users][0] == before[light_users][0] == 0
+
+    counts = engine.cycle()
+    assert counts["errors"] == 0 and counts["written"] >= 2
+
+    after = site_factors(lab)
+    assert after[light_users][0] > after[heavy_users][0] > 0
+    assert after[light_users][1] > after[heavy_users][1]  # the engine's order now wins over nice
+    for job in (heavy_users, light_users):
+        assert admin_comment(lab, job) == "dike:level=0 attained=0.0gpuh"
+        assert " AdminComment=dike:level=0 attained=0.0gpuh " in show_job(lab, job)
+    # the blockers ran past 72 GPU-seconds each: level 1, and their comments say so
+    assert admin_comment(lab, blockers[0]).startswith("dike:level=1 ")
+
+    lab.run("scancel", str(blockers[0]))  # 8 GPUs free up on n1
+    wait_state(lab, light_users, "RUNNING", timeout=60)
+    assert lab.job_state(heavy_users) == "PENDING"
+
+
+def test_a_long_job_drops_a_level_its_site_factor_falls_and_a_requeue_keeps_its_service(slurm_lab, engine):
+    lab = slurm_lab
+    blocker = lab.sbatch("-N4", "--gres=gpu:8", "--wrap", "sleep 8")
+    wait_state(lab, blocker, "RUNNING")
+    long_job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 300", user="dikeuser1")
+    sprio_lists(lab, long_job)
+    engine.cycle()
+    level0_factor = site_factors(lab)[long_job][0]
+    assert level0_factor > 500_000  # level 0 of 3: the top third of the span
+    wait_state(lab, long_job, "RUNNING", timeout=60)
+    time.sleep(12)  # 8 GPUs x 12 s = 96 GPU-seconds > the 72 GPU-second threshold
+    priority_level0 = int(lab.run("squeue", "-h", "-j", str(long_job), "-o", "%Q").stdout)
+    engine.cycle()
+    assert admin_comment(lab, long_job).startswith("dike:level=1 ")
+    priority_level1 = int(lab.run("squeue", "-h", "-j", str(long_job), "-o", "%Q").stdout)
+    # sprio lists no running job; Slurm's priority of the running job carries the site factor
+    assert priority_level0 - priority_level1 > 200_000
+    explained = engine("explain", str(long_job)).stdout
+    assert "level 1" in explained and "SiteFactor" in explained
+
+    # requeue it, then run with a look-back too short to see its first run in sacct:
+    # the state store still has that run, so the job keeps its level
+    lab.run("scontrol", "requeue", str(long_job))
+    wait_state(lab, long_job, "PENDING")
+    lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-D", "-X", "-j", str(long_job), "-o", "State",
+                                               "-S", "now-1hour").stdout, 30, "the first run in sacct")
+    engine.cycle()  # stores the finished run
+    time.sleep(2)
+    out = engine("explain", str(long_job), DIKE_ACCOUNTING__LOOKBACK_DAYS=repr(1 / 86400)).stdout
+    assert re.search(r"attained service: 0\.0[2-9] GPU-hours over 1 run\(s\)", out), out
+    assert "level 1" in out
+
+
+def test_a_16_gpu_two_node_job_is_held_to_one_leaf_and_runs_inside_one(slurm_lab, engine):
+    lab = slurm_lab
+    # n2 (leaf s1) free soon, n4 (leaf s2) busy: without a constraint the job would span n1+n3 now
+    short = lab.sbatch("-w", "n2", "--gres=gpu:8", "--wrap", "sleep 15")
+    long = lab.sbatch("-w", "n4", "--gres=gpu:8", "--wrap", "sleep 300")
+    wait_state(lab, short, "RUNNING")
+    wait_state(lab, long, "RUNNING")
+    heavy = lab.sbatch("-N2", "--gres=gpu:8", "--hold", "--wrap", "sleep 20", user="dikeuser2")
+    engine.cycle()
+    assert switch_request(lab, heavy) == (1, "5:00")
+    assert " Switches=1@00:05:00 " in show_job(lab, heavy)
+    lab.run("scontrol", "release", str(heavy))
+    time.sleep(6)
+    assert lab.job_state(heavy) == "PENDING"  # n1 and n3 are free but sit under two leaves
+    wait_state(lab, heavy, "RUNNING", timeout=60)
+    nodes = set(lab.job_nodes(heavy))
+    assert len(nodes) == 2 and any(nodes <= leaf for leaf in LEAVES), nodes
+
+
+def test_dry_run_changes_nothing(slurm_lab, engine):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    jobs = [lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user=user) for user in ("dikeuser1", "dikeuser2")]
+    jobs.append(lab.sbatch("-N2", "--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2"))
+    sprio_lists(lab, *jobs)
+    unstable = re.compile(r"(LastSchedEval|Priority|RunTime|Reason)=\S*")
+
+    def observed():
+        shown = {j: unstable.sub("", show_job(lab, j)) for j in jobs}
+        return shown, {j: f[0] for j, f in site_factors(lab).items() if j in jobs}
+
+    before = observed()
+    out = engine("run", "--once").stdout  # dry run is the default
+    assert "plan (dry run)" in out and "SiteFactor=" in out and "Switches=1@300s" in out
+    assert observed() == before
+    assert not engine.state_db.exists()
+
+
+def test_a_second_cycle_on_a_quiet_cluster_writes_nothing(slurm_lab, engine):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    jobs = [lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user=user) for user in ("dikeuser1", "dikeuser2")]
+    jobs.append(lab.sbatch("-N2", "--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2"))
+    sprio_lists(lab, *jobs)
+    first = engine.cycle()
+    assert first["writes"] >= 4 and first["errors"] == 0
+    audited = engine.audit_count()
+    second = engine.cycle()
+    assert second["writes"] == 0 and second["written"] == 0
+    assert engine.audit_count() == audited
+    assert "dike_slurm_changes_written 0.0" in (engine.state_db.parent / "metrics.prom").read_text()
+
+
+def test_a_user_who_resets_the_constraint_is_left_alone(slurm_lab, engine):
+    lab = slurm_lab
+    heavy = lab.sbatch("-N2", "--gres=gpu:8", "--hold", "--wrap", "sleep 5", user="dikeuser2")
+    engine.cycle()
+    assert switch_request(lab, heavy)[0] == 1
+    lab.run("scontrol", "update", f"JobId={heavy}", "Switches=0", user="dikeuser2")
+    assert switch_request(lab, heavy)[0] == 0
+    counts = engine.cycle()
+    assert counts["writes"] == 0
+    assert switch_request(lab, heavy)[0] == 0
+    assert "left to the user" in engine("explain", str(heavy)).stdout
+    engine.cycle()
+    assert switch_request(lab, heavy)[0] == 0
+    engine("revert", "--apply")  # revert does not undo the user's own choice either
+    assert switch_request(lab, heavy)[0] == 0
+
+
+def test_revert_restores_every_site_factor_and_constraint(slurm_lab, engine):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    light = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2")
+    heavy = lab.sbatch("-N2", "--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2")
+    sprio_lists(lab, light, heavy)
+    engine.cycle()
+    assert all(site_factors(lab)[j][0] > 0 for j in (light, heavy))
+    assert switch_request(lab, heavy)[0] == 1
+    out = engine("revert", "--apply").stdout
+    assert "job(s) to restore" in out
+    factors = site_factors(lab)
+    assert factors[light][0] == 0 and factors[heavy][0] == 0
+    assert switch_request(lab, heavy)[0] == 0
+    for job in (light, heavy):
+        assert admin_comment(lab, job) == ""
+    assert "0 job(s) to restore" in engine("revert").stdout
+
+
+def test_an_exempt_job_is_never_touched(slurm_lab, engine):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    exempt = lab.sbatch("-N2", "--gres=gpu:8", "--comment=dike:exempt", "--wrap", "sleep 5", user="dikeuser2")
+    managed = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2")
+    sprio_lists(lab, exempt, managed)
+    engine.cycle()
+    engine.cycle()
+    factors = site_factors(lab)
+    assert factors[exempt][0] == 0 and factors[managed][0] > 0
+    assert switch_request(lab, exempt)[0] == 0
+    assert admin_comment(lab, exempt) == ""
+    with sqlite3.connect(engine.state_db) as db:
+        assert db.execute("SELECT COUNT(*) FROM audit WHERE job_id = ?", (exempt,)).fetchone()[0] == 0
+
+
+def test_status_and_explain_print_the_job(slurm_lab, engine):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    job = lab.sbatch("--gres=gpu:8", "--job-name=[bold]x$(id)", "--wrap", "sleep 5", user="dikeuser2")
+    sprio_lists(lab, job)
+    engine.cycle()
+    status = engine("status").stdout
+    assert re.search(rf"{job} .*dikeuser2 .*PENDING", status), status
+    explained = engine("explain", str(job)).stdout
+    assert f"job {job}: user dikeuser2" in explained and "level 0" in explained
+    assert "scontrol update JobId=" in explained  # the audit with the exact commands
+    missing = engine("explain", "999999").stdout
+    assert "not an active job" in missing
