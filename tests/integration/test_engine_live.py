@@ -288,3 +288,33 @@ def test_status_and_explain_print_the_job(slurm_lab, engine):
     assert "scontrol update JobId=" in explained  # the audit with the exact commands
     missing = engine("explain", "999999").stdout
     assert "not an active job" in missing
+
+
+def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
+    """The benchmark of issue 4: wall time and Slurm calls of cycles over 1,000 pending jobs."""
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1", seconds=900)
+    for i in range(500):
+        lab.sbatch(f"--gres=gpu:{i % 4 + 1}", "--wrap", "sleep 60", user="dikeuser1")
+        heavy = ("-N2", "--gres=gpu:8") if i % 10 == 0 else ("--gres=gpu:2",)
+        lab.sbatch(*heavy, "--wrap", "sleep 60", user="dikeuser2")
+    lab.wait_for(lambda: len(site_factors(lab)) >= 1000, 60, "1000 jobs listed by sprio")
+    figures = {}
+    for name, args in (("dry run", ("run", "--once")), ("first apply", ("run", "--once", "--apply")),
+                       ("second apply", ("run", "--once", "--apply"))):
+        started = time.monotonic()
+        out = engine(*args).stdout
+        wall = time.monotonic() - started
+        match = re.search(r"(\d+) jobs in scope.*?(\d+) change\(s\) (?:planned|written).*?(\d+) Slurm call\(s\) "
+                          r"\((\d+) write\), ([\d.]+) s", out, re.S)
+        assert match, out
+        jobs, changes, calls, writes, seconds = match.groups()
+        figures[name] = (int(jobs), int(changes), int(calls), int(writes), float(seconds), wall)
+    with capsys.disabled():
+        print("\ncycle over 1,000 pending jobs (lab: 4 nodes x 8 GPUs, Slurm 22.05):")
+        for name, (jobs, changes, calls, writes, seconds, wall) in figures.items():
+            print(f"  {name:12s} jobs={jobs} changes={changes} slurm_calls={calls} (writes {writes}) "
+                  f"cycle={seconds:.2f}s process={wall:.2f}s")
+    assert figures["dry run"][2] == figures["second apply"][2] == 6  # reads only
+    assert figures["first apply"][3] >= 1000 and figures["second apply"][3] == 0
+    assert figures["second apply"][4] < 10
