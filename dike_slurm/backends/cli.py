@@ -36,7 +36,7 @@ from dike_slurm.backends.base import (
     WriteOutcome,
 )
 from dike_slurm.config import SlurmSettings
-from dike_slurm.errors import InputError, SlurmError
+from dike_slurm.errors import ConfigError, InputError, SlurmError
 from dike_slurm.model import Job, JobState, Node, Placement, Switch, Topology
 from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
@@ -221,6 +221,8 @@ class SlurmCliBackend(Backend):
         env = dict(os.environ if environ is None else environ)
         env["TZ"] = "UTC"
         if settings.slurm_conf is not None:
+            if not Path(settings.slurm_conf).is_file():
+                raise ConfigError(f"slurm.slurm_conf: no such file {settings.slurm_conf}")
             env["SLURM_CONF"] = str(settings.slurm_conf)
         self.env = MappingProxyType(env)
 

@@ -14,7 +14,7 @@ import pytest
 from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend
 from dike_slurm.config import SlurmSettings
-from dike_slurm.errors import SlurmError
+from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.model import JobState, Placement
 
 SQUEUE_JSON = {
@@ -128,7 +128,9 @@ def test_every_call_gets_slurm_conf_utc_and_the_timeout_and_bin_dir(tmp_path):
     recorder = Recorder(reads("/opt/slurm/bin/"))
     topology = tmp_path / "topology.conf"
     topology.write_text("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\n")
-    cli = backend(recorder, slurm_conf=Path("/etc/slurm-lab/slurm.conf"), bin_dir=Path("/opt/slurm/bin"),
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("ClusterName=x\n")
+    cli = backend(recorder, slurm_conf=slurm_conf, bin_dir=Path("/opt/slurm/bin"),
                   command_timeout_s=7, topology_conf=topology)
     state = cli.read_cluster()
     assert [argv[0] for argv in recorder.argvs] == [
@@ -136,7 +138,7 @@ def test_every_call_gets_slurm_conf_utc_and_the_timeout_and_bin_dir(tmp_path):
     ]  # the topology came from the file: no scontrol call
     assert state.topology.leaves == ("s1", "s2")
     for _, env, timeout in recorder.calls:
-        assert env["SLURM_CONF"] == "/etc/slurm-lab/slurm.conf" and env["TZ"] == "UTC" and timeout == 7
+        assert env["SLURM_CONF"] == str(slurm_conf) and env["TZ"] == "UTC" and timeout == 7
     assert cli.calls == 4
 
 
@@ -218,6 +220,11 @@ def test_a_failing_read_raises_with_the_command_and_slurms_message():
     recorder = Recorder({("squeue", "--json"): CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
     with pytest.raises(SlurmError, match="squeue --json failed .*Unable to contact slurm controller"):
         backend(recorder).read_cluster()
+
+
+def test_a_missing_slurm_conf_is_a_configuration_error(tmp_path):
+    with pytest.raises(ConfigError, match="slurm.slurm_conf: no such file"):
+        backend(Recorder(), slurm_conf=tmp_path / "missing.conf")
 
 
 def test_describe_quotes_for_a_shell_reader():

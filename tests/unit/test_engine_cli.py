@@ -1,0 +1,122 @@
+"""The engine's commands as an admin types them, against stand-in Slurm commands (no cluster).
+
+A folder of tiny scripts named squeue, sinfo, sprio, sacct and scontrol answers with canned
+Slurm 22.05 output and logs every argv; `slurm.bin_dir` points the engine at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_backend_contract import SACCT, SINFO_JSON, SQUEUE_JSON, SWITCHES, TOPOLOGY
+
+REPO = Path(__file__).resolve().parents[2]
+
+STUB = """#!/bin/sh
+echo "$0 $*" >> {log}
+case "$(basename "$0") $1" in
+  "squeue --json") cat {dir}/squeue.json ;;
+  "squeue -h") cat {dir}/switches.txt ;;
+  "sinfo --json") cat {dir}/sinfo.json ;;
+  "sprio -h") cat {dir}/sprio.txt ;;
+  "sacct --allusers") cat {dir}/sacct.txt ;;
+  "scontrol show") cat {dir}/topology.txt ;;
+  "scontrol update") exit 0 ;;
+  *) echo "unexpected: $0 $*" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture
+def slurm_stubs(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "squeue.json").write_text(json.dumps(SQUEUE_JSON))
+    (tmp_path / "switches.txt").write_text(SWITCHES)
+    (tmp_path / "sinfo.json").write_text(json.dumps(SINFO_JSON))
+    (tmp_path / "sprio.txt").write_text("63|0|11165\n")
+    (tmp_path / "sacct.txt").write_text(SACCT)
+    (tmp_path / "topology.txt").write_text(TOPOLOGY)
+    for name in ("squeue", "sinfo", "sprio", "sacct", "scontrol"):
+        script = bin_dir / name
+        script.write_text(STUB.format(log=tmp_path / "calls.log", dir=tmp_path))
+        script.chmod(0o755)
+    config = tmp_path / "dike.toml"
+    config.write_text(
+        f'[engine]\nstate_db = "{tmp_path}/state/state.sqlite"\n'
+        f'[slurm]\nbin_dir = "{bin_dir}"\n'
+        '[policies.dike]\nthresholds_gpuh = [0.02, 0.2]\n'
+    )
+    return config
+
+
+def dike(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    if config is not None:
+        env["DIKE_CONFIG"] = str(config)
+    return subprocess.run([sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+
+
+def calls(config: Path) -> list[str]:
+    log = config.parent / "calls.log"
+    return [os.path.basename(line.split()[0]) + " " + " ".join(line.split()[1:])
+            for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_the_default_is_a_dry_run_that_prints_the_plan_and_writes_nothing(slurm_stubs):
+    result = dike("run", "--once", config=slurm_stubs)
+    assert result.returncode == 0, result.stderr
+    assert "plan (dry run)" in result.stdout and "SiteFactor=" in result.stdout
+    assert "change(s) planned" in result.stdout
+    assert not any(c.startswith("scontrol update") for c in calls(slurm_stubs))
+    assert not (slurm_stubs.parent / "state").exists()
+
+
+def test_apply_writes_with_scontrol_and_keeps_an_audit(slurm_stubs):
+    result = dike("run", "--once", "--apply", config=slurm_stubs)
+    assert result.returncode == 0, result.stderr
+    updates = [c for c in calls(slurm_stubs) if c.startswith("scontrol update")]
+    assert any("JobId=63" in c and "SiteFactor=" in c for c in updates)
+    explained = dike("explain", "60_3", config=slurm_stubs)
+    assert explained.returncode == 0, explained.stderr
+    assert "job 60_3: user dikeuser2" in explained.stdout and "undo:" in explained.stdout
+    assert "$(rm -rf /)" not in " ".join(updates)
+
+
+def test_replay_only_policies_are_refused_in_one_line(slurm_stubs):
+    env_config = slurm_stubs.parent / "oracle.toml"
+    env_config.write_text(slurm_stubs.read_text().replace("[engine]\n", '[engine]\npolicy = "srtf_oracle"\n'))
+    result = dike("run", "--once", config=env_config)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: policy 'srtf_oracle' is replay-only (it needs true job durations) and cannot run live"
+    ]
+
+
+def test_a_missing_command_is_one_line_not_a_traceback(tmp_path):
+    config = tmp_path / "dike.toml"
+    config.write_text(f'[engine]\nstate_db = "{tmp_path}/s.sqlite"\n[slurm]\nbin_dir = "{tmp_path}/nothing"\n')
+    result = dike("status", config=config)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "squeue: command not found (set slurm.bin_dir)" in result.stderr
+
+
+def test_render_writes_the_file_and_rejects_unknown_kinds(slurm_stubs, tmp_path):
+    out = tmp_path / "dike-slurm.service"
+    result = dike("render", "systemd", "--config", str(slurm_stubs), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Restart=on-failure" in out.read_text()
+    bad = dike("render", "launchd", "--config", str(slurm_stubs))
+    assert bad.returncode == 2 and "unknown render kind 'launchd'" in bad.stderr
+
+
+def test_revert_without_state_has_nothing_to_do(slurm_stubs):
+    result = dike("revert", config=slurm_stubs)
+    assert result.returncode == 0, result.stderr
+    assert "0 job(s) to restore" in result.stdout
