@@ -318,3 +318,17 @@ def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
     assert figures["dry run"][2] == figures["second apply"][2] == 6  # reads only
     assert figures["first apply"][3] >= 1000 and figures["second apply"][3] == 0
     assert figures["second apply"][4] < 10
+
+
+def test_a_light_job_is_steered_to_the_fragmented_leaf(slurm_lab, engine):
+    lab = slurm_lab
+    busy = lab.sbatch("-w", "n1", "--gres=gpu:4", "--wrap", "sleep 120", user="dikeuser1")
+    wait_state(lab, busy, "RUNNING")
+    light = lab.sbatch("--gres=gpu:2", "--hold", "--wrap", "sleep 20", user="dikeuser2")
+    out = engine("run", "--once", "--apply", DIKE_POLICIES__DIKE__STEER_LIGHT_JOBS="true").stdout
+    assert "ExcNodeList=n3,n4" in out, out
+    jobs = {j["job_id"]: j for j in lab.json("squeue")["jobs"]}
+    assert lab.run("scontrol", "show", "hostnames", jobs[light]["excluded_nodes"]).stdout.split() == ["n3", "n4"]
+    lab.run("scontrol", "release", str(light))
+    wait_state(lab, light, "RUNNING")
+    assert set(lab.job_nodes(light)) <= {"n1", "n2"}  # leaf s2 stays whole for heavy jobs
