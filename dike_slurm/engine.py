@@ -390,7 +390,7 @@ class Engine:
             if decision is not None:
                 wanted = priority_value(decision.score, ceiling, span)
                 if self.strategy == "nice":
-                    wanted = span - wanted
+                    wanted = -wanted  # a negative nice adds to the priority, as SiteFactor does
             placement_decision = placements.get(job.job_id)
             placement_wanted = (
                 placement_decision.placement if isinstance(placement_decision, SetPlacement) else None

@@ -101,6 +101,11 @@ def _epoch(value: Any) -> float | None:
     return float(number) if number else None
 
 
+def _signed32(value: int) -> int:
+    """squeue's JSON prints a negative nice as its unsigned 32-bit pattern (-500 -> 4294966796)."""
+    return value - 2**32 if value >= 2**31 else value
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -154,7 +159,7 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
             exclude_nodes=_hosts(entry.get("excluded_nodes")),
         ),
         priority=_number(entry.get("priority")),
-        nice=_number(entry.get("nice")) or 0,
+        nice=_signed32(_number(entry.get("nice")) or 0),
         requeueable=bool(entry.get("requeue")),
     )
 

@@ -332,3 +332,27 @@ def test_a_light_job_is_steered_to_the_fragmented_leaf(slurm_lab, engine):
     lab.run("scontrol", "release", str(light))
     wait_state(lab, light, "RUNNING")
     assert set(lab.job_nodes(light)) <= {"n1", "n2"}  # leaf s2 stays whole for heavy jobs
+
+
+@pytest.mark.parametrize("strategy", ["priority", "nice"])
+def test_the_other_priority_strategies_write_and_revert(slurm_lab, engine, strategy):
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    heavy_user = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser1")
+    light_user = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2")
+    before = sprio_lists(lab, heavy_user, light_user)
+    span = {"DIKE_ENGINE__PRIORITY_STRATEGY": strategy, "DIKE_ENGINE__PRIORITY_SPAN": "100000"}
+    engine("run", "--once", "--apply", **span)
+    after = site_factors(lab)
+    assert after[light_user][1] > after[heavy_user][1]
+    if strategy == "priority":  # pinned: the values the engine wrote, nothing else
+        assert after[light_user][1] > 66_000 and after[heavy_user][0] == 0
+    else:
+        nices = {int(j): int(n) for j, n in (line.split() for line in lab.run(
+            "squeue", "-h", "-o", "%i %y", "-j", f"{heavy_user},{light_user}").stdout.splitlines())}
+        assert 0 > nices[heavy_user] > nices[light_user]  # a negative nice adds to the priority
+    assert "(0 write)" in engine("run", "--once", "--apply", **span).stdout
+    engine("revert", "--apply", **span)
+    restored = sprio_lists(lab, heavy_user, light_user)  # a released job is eligible again a moment later
+    for job in (heavy_user, light_user):
+        assert abs(restored[job][1] - before[job][1]) < 1000  # Slurm's own priority again (age may add a little)

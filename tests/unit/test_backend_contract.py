@@ -36,7 +36,7 @@ SQUEUE_JSON = {
             "account": "teaching", "admin_comment": "dike:level=0 attained=0.0gpuh", "array_job_id": 60,
             "array_task_id": 3, "comment": "$(rm -rf /); dike:comm=high", "cpus": 1,
             "eligible_time": 1796025920, "excluded_nodes": "n[3-4]", "features": "leaf_s1", "job_id": 63,
-            "job_state": "PENDING", "name": "x`reboot`", "node_count": 1, "nodes": "", "nice": 100,
+            "job_state": "PENDING", "name": "x`reboot`", "node_count": 1, "nodes": "", "nice": 4294966796,
             "partition": "gpu", "priority": 11165, "qos": "normal", "requeue": True, "start_time": 1796029520,
             "submit_time": 1796025920, "time_limit": None, "tres_alloc_str": "", "tres_per_job": "",
             "tres_per_node": "gres:gpu:2", "tres_req_str": "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2",
@@ -189,7 +189,8 @@ def test_squeue_json_becomes_the_domain_jobs_and_untrusted_text_stays_data():
     assert (running.job_id, running.state, running.gpus, running.num_nodes) == (53, JobState.RUNNING, 16, 2)
     assert running.nodes == ("n1", "n2") and running.nice == 0 and running.start_time == 1796025910.0
     assert running.time_limit_s == 525600 * 60
-    assert pending.display_id == "60_3" and pending.gpus == 2 and pending.nice == 100
+    assert pending.display_id == "60_3" and pending.gpus == 2
+    assert pending.nice == -500  # squeue's JSON prints Nice=-500 as 4294966796
     assert pending.start_time is None and pending.time_limit_s is None
     assert pending.placement == Placement(max_switches=1, switches_wait_s=300, features="leaf_s1",
                                           exclude_nodes=("n3", "n4"))

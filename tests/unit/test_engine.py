@@ -231,8 +231,8 @@ def test_nice_strategy_leaves_a_users_raised_nice_alone(tmp_path):
     cfg = config(tmp_path, engine={"priority_strategy": "nice", "priority_span": 10000})
     backend = cluster(pending(1), pending(2, "bob", waited=4000))
     engine(cfg, backend).cycle(apply=True)
-    assert backend.jobs[1].nice >= 0
-    backend.jobs[1] = backend.jobs[1].__class__(**{**backend.jobs[1].__dict__, "nice": 9999})
+    assert backend.jobs[2].nice < backend.jobs[1].nice < 0  # bob waited longer: more negative
+    backend.jobs[1] = backend.jobs[1].__class__(**{**backend.jobs[1].__dict__, "nice": 0})  # the user raises it
     backend.applied.clear()
     report = engine(cfg, backend).cycle(apply=True)
     assert 1 not in {u.job_id for u in backend.applied}
