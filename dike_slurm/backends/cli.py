@@ -37,7 +37,7 @@ from dike_slurm.backends.base import (
 )
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
-from dike_slurm.model import Job, JobState, Node, Placement, Switch, Topology
+from dike_slurm.model import Job, JobState, Node, Placement, Topology
 from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
