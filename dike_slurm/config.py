@@ -66,6 +66,9 @@ class SlurmSettings(_Section):
     topology_conf: Path | None = Field(None, description="default: `scontrol show topology`")
     bin_dir: Path | None = Field(None, description="folder of squeue/sinfo/sacct/scontrol; default: PATH")
     command_timeout_s: float = Field(30.0, gt=0)
+    simulated_trace: Path | None = Field(
+        None, description="backend 'simulated': the sacct dump it replays (cluster from slurm_conf/topology_conf)"
+    )
 
 
 class AccountingSettings(_Section):
@@ -85,6 +88,13 @@ class ReplaySettings(_Section):
     )
     restart_cost_s: float = Field(60.0, ge=0, description="time lost by each preempted run on restart")
     seed: int = 0
+    max_switch_wait_s: int | None = Field(
+        None, ge=0, description="cap on Switches=N@wait; unset: slurm.conf SchedulerParameters max_switch_wait, else 300"
+    )
+    backfill_reservations: int = Field(
+        16, ge=0, description="blocked jobs that get a backfill reservation per scheduling pass"
+    )
+    history_jobs: int = Field(2000, ge=1, description="finished jobs whose GPU service the snapshot carries")
 
 
 class Config(_Section):

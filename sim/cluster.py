@@ -1,0 +1,170 @@
+"""The simulated cluster: free GPUs and CPUs per node, and Slurm's topology-aware node choice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from dike_slurm.model import Node, Placement, Topology
+from dike_slurm.parsing.slurm_conf import ClusterConf
+
+
+class SimCluster:
+    """Nodes as arrays (index = slurm.conf order) with their leaf switch, partitions and features.
+
+    Nodes that slurm.conf marks DOWN/DRAIN are left out. Nodes outside topology.conf are each
+    their own leaf, as `Topology.leaf_of` says.
+    """
+
+    def __init__(self, conf: ClusterConf, topology: Topology) -> None:
+        nodes = [n for n in conf.nodes if n.available]
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.topology = topology
+        self.names: tuple[str, ...] = tuple(n.name for n in nodes)
+        self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        self.gpus = np.array([n.gpus for n in nodes], dtype=np.int64)
+        self.cpus = np.array([n.cpus for n in nodes], dtype=np.int64)
+        self.free_gpus = self.gpus.copy()
+        self.free_cpus = self.cpus.copy()
+        # Leaves in topology.conf order, then the nodes outside the tree (their own leaf).
+        leaf_order: dict[str, int] = {leaf: i for i, leaf in enumerate(topology.leaves)}
+        leaf_ids = []
+        for name in self.names:
+            leaf = topology.leaf_of(name)
+            leaf_ids.append(leaf_order.setdefault(leaf, len(leaf_order)))
+        self.leaf_names: tuple[str, ...] = tuple(leaf_order)
+        self.leaf_of = np.array(leaf_ids, dtype=np.int64)
+        self.leaf_count = len(leaf_order)
+        self.all_nodes = np.ones(len(nodes), dtype=bool)
+        self.partition_masks: dict[str, np.ndarray] = {"": self.all_nodes}
+        for partition in conf.partitions:
+            mask = np.zeros(len(nodes), dtype=bool)
+            for name in partition.nodes:
+                if name in self.index:
+                    mask[self.index[name]] = True
+            self.partition_masks[partition.name] = mask
+        self.feature_masks: dict[str, np.ndarray] = {}
+        for i, node in enumerate(nodes):
+            for feature in node.features:
+                self.feature_masks.setdefault(feature, np.zeros(len(nodes), dtype=bool))[i] = True
+        self.total_gpus = int(self.gpus.sum())
+        self.free_total = self.total_gpus
+        widest = int(self.gpus.max()) if nodes else 0
+        # nodes_with_free[g]: how many nodes have at least g free GPUs (a quick upper bound).
+        self.nodes_with_free = [int(np.count_nonzero(self.gpus >= g)) for g in range(widest + 1)]
+        self.max_leaf_gpus = int(np.bincount(self.leaf_of, weights=self.gpus, minlength=self.leaf_count).max()) if nodes else 0
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # ---------------------------------------------------------------- allocation
+
+    def allocate(self, nodes: Iterable[int], gpus_per_node: int, cpus_per_node: int) -> None:
+        counts = self.nodes_with_free
+        for n in nodes:
+            free = int(self.free_gpus[n])
+            for g in range(free - gpus_per_node + 1, free + 1):
+                counts[g] -= 1
+            self.free_gpus[n] = free - gpus_per_node
+            self.free_cpus[n] -= cpus_per_node
+            self.free_total -= gpus_per_node
+
+    def release(self, nodes: Iterable[int], gpus_per_node: int, cpus_per_node: int) -> None:
+        counts = self.nodes_with_free
+        for n in nodes:
+            free = int(self.free_gpus[n])
+            for g in range(free + 1, free + gpus_per_node + 1):
+                counts[g] += 1
+            self.free_gpus[n] = free + gpus_per_node
+            self.free_cpus[n] += cpus_per_node
+            self.free_total += gpus_per_node
+
+    def may_fit(self, gpus_per_node: int, count: int) -> bool:
+        """False when fewer than `count` nodes anywhere have `gpus_per_node` free GPUs."""
+        counts = self.nodes_with_free
+        return gpus_per_node < len(counts) and counts[gpus_per_node] >= count
+
+    # ---------------------------------------------------------------- constraints
+
+    def allowed_mask(self, partition: str, placement: Placement) -> np.ndarray:
+        """Nodes a job may use: its partition, its Features= and not its ExcNodeList=.
+
+        A feature no node has is ignored, as Slurm rejects such an update.
+        """
+        mask = self.partition_masks.get(partition, self.all_nodes)
+        if placement.features:
+            feature_mask = self._feature_expression(placement.features)
+            if feature_mask is not None:
+                mask = mask & feature_mask
+        if placement.exclude_nodes:
+            mask = mask.copy()
+            for name in placement.exclude_nodes:
+                position = self.index.get(name)
+                if position is not None:
+                    mask[position] = False
+        return mask
+
+    def _feature_expression(self, text: str) -> np.ndarray | None:
+        """`a`, `a&b`, `a|b` (Slurm constraint syntax without counts or brackets)."""
+        result: np.ndarray | None = None
+        for alternative in text.split("|"):
+            term: np.ndarray | None = None
+            for feature in alternative.split("&"):
+                feature_mask = self.feature_masks.get(feature.strip())
+                if feature_mask is None:
+                    term = None
+                    break
+                term = feature_mask if term is None else term & feature_mask
+            if term is not None:
+                result = term if result is None else result | term
+        return result
+
+    # ---------------------------------------------------------------- choosing nodes
+
+    def candidates(self, allowed: np.ndarray, gpus_per_node: int, cpus_per_node: int) -> np.ndarray:
+        """Nodes that can take the job's per-node share now."""
+        return allowed & (self.free_gpus >= gpus_per_node) & (self.free_cpus >= cpus_per_node)
+
+    def choose(self, candidates: np.ndarray, count: int, single_leaf: bool) -> list[int] | None:
+        """Slurm's topology-aware choice (cons_tres, topology/tree) among candidate nodes.
+
+        The leaf switch with the most candidate nodes is tried first; if it holds the whole job
+        the job gets its first nodes. Otherwise nodes are taken round-robin, one per leaf in
+        turn, unless the job must stay within one leaf (then: no allocation).
+        """
+        picked = np.flatnonzero(candidates)
+        if len(picked) < count:
+            return None
+        if self.leaf_count == len(self.names):  # no topology: every node its own leaf
+            return picked[:count].tolist()
+        leaves = self.leaf_of[picked]
+        per_leaf = np.bincount(leaves, minlength=self.leaf_count)
+        best = int(per_leaf.argmax())
+        if per_leaf[best] >= count:
+            return picked[leaves == best][:count].tolist()
+        if single_leaf:
+            return None
+        by_leaf: dict[int, list[int]] = {}
+        for node, leaf in zip(picked.tolist(), leaves.tolist()):
+            by_leaf.setdefault(leaf, []).append(node)
+        chosen: list[int] = []
+        depth = 0
+        while len(chosen) < count:
+            for leaf in sorted(by_leaf):
+                members = by_leaf[leaf]
+                if depth < len(members):
+                    chosen.append(members[depth])
+                    if len(chosen) == count:
+                        break
+            depth += 1
+        return chosen
+
+    def leaves_spanned(self, nodes: Iterable[int]) -> int:
+        return len({int(self.leaf_of[n]) for n in nodes})
+
+    def fewest_leaves(self, gpus: int) -> int:
+        """The fewest leaf switches that could hold this many GPUs (the consolidated span)."""
+        if self.max_leaf_gpus <= 0:
+            return 1
+        return max(1, -(-gpus // self.max_leaf_gpus))

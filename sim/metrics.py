@@ -1,0 +1,225 @@
+"""Per-policy metrics from the finished jobs of a replay (docs/replay.md defines each)."""
+
+from __future__ import annotations
+
+import csv
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import numpy as np
+
+from dike_slurm.parsing.durations import format_timestamp
+from dike_slurm.sim.simulator import JobResult, SimStats, Timeline
+
+# The metric keys of summary.json, in order (the issue fixes the first thirteen).
+METRIC_KEYS = (
+    "jobs",
+    "avg_jct_s",
+    "p50_jct_s",
+    "p95_jct_s",
+    "p99_jct_s",
+    "avg_wait_s",
+    "makespan_s",
+    "gpu_utilization",
+    "avg_slowdown",
+    "user_jain_index",
+    "worst_user_slowdown",
+    "preemptions",
+    "heavy_consolidated_fraction",
+    "p95_slowdown",
+    "heavy_jobs",
+    "avg_jct_heavy_s",
+    "avg_jct_light_s",
+    "worst_user",
+)
+
+JOB_CSV_COLUMNS = (
+    "job_id", "user", "gpus", "submit", "start", "end", "wait_s", "jct_s", "run_s", "slowdown",
+    "level", "leaves", "preemptions", "heavy",
+)
+
+# GPU-count buckets of the "wait by job size" plot.
+SIZE_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
+
+
+def size_label(low: int, high: int) -> str:
+    if low == high:
+        return str(low)
+    if high >= 10**9:
+        return f"{low}+"
+    return f"{low}-{high}"
+
+
+@dataclass
+class MetricsCollector:
+    """Takes every JobResult of one replay: keeps compact columns, writes the CSV row."""
+
+    csv_file: TextIO | None = None
+    jct: array = field(default_factory=lambda: array("d"))
+    wait: array = field(default_factory=lambda: array("d"))
+    slowdown: array = field(default_factory=lambda: array("d"))
+    gpus: array = field(default_factory=lambda: array("l"))
+    user_index: array = field(default_factory=lambda: array("l"))
+    heavy: array = field(default_factory=lambda: array("b"))
+    consolidated: array = field(default_factory=lambda: array("b"))
+    users: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0
+    gpu_seconds: float = 0.0
+    _writer: object | None = None
+
+    def __post_init__(self) -> None:
+        if self.csv_file is not None:
+            self._writer = csv.writer(self.csv_file, lineterminator="\n")
+            self._writer.writerow(JOB_CSV_COLUMNS)
+
+    def __call__(self, result: JobResult) -> None:
+        slowdown = result.jct_s / result.duration_s if result.duration_s > 0 else 1.0
+        self.jct.append(result.jct_s)
+        self.wait.append(result.wait_s)
+        self.slowdown.append(slowdown)
+        self.gpus.append(result.gpus)
+        self.user_index.append(self.users.setdefault(result.user, len(self.users)))
+        self.heavy.append(result.heavy)
+        self.consolidated.append(result.consolidated)
+        self.preemptions += result.preemptions
+        self.gpu_seconds += result.gpu_seconds
+        if self._writer is not None:
+            self._writer.writerow(
+                (
+                    result.display_id, result.user, result.gpus, format_timestamp(result.submit),
+                    format_timestamp(result.start), format_timestamp(result.end), _num(result.wait_s),
+                    _num(result.jct_s), _num(result.duration_s), f"{slowdown:.4f}", result.level, result.leaves,
+                    result.preemptions, int(result.heavy),
+                )
+            )
+
+
+def _num(value: float) -> str:
+    """Seconds with at most three decimals, no trailing zeros (stable across platforms)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _round(value: float, digits: int = 3) -> float:
+    return float(round(float(value), digits))
+
+
+@dataclass(frozen=True)
+class PolicyMetrics:
+    """Everything the report needs about one policy's replay."""
+
+    summary: dict
+    jct_sorted: np.ndarray
+    wait_by_size: dict[str, float]
+    user_slowdown: dict[str, float]
+    utilization_series: list[float]
+    level_series: dict[int, list[float]]
+    bin_width_s: float
+    origin: float
+
+
+def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, total_gpus: int) -> PolicyMetrics:
+    """The metrics of one replay; slowdown = JCT / the job's run time alone and consolidated."""
+    jct = np.frombuffer(collector.jct, dtype=np.float64) if len(collector.jct) else np.zeros(0)
+    wait = np.frombuffer(collector.wait, dtype=np.float64) if len(collector.wait) else np.zeros(0)
+    slowdown = np.frombuffer(collector.slowdown, dtype=np.float64) if len(collector.slowdown) else np.zeros(0)
+    gpus = np.array(collector.gpus, dtype=np.int64)
+    users = np.array(collector.user_index, dtype=np.int64)
+    heavy = np.array(collector.heavy, dtype=bool)
+    consolidated = np.array(collector.consolidated, dtype=bool)
+    count = len(jct)
+    makespan = (stats.last_end - stats.first_submit) if count else 0.0
+    names = list(collector.users)
+    per_user: dict[str, float] = {}
+    if count:
+        sums = np.bincount(users, weights=slowdown, minlength=len(names))
+        jobs_per_user = np.bincount(users, minlength=len(names))
+        for index, name in enumerate(names):
+            if jobs_per_user[index]:
+                per_user[name] = float(sums[index] / jobs_per_user[index])
+    user_values = np.array(list(per_user.values())) if per_user else np.zeros(0)
+    jain = float(user_values.sum() ** 2 / (len(user_values) * (user_values**2).sum())) if len(user_values) else 1.0
+    worst_user = max(sorted(per_user), key=lambda u: per_user[u]) if per_user else ""
+    heavy_count = int(heavy.sum())
+    summary = {
+        "jobs": count,
+        "avg_jct_s": _round(jct.mean()) if count else 0.0,
+        "p50_jct_s": _round(np.percentile(jct, 50)) if count else 0.0,
+        "p95_jct_s": _round(np.percentile(jct, 95)) if count else 0.0,
+        "p99_jct_s": _round(np.percentile(jct, 99)) if count else 0.0,
+        "avg_wait_s": _round(wait.mean()) if count else 0.0,
+        "makespan_s": _round(makespan),
+        "gpu_utilization": _round(collector.gpu_seconds / (total_gpus * makespan), 4) if makespan > 0 else 0.0,
+        "avg_slowdown": _round(slowdown.mean(), 4) if count else 0.0,
+        "user_jain_index": _round(jain, 4),
+        "worst_user_slowdown": _round(per_user[worst_user], 4) if worst_user else 0.0,
+        "preemptions": collector.preemptions,
+        "heavy_consolidated_fraction": _round(consolidated[heavy].mean(), 4) if heavy_count else 1.0,
+        "p95_slowdown": _round(np.percentile(slowdown, 95), 4) if count else 0.0,
+        "heavy_jobs": heavy_count,
+        "avg_jct_heavy_s": _round(jct[heavy].mean()) if heavy_count else 0.0,
+        "avg_jct_light_s": _round(jct[~heavy].mean()) if count - heavy_count else 0.0,
+        "worst_user": worst_user,
+    }
+    wait_by_size = {}
+    for low, high in SIZE_BUCKETS:
+        chosen = (gpus >= low) & (gpus <= high)
+        if chosen.any():
+            wait_by_size[size_label(low, high)] = float(wait[chosen].mean())
+    bins = len(timeline.busy_gpu_s)
+    utilization = [busy / (total_gpus * timeline.width) for busy in timeline.busy_gpu_s]
+    levels = sorted({level for sums in timeline.level_sums for level in sums})
+    level_series = {
+        level: [
+            (timeline.level_sums[i][level] / timeline.level_samples[i]) if timeline.level_samples[i] else float("nan")
+            for i in range(bins)
+        ]
+        for level in levels
+    }
+    return PolicyMetrics(
+        summary=summary,
+        jct_sorted=np.sort(jct),
+        wait_by_size=wait_by_size,
+        user_slowdown=per_user,
+        utilization_series=utilization,
+        level_series=level_series,
+        bin_width_s=timeline.width,
+        origin=timeline.origin,
+    )
+
+
+def comparison_rows(metrics: Iterable[tuple[str, dict]]) -> list[list[str]]:
+    """The comparison table (policy per row) as text cells, shared by terminal and HTML."""
+    rows = []
+    for name, summary in metrics:
+        rows.append(
+            [
+                name,
+                str(summary["jobs"]),
+                _hours(summary["avg_jct_s"]),
+                _hours(summary["p50_jct_s"]),
+                _hours(summary["p95_jct_s"]),
+                _hours(summary["p99_jct_s"]),
+                _hours(summary["avg_wait_s"]),
+                _hours(summary["makespan_s"]),
+                f"{summary['gpu_utilization']:.1%}",
+                f"{summary['avg_slowdown']:.2f}",
+                f"{summary['user_jain_index']:.3f}",
+                f"{summary['worst_user_slowdown']:.2f}",
+                str(summary["preemptions"]),
+                f"{summary['heavy_consolidated_fraction']:.1%}",
+            ]
+        )
+    return rows
+
+
+COMPARISON_HEADERS = (
+    "policy", "jobs", "avg JCT (h)", "p50 JCT (h)", "p95 JCT (h)", "p99 JCT (h)", "avg wait (h)",
+    "makespan (h)", "GPU util", "avg slowdown", "user Jain", "worst user slowdown", "preemptions",
+    "heavy consolidated",
+)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"

@@ -1,0 +1,188 @@
+"""Replaying a dump through several policies: loading, running, and the files it writes."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dike_slurm.accounting import ReadResult, read_sacct_file
+from dike_slurm.config import Config
+from dike_slurm.errors import InputError
+from dike_slurm.model import Topology
+from dike_slurm.parsing.slurm_conf import ClusterConf, load_cluster
+from dike_slurm.policies.dike import DikeParams
+from dike_slurm.registry import default_registry
+from dike_slurm.sim.cluster import SimCluster
+from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
+from dike_slurm.sim.simulator import SimSettings, SimStats, Simulator, Timeline
+from dike_slurm.sim.trace import TraceBuild, build_trace
+
+# Slurm's defaults for the SchedulerParameters the simulator honours.
+DEFAULT_MAX_SWITCH_WAIT_S = 300
+DEFAULT_BF_WINDOW_MIN = 1440
+DEFAULT_BF_MAX_JOB_TEST = 500
+TIMELINE_BINS = 200
+
+
+@dataclass(frozen=True)
+class ReplayInput:
+    """A dump read and turned into replayable jobs, with the cluster it replays on."""
+
+    dump: Path
+    read: ReadResult
+    trace: TraceBuild
+    conf: ClusterConf
+    topology: Topology
+
+    def input_summary(self) -> dict:
+        """The `input` section of summary.json."""
+        return {
+            "dump": self.dump.name,
+            "rows": self.read.rows,
+            "records": len(self.read.records),
+            "skipped_rows": dict(self.read.skipped),
+            "jobs_in_dump": len({r.job_id for r in self.read.records}),
+            "jobs_replayed": len(self.trace.jobs),
+            "jobs_not_replayed": dict(self.trace.excluded),
+            "adjustments": dict(self.trace.notes),
+            "nodes": len([n for n in self.conf.nodes if n.available]),
+            "gpus": sum(n.gpus for n in self.conf.nodes if n.available),
+            "leaf_switches": len(self.topology.leaves),
+        }
+
+
+def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> ReplayInput:
+    """Read the dump and the cluster; a dump with nothing to replay is an error."""
+    conf, topology = load_cluster(slurm_conf, topology_conf)
+    read = read_sacct_file(dump)
+    trace = build_trace(read.records, conf)
+    if not trace.jobs:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in {**read.skipped, **trace.excluded}.items())
+        raise InputError(f"no job to replay ({reasons or 'no data rows'})", source=str(dump))
+    return ReplayInput(dump, read, trace, conf, topology)
+
+
+def scheduler_parameters(conf: ClusterConf) -> dict[str, str]:
+    """slurm.conf `SchedulerParameters=a=1,b,c=2` as a dict (flags map to "")."""
+    raw = conf.options.get("schedulerparameters", "")
+    parameters = {}
+    for item in raw.split(","):
+        key, _, value = item.strip().partition("=")
+        if key:
+            parameters[key.lower()] = value
+    return parameters
+
+
+def _int_parameter(parameters: dict[str, str], key: str, default: int, source: str) -> int:
+    if key not in parameters:
+        return default
+    try:
+        return int(parameters[key])
+    except ValueError:
+        raise InputError(f"SchedulerParameters {key}={parameters[key]!r} is not an integer", source=source) from None
+
+
+def sim_settings(
+    config: Config, conf: ClusterConf, *, comm_penalty: float | None = None, seed: int | None = None,
+    source: str = "slurm.conf",
+) -> SimSettings:
+    """The simulator's settings: the [replay] section, the cluster's slurm.conf, Dike's comm class."""
+    replay = config.replay
+    parameters = scheduler_parameters(conf)
+    max_switch_wait = replay.max_switch_wait_s
+    if max_switch_wait is None:
+        max_switch_wait = _int_parameter(parameters, "max_switch_wait", DEFAULT_MAX_SWITCH_WAIT_S, source)
+    dike = config.policy_params("dike")
+    assert isinstance(dike, DikeParams)
+    return SimSettings(
+        interval_s=replay.interval_s,
+        comm_penalty=replay.comm_penalty if comm_penalty is None else comm_penalty,
+        restart_cost_s=replay.restart_cost_s,
+        seed=replay.seed if seed is None else seed,
+        usage_half_life_s=config.accounting.usage_half_life_h * 3600.0,
+        user_shares=dict(config.accounting.user_shares),
+        history_jobs=replay.history_jobs,
+        max_switch_wait_s=max_switch_wait,
+        bf_max_job_test=_int_parameter(parameters, "bf_max_job_test", DEFAULT_BF_MAX_JOB_TEST, source),
+        bf_window_s=60.0 * _int_parameter(parameters, "bf_window", DEFAULT_BF_WINDOW_MIN, source),
+        backfill_reservations=replay.backfill_reservations,
+        requeueable=conf.options.get("jobrequeue", "1").strip() != "0",
+        comm_gpus=dike.comm_gpus,
+        comm_rules=tuple(dike.comm_rules),
+    )
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's replay: its metrics, its counters and how long it took (wall clock)."""
+
+    name: str
+    metrics: PolicyMetrics
+    stats: SimStats
+    wall_s: float
+
+
+def run_policy(
+    name: str,
+    replay_input: ReplayInput,
+    config: Config,
+    settings: SimSettings,
+    *,
+    jobs_csv: Path | None = None,
+    params_override: dict | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> PolicyRun:
+    """Replay the trace under one policy (the same registry object the live engine runs)."""
+    registry = default_registry()
+    policy = registry.create(name)
+    params = config.policy_params(name)
+    if params_override:
+        params = params.model_validate({**params.model_dump(), **params_override})
+    trace = replay_input.trace.jobs
+    span = trace[-1].submit - trace[0].submit
+    timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / TIMELINE_BINS, 1.0))
+    cluster = SimCluster(replay_input.conf, replay_input.topology)
+    started = time.perf_counter()
+    handle = jobs_csv.open("w", encoding="utf-8", newline="") if jobs_csv is not None else None
+    try:
+        collector = MetricsCollector(handle)
+        sink = collector
+        if on_progress is not None:
+            finished = 0
+
+            def sink(result, _collect=collector):  # noqa: ANN001 - a JobResult
+                nonlocal finished
+                _collect(result)
+                finished += 1
+                if finished % 500 == 0:
+                    on_progress(finished)
+
+        simulator = Simulator(trace, cluster, policy, params, settings, timeline, sink)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # the replay allocates many small objects and frees none in cycles
+        try:
+            stats = simulator.run()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+    finally:
+        if handle is not None:
+            handle.close()
+    metrics = summarise(collector, stats, timeline, cluster.total_gpus)
+    return PolicyRun(name, metrics, stats, time.perf_counter() - started)
+
+
+def write_summary(path: Path, input_section: dict, runs: Sequence[PolicyRun], extra: dict | None = None) -> dict:
+    """summary.json: the input counts and each policy's metrics (no wall-clock times: deterministic)."""
+    document = {
+        "input": input_section,
+        "policies": {run.name: run.metrics.summary for run in runs},
+    }
+    if extra:
+        document.update(extra)
+    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return document

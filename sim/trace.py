@@ -1,0 +1,151 @@
+"""From accounting records to the jobs the simulator replays (one per job, in submit order)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dike_slurm.accounting import AccountingRecord
+from dike_slurm.parsing.slurm_conf import ClusterConf
+
+# Reasons a job of the dump is not replayed (keys of TraceBuild.excluded).
+EXCLUDED_NEVER_STARTED = "never started (pending or cancelled before start)"
+EXCLUDED_STILL_RUNNING = "still running at the end of the dump"
+EXCLUDED_CPU_ONLY = "no GPUs (CPU-only job)"
+EXCLUDED_ZERO_RUN = "ran 0 seconds"
+EXCLUDED_TOO_BIG = "larger than any node set of its partition"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """A job to replay: what was asked for and how long it ran (all runs summed)."""
+
+    job_id: int
+    display_id: str
+    user: str
+    account: str
+    partition: str  # a partition of the simulated cluster ("" = every node)
+    qos: str
+    name: str
+    comment: str
+    submit: float
+    eligible_delay_s: float  # Eligible - Submit of the first record (--begin, dependencies)
+    duration_s: float  # run time on a consolidated allocation: sum of the trace's runs
+    time_limit_s: int | None  # None: unlimited
+    gpus: int
+    num_nodes: int
+    cpus: int
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return -(-self.gpus // self.num_nodes)
+
+    @property
+    def cpus_per_node(self) -> int:
+        return -(-self.cpus // self.num_nodes)
+
+
+@dataclass(frozen=True)
+class TraceBuild:
+    """The replayable jobs (sorted by submit time, then id) and what was left out, by reason."""
+
+    jobs: tuple[TraceJob, ...]
+    records: int
+    excluded: dict[str, int]
+    notes: dict[str, int]  # replayed, but adjusted (e.g. unknown partition mapped to the default)
+
+
+def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> TraceBuild:
+    """Group the runs of each job, keep the GPU jobs that ran and fit the cluster, sort by submit."""
+    runs: dict[int, list[AccountingRecord]] = {}
+    count = 0
+    for record in records:
+        runs.setdefault(record.job_id, []).append(record)
+        count += 1
+    default_partition = next((p.name for p in conf.partitions if p.default), "")
+    known = {p.name: p for p in conf.partitions}
+    node_by_name = {n.name: n for n in conf.nodes}
+    biggest: dict[str, tuple[int, int, int]] = {}  # partition -> (max GPUs/node, max CPUs/node, nodes)
+    for name, partition in [("", None), *known.items()]:
+        members = [node_by_name[n] for n in partition.nodes] if partition else list(conf.nodes)
+        members = [n for n in members if n.available]
+        biggest[name] = (
+            max((n.gpus for n in members), default=0),
+            max((n.cpus for n in members), default=0),
+            len(members),
+        )
+    excluded: Counter[str] = Counter()
+    notes: Counter[str] = Counter()
+    jobs: list[TraceJob] = []
+    for job_id, job_runs in runs.items():
+        job_runs.sort(key=lambda r: (r.submit or 0.0, r.start or 0.0))
+        started = [r for r in job_runs if r.start is not None]
+        if not started:
+            excluded[EXCLUDED_NEVER_STARTED] += 1
+            continue
+        last = started[-1]
+        if last.end is None and last.state.is_active:
+            excluded[EXCLUDED_STILL_RUNNING] += 1
+            continue
+        if last.gpus <= 0:
+            excluded[EXCLUDED_CPU_ONLY] += 1
+            continue
+        duration = float(sum(r.elapsed_s for r in started))
+        if duration <= 0:
+            excluded[EXCLUDED_ZERO_RUN] += 1
+            continue
+        first = job_runs[0]
+        partition = _partition_of(last.partition, known, default_partition, notes)
+        max_gpus, max_cpus, node_count = biggest[partition]
+        num_nodes = max(1, last.num_nodes)
+        gpus_per_node = -(-last.gpus // num_nodes)
+        if gpus_per_node > max_gpus or num_nodes > node_count:
+            excluded[EXCLUDED_TOO_BIG] += 1
+            continue
+        cpus = max(1, last.cpus)
+        if -(-cpus // num_nodes) > max_cpus:
+            notes["CPUs per node capped at the node size"] += 1
+            cpus = max_cpus * num_nodes
+        limit = last.time_limit_s
+        if limit is None and partition and known[partition].max_time_s is not None:
+            limit = known[partition].max_time_s
+        submit = first.submit if first.submit is not None else last.start
+        eligible = first.eligible if first.eligible is not None else submit
+        jobs.append(
+            TraceJob(
+                job_id=job_id,
+                display_id=last.display_id,
+                user=last.user or "(unknown)",
+                account=last.account,
+                partition=partition,
+                qos=last.qos,
+                name=last.name,
+                comment=last.comment,
+                submit=float(submit),  # type: ignore[arg-type]
+                eligible_delay_s=max(0.0, float(eligible) - float(submit)),  # type: ignore[arg-type]
+                duration_s=duration,
+                time_limit_s=limit,
+                gpus=last.gpus,
+                num_nodes=num_nodes,
+                cpus=cpus,
+                array_job_id=last.array_job_id,
+                array_task_id=last.array_task_id,
+            )
+        )
+    jobs.sort(key=lambda j: (j.submit, j.job_id))
+    return TraceBuild(tuple(jobs), count, dict(sorted(excluded.items())), dict(sorted(notes.items())))
+
+
+def _partition_of(name: str, known: dict, default: str, notes: Counter[str]) -> str:
+    """The job's partition in the simulated cluster; unknown ones map to the default partition."""
+    if name in known:
+        return name
+    for candidate in name.split(","):  # a job submitted to several partitions
+        if candidate in known:
+            return candidate
+    if known:
+        notes["partition not in slurm.conf: default partition used"] += 1
+    return default
