@@ -107,6 +107,11 @@ class Backend(ABC):
 
     name: str
     calls: int = 0  # Slurm calls (commands, API requests) made so far, reads and writes
+    realtime: bool = True  # cycles are engine.interval_s of wall time apart (a simulation runs flat out)
+
+    def finished(self) -> bool:
+        """Nothing is left to manage (a simulation at the end of its trace); a real cluster never is."""
+        return False
 
     @abstractmethod
     def read_cluster(self) -> ClusterState:

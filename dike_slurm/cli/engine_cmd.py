@@ -143,11 +143,29 @@ def run_command(
                     raise typer.Exit(1)
             if once:
                 return
-            while not stopping and time.monotonic() - started < config.engine.interval_s:
+            if engine.backend.finished():
+                _print_simulation_summary(engine)
+                return
+            while engine.backend.realtime and not stopping and time.monotonic() - started < config.engine.interval_s:
                 time.sleep(min(1.0, config.engine.interval_s))
             if stopping:
                 log.info("SIGTERM: stopping after the cycle")
                 return
+
+
+def _print_simulation_summary(engine: Engine) -> None:
+    """A simulated cluster ran to the end of its trace: the replay metrics of the outcome."""
+    from dike_slurm.backends.simulated import SimulatedBackend
+
+    if not isinstance(engine.backend, SimulatedBackend):
+        return
+    summary = engine.backend.summary()
+    table = Table(title="simulated cluster: the trace ran to its end")
+    table.add_column("metric")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else _safe(value))
+    console.print(table)
 
 
 @app.command("status")

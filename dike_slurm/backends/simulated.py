@@ -1,0 +1,246 @@
+"""The replay simulator behind the backend interface: `dike-slurm run` driving a simulated cluster.
+
+The simulator runs as it does for `dike-slurm replay`, in a thread of its own, with a stand-in
+in its policy slot. At each of the simulator's scheduling cycles (every `replay.interval_s`
+simulated seconds while jobs wait) the stand-in hands the cycle's snapshot to the engine and
+waits: `read_cluster` returns that instant as Slurm would show it, the engine decides and
+writes, and the next `read_cluster` gives the simulator back, as its decisions, exactly what
+the engine wrote: SiteFactor/Priority/Nice as the queue order, constraints, requeues. Jobs
+without a value keep submit order. Accounting comes from the runs the simulation finished or
+preempted. Only the simulator's public surface is used (its constructor, `run`, the policy
+slot and the finish callback), so the replay and the engine share one scheduling model.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from dike_slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.backends.base import Backend, ClusterState, JobField, JobUpdate, SwitchRequest, WriteOutcome
+from dike_slurm.config import Config
+from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.errors import ConfigError, DikeError
+from dike_slurm.model import JobState, Placement, Snapshot
+from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.sim.cluster import SimCluster
+from dike_slurm.sim.metrics import MetricsCollector, summarise
+from dike_slurm.sim.replay import load_input, sim_settings
+from dike_slurm.sim.simulator import JobResult, Simulator, SimStats, Timeline
+
+_LEVEL = re.compile(r"^dike:level=(\d+)\b")
+_TIMELINE_BINS = 200
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """The simulation ran to the end of its trace (or failed with `error`)."""
+
+    stats: SimStats | None
+    error: BaseException | None = None
+
+
+class _Handover(Policy):
+    """The simulator's policy slot: pass each snapshot to the engine, return what it wrote."""
+
+    name = "engine"
+    description = "the live engine, through the simulated backend"
+
+    def __init__(self, backend: SimulatedBackend) -> None:
+        self.backend = backend
+
+    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
+        self.backend._to_engine.put(snapshot)
+        return self.backend._to_simulator.get()
+
+
+class SimulatedBackend(Backend):
+    """A simulated Slurm cluster replaying a sacct dump; one read per simulator cycle."""
+
+    name = "simulated"
+    realtime = False
+
+    def __init__(self, config: Config, dump: Path, slurm_conf: Path, topology_conf: Path | None) -> None:
+        replay_input = load_input(dump, slurm_conf, topology_conf)
+        settings = sim_settings(config, replay_input.conf, source=str(slurm_conf))
+        trace = replay_input.trace.jobs
+        self.cluster = SimCluster(replay_input.conf, replay_input.topology)
+        span = trace[-1].submit - trace[0].submit
+        self.timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / _TIMELINE_BINS, 1.0))
+        self.collector = MetricsCollector()
+        self.accounts = {t.job_id: t.account for t in trace}
+        self.raw: dict[int, dict[JobField, Any]] = {}  # every field as written, as Slurm would show it
+        self.placements: dict[int, Placement] = {}
+        self.requeues: list[int] = []
+        self.records: list[AccountingRecord] = []
+        self.recorded_gpu_s: dict[int, float] = {}
+        self.snapshot: Snapshot | None = None  # the instant the engine is looking at
+        self.ended: _Ended | None = None
+        self._to_engine: queue.Queue[Snapshot | _Ended] = queue.Queue(maxsize=1)
+        self._to_simulator: queue.Queue[Decisions] = queue.Queue(maxsize=1)
+        simulator = Simulator(
+            trace, self.cluster, _Handover(self), PolicyParams(), settings, self.timeline, self._finished
+        )
+        self._thread = threading.Thread(target=self._run, args=(simulator,), name="dike-simulator", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: Config) -> SimulatedBackend:
+        slurm = config.slurm
+        if slurm.simulated_trace is None or slurm.slurm_conf is None:
+            raise ConfigError(
+                "slurm.backend = 'simulated' needs slurm.simulated_trace (a sacct dump) and slurm.slurm_conf "
+                "(the cluster; topology.conf from slurm.topology_conf or beside it)"
+            )
+        return cls(config, slurm.simulated_trace, slurm.slurm_conf, slurm.topology_conf)
+
+    def _run(self, simulator: Simulator) -> None:
+        try:
+            stats = simulator.run()
+        except BaseException as exc:  # handed to the engine's thread, raised there
+            self._to_engine.put(_Ended(None, exc))
+        else:
+            self._to_engine.put(_Ended(stats))
+
+    # ---------------------------------------------------------------- time
+
+    def finished(self) -> bool:
+        return self.ended is not None
+
+    def summary(self) -> Mapping[str, Any]:
+        """The replay metrics of the outcome (docs/replay.md defines them)."""
+        if self.ended is None or self.ended.stats is None:
+            raise DikeError("the simulation has not ended yet")
+        return summarise(self.collector, self.ended.stats, self.timeline, self.cluster.total_gpus).summary
+
+    def _decisions(self, snapshot: Snapshot) -> Decisions:
+        """What the engine wrote, as the simulator takes decisions."""
+        priorities = []
+        for job in snapshot.jobs:
+            raw = self.raw.get(job.job_id, {})
+            level = _LEVEL.match(str(raw.get(JobField.ADMIN_COMMENT, "")))
+            score = raw.get(JobField.SITE_FACTOR) or raw.get(JobField.PRIORITY) or -int(raw.get(JobField.NICE, 0))
+            priorities.append(SetPriority(job.job_id, int(level.group(1)) if level else 0, float(score), "engine"))
+        placements = tuple(SetPlacement(job_id, p, "engine") for job_id, p in self.placements.items())
+        requeues = tuple(Requeue(job_id, "engine") for job_id in self.requeues)
+        self.requeues = []
+        return Decisions(tuple(priorities), placements, requeues)
+
+    # ---------------------------------------------------------------- reads
+
+    def read_cluster(self) -> ClusterState:
+        self.calls += 1
+        if self.snapshot is not None:  # the engine is done with the last instant: resume
+            self._to_simulator.put(self._decisions(self.snapshot))
+            self.snapshot = None
+        if self.ended is None:
+            handed = self._to_engine.get()
+            if isinstance(handed, _Ended):
+                self.ended = handed
+            else:
+                self.snapshot = handed
+        if self.ended is not None:
+            if self.ended.error is not None:
+                raise DikeError(f"the simulation failed: {self.ended.error}") from self.ended.error
+            last = max((r.end for r in self.records if r.end is not None), default=0.0)
+            return ClusterState(last, (), self.cluster.nodes, self.cluster.topology)
+        snapshot = self.snapshot
+        assert snapshot is not None
+        jobs = tuple(
+            replace(
+                job,
+                true_duration_s=None,  # Slurm does not know it
+                priority=self.raw.get(job.job_id, {}).get(JobField.PRIORITY),
+                nice=int(self.raw.get(job.job_id, {}).get(JobField.NICE, 0)),
+                requeueable=True,
+            )
+            for job in snapshot.jobs
+        )
+        pending = [j.job_id for j in jobs if j.state is JobState.PENDING]
+        return ClusterState(
+            time=snapshot.time,
+            jobs=jobs,
+            nodes=snapshot.nodes,
+            topology=snapshot.topology,
+            site_factors=MappingProxyType({
+                j: int(self.raw[j][JobField.SITE_FACTOR]) for j in pending if JobField.SITE_FACTOR in self.raw.get(j, {})
+            }),
+            admin_comments=MappingProxyType({
+                j.job_id: str(self.raw.get(j.job_id, {}).get(JobField.ADMIN_COMMENT, "")) for j in jobs
+            }),
+        )
+
+    def accounting(self, start: float, end: float) -> ReadResult:
+        self.calls += 1
+        chosen = tuple(r for r in self.records if r.end is not None and start <= r.end <= end)
+        return ReadResult(chosen, len(chosen), {}, "simulation")
+
+    def _record(self, job_id: int, user: str, gpus: int, start: float, end: float, state: JobState) -> None:
+        self.recorded_gpu_s[job_id] = self.recorded_gpu_s.get(job_id, 0.0) + gpus * (end - start)
+        self.records.append(AccountingRecord(
+            job_id=job_id, display_id=str(job_id), user=user, account=self.accounts.get(job_id, ""), state=state,
+            state_text=state.value, submit=start, start=start, end=end, elapsed_s=int(end - start), gpus=gpus,
+        ))
+
+    def _finished(self, result: JobResult) -> None:
+        """The simulator's finish callback (its thread; the engine waits meanwhile)."""
+        self.collector(result)
+        last_run_s = (result.gpu_seconds - self.recorded_gpu_s.get(result.job_id, 0.0)) / max(result.gpus, 1)
+        self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end, JobState.COMPLETED)
+        self.raw.pop(result.job_id, None)
+        self.placements.pop(result.job_id, None)
+
+    # ---------------------------------------------------------------- writes
+
+    def _job(self, job_id: int):
+        if self.snapshot is None:
+            return None
+        return next((j for j in self.snapshot.jobs if j.job_id == job_id), None)
+
+    def describe(self, update: JobUpdate) -> str:
+        fields = " ".join(f"{k.value}={v!r}" for k, v in update.values)
+        return f"simulated update JobId={update.job_id} {fields}"
+
+    def apply(self, update: JobUpdate) -> WriteOutcome:
+        self.calls += 1
+        text = self.describe(update)
+        job = self._job(update.job_id)
+        if job is None:
+            return WriteOutcome(False, text, "Invalid job id specified", job_gone=True)
+        if any(f.is_placement for f in update.fields) and job.state is not JobState.PENDING:
+            return WriteOutcome(False, text, "Job is no longer pending execution", job_gone=True)
+        raw = self.raw.setdefault(update.job_id, {})
+        placement = self.placements.get(update.job_id, job.placement)
+        for key, value in update.values:
+            raw[key] = value
+            if key is JobField.SWITCHES:
+                assert isinstance(value, SwitchRequest)
+                placement = replace(placement, max_switches=value.count or None,
+                                    switches_wait_s=value.wait_s if value.count else None)
+            elif key is JobField.FEATURES:
+                placement = replace(placement, features=str(value) or None)
+            elif key is JobField.EXCLUDED_NODES:
+                placement = replace(placement, exclude_nodes=tuple(value or ()))  # type: ignore[arg-type]
+        if any(f.is_placement for f in update.fields):
+            if placement.is_empty:
+                self.placements.pop(update.job_id, None)
+            else:
+                self.placements[update.job_id] = placement
+        return WriteOutcome(True, text)
+
+    def requeue(self, job_id: int) -> WriteOutcome:
+        self.calls += 1
+        text = f"simulated requeue {job_id}"
+        job = self._job(job_id)
+        if job is None or job.state is not JobState.RUNNING or job.start_time is None or self.snapshot is None:
+            return WriteOutcome(False, text, "Job is not running", job_gone=True)
+        self._record(job_id, job.user, job.gpus, job.start_time, self.snapshot.time, JobState.REQUEUED)
+        self.requeues.append(job_id)
+        return WriteOutcome(True, text)

@@ -1,0 +1,75 @@
+"""The engine driving the replay simulator through the backend interface (slurm.backend = simulated)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dike_slurm.backends.base import JobField
+from dike_slurm.backends.simulated import SimulatedBackend
+from dike_slurm.config import Config
+from dike_slurm.engine import Engine
+from dike_slurm.errors import ConfigError
+from dike_slurm.state import StateStore
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trace")
+    subprocess.run(
+        [sys.executable, "-m", "dike_slurm.sim.tracegen", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
+         "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out)],
+        check=True, capture_output=True, timeout=120,
+    )
+    return out
+
+
+def config(trace: Path, state: Path) -> Config:
+    return Config.model_validate({
+        "engine": {"state_db": str(state), "interval_s": 300, "max_changes_per_cycle": 10000,
+                   "breaker_min_jobs": 100000},
+        "slurm": {"backend": "simulated", "simulated_trace": str(trace / "sacct.txt"),
+                  "slurm_conf": str(trace / "slurm.conf")},
+        "policies": {"dike": {"thresholds_gpuh": [1.0, 8.0]}},
+    })
+
+
+def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list]:
+    backend = SimulatedBackend.from_config(cfg)
+    engine = Engine(cfg, backend, StateStore(cfg.engine.state_db, read_only=not apply))
+    reports = []
+    while not backend.finished():
+        reports.append(engine.cycle(apply=apply))
+        assert len(reports) < 20000, "the simulation did not end"
+    return backend, reports
+
+
+def test_the_engine_runs_a_simulated_cluster_to_the_end_of_its_trace(small_trace, tmp_path):
+    backend, reports = run_to_the_end(config(small_trace, tmp_path / "state.sqlite"), apply=True)
+    summary = backend.summary()
+    replayed = len(backend.accounts)
+    assert summary["jobs"] == replayed > 0
+    assert all(r.errors == 0 for r in reports)
+    written = [w.update for r in reports for w, o in r.outcomes if o.ok]
+    assert any(JobField.SITE_FACTOR in u.fields for u in written)
+    assert any(r.write_calls == 0 and r.plan.jobs for r in reports)  # quiet cycles write nothing
+    heavy = [u for u in written if JobField.SWITCHES in u.fields]
+    assert heavy, "the trace has multi-node jobs: they were consolidated with Switches="
+
+
+def test_a_dry_run_on_the_simulated_cluster_writes_nothing_and_is_deterministic(small_trace, tmp_path):
+    first, reports = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    assert first.raw == {} and all(r.write_calls == 0 for r in reports)
+    assert any(r.plan.writes for r in reports)  # there was something to plan
+    again, _ = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    assert again.summary() == first.summary()
+    assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_the_simulated_backend_needs_a_trace_and_a_cluster(tmp_path):
+    cfg = Config.model_validate({"slurm": {"backend": "simulated"}})
+    with pytest.raises(ConfigError, match="slurm.simulated_trace"):
+        SimulatedBackend.from_config(cfg)
