@@ -96,12 +96,12 @@ def _summary(report: CycleReport) -> str:
     return text
 
 
-def _print_cycle(report: CycleReport, quiet_when_empty: bool) -> None:
+def _print_cycle(report: CycleReport) -> None:
+    """One cycle for a person: the table of changes and the summary line (the service logs instead)."""
     plan = report.plan
-    if plan.writes or not quiet_when_empty:
-        if plan.writes:
-            console.print(_plan_table(plan, report))
-        console.print(_summary(report), highlight=False)
+    if plan.writes:
+        console.print(_plan_table(plan, report))
+    console.print(_summary(report), highlight=False)
     for note in plan.notes + report.notes:
         err_console.print(_safe(f"note: {note}"))
     for reason, count in plan.accounting_skipped.items():
@@ -134,9 +134,12 @@ def run_command(
                     raise
                 log.error("cycle failed: %s", exc)
             else:
-                _print_cycle(report, quiet_when_empty=not once)
-                if not once:
+                if once:
+                    _print_cycle(report)
+                else:  # a service: one log line per cycle (and per write), notes as warnings
                     log.info(_summary(report))
+                    for note in report.plan.notes + report.notes:
+                        log.warning(note)
                 if config.engine.metrics_file is not None:
                     write_metrics(report, config.engine.metrics_file)
                 if once and report.errors:
