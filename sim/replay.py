@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dike_slurm.accounting import ReadResult, read_sacct_file
@@ -25,6 +27,7 @@ from dike_slurm.sim.trace import TraceBuild, build_trace
 DEFAULT_MAX_SWITCH_WAIT_S = 300
 DEFAULT_BF_WINDOW_MIN = 1440
 DEFAULT_BF_MAX_JOB_TEST = 500
+DEFAULT_BF_INTERVAL_S = 30
 TIMELINE_BINS = 200
 
 
@@ -109,6 +112,7 @@ def sim_settings(
         max_switch_wait_s=max_switch_wait,
         bf_max_job_test=_int_parameter(parameters, "bf_max_job_test", DEFAULT_BF_MAX_JOB_TEST, source),
         bf_window_s=60.0 * _int_parameter(parameters, "bf_window", DEFAULT_BF_WINDOW_MIN, source),
+        bf_interval_s=float(_int_parameter(parameters, "bf_interval", DEFAULT_BF_INTERVAL_S, source)),
         backfill_reservations=replay.backfill_reservations,
         requeueable=conf.options.get("jobrequeue", "1").strip() != "0",
         comm_gpus=dike.comm_gpus,
@@ -118,12 +122,24 @@ def sim_settings(
 
 @dataclass(frozen=True)
 class PolicyRun:
-    """One policy's replay: its metrics, its counters and how long it took (wall clock)."""
+    """One policy's replay: its metrics, its counters and how long it took."""
 
     name: str
     metrics: PolicyMetrics
     stats: SimStats
     wall_s: float
+    cpu_s: float
+
+
+@dataclass(frozen=True)
+class ReplayTask:
+    """One replay to run: a policy, a communication penalty, optional parameter overrides."""
+
+    label: str
+    policy: str
+    comm_penalty: float
+    jobs_csv: Path | None = None
+    params_override: dict | None = None
 
 
 def run_policy(
@@ -147,6 +163,7 @@ def run_policy(
     timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / TIMELINE_BINS, 1.0))
     cluster = SimCluster(replay_input.conf, replay_input.topology)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     handle = jobs_csv.open("w", encoding="utf-8", newline="") if jobs_csv is not None else None
     try:
         collector = MetricsCollector(handle)
@@ -173,7 +190,83 @@ def run_policy(
         if handle is not None:
             handle.close()
     metrics = summarise(collector, stats, timeline, cluster.total_gpus)
-    return PolicyRun(name, metrics, stats, time.perf_counter() - started)
+    return PolicyRun(name, metrics, stats, time.perf_counter() - started, time.process_time() - cpu_started)
+
+
+# Set in the parent before the worker processes fork, so the trace is not pickled per task.
+_SHARED: dict = {}
+
+
+def _run_task(index: int, task: ReplayTask) -> tuple[int, PolicyRun]:
+    replay_input, config, settings, progress = (
+        _SHARED["input"], _SHARED["config"], _SHARED["settings"], _SHARED["progress"],
+    )
+    run = run_policy(
+        task.policy,
+        replay_input,
+        config,
+        replace(settings, comm_penalty=task.comm_penalty),
+        jobs_csv=task.jobs_csv,
+        params_override=task.params_override,
+        on_progress=(lambda done: progress.put((index, done))) if progress is not None else None,
+    )
+    return index, replace(run, name=task.label)
+
+
+def run_tasks(
+    tasks: Sequence[ReplayTask],
+    replay_input: ReplayInput,
+    config: Config,
+    settings: SimSettings,
+    *,
+    workers: int = 1,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[PolicyRun]:
+    """Run the replays (in `workers` processes when more than one); results in task order.
+
+    `on_progress(task_index, jobs_finished)` is called from this process as replays advance.
+    """
+    workers = max(1, min(workers, len(tasks)))
+    if workers == 1:
+        _SHARED.update(input=replay_input, config=config, settings=settings, progress=None)
+        results = []
+        for index, task in enumerate(tasks):
+            if on_progress is not None:
+                _SHARED["progress"] = _Direct(on_progress)
+            results.append(_run_task(index, task)[1])
+        _SHARED.clear()
+        return results
+    context = multiprocessing.get_context("fork")
+    progress = context.SimpleQueue()
+    _SHARED.update(input=replay_input, config=config, settings=settings, progress=progress)
+    runs: dict[int, PolicyRun] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            pending = {pool.submit(_run_task, index, task) for index, task in enumerate(tasks)}
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                while not progress.empty():
+                    index, finished = progress.get()
+                    if on_progress is not None:
+                        on_progress(index, finished)
+                for future in done:
+                    index, run = future.result()
+                    runs[index] = run
+                    if on_progress is not None:
+                        on_progress(index, run.metrics.summary["jobs"])
+    finally:
+        _SHARED.clear()
+    return [runs[index] for index in range(len(tasks))]
+
+
+class _Direct:
+    """The progress queue's `put`, calling back directly when replays run in this process."""
+
+    def __init__(self, callback: Callable[[int, int], None]) -> None:
+        self.callback = callback
+
+    def put(self, item: tuple[int, int]) -> None:
+        self.callback(*item)
 
 
 def write_summary(path: Path, input_section: dict, runs: Sequence[PolicyRun], extra: dict | None = None) -> dict:

@@ -29,7 +29,7 @@ from dike_slurm.sim.usage import DecayedUsage
 
 PENDING, RUNNING, DONE = 0, 1, 2
 # Event kinds, in the order they are handled at one instant.
-FINISH, SUBMIT, WAKE, CYCLE = 0, 1, 2, 3
+FINISH, SUBMIT, WAKE, CYCLE, BACKFILL = 0, 1, 2, 3, 4
 INFINITY = math.inf
 # GPU slot table values: a slot of a job without time limit, and a GPU the node does not have.
 SLOT_UNLIMITED = 1e300
@@ -50,6 +50,7 @@ class SimSettings:
     max_switch_wait_s: int = 300  # SchedulerParameters=max_switch_wait (Slurm's default 300)
     bf_max_job_test: int = 500  # SchedulerParameters=bf_max_job_test
     bf_window_s: float = 86400.0  # SchedulerParameters=bf_window (1440 minutes)
+    bf_interval_s: float = 30.0  # SchedulerParameters=bf_interval
     backfill_reservations: int = 16  # blocked jobs planned per pass (Slurm plans every tested job)
     requeueable: bool = True  # slurm.conf JobRequeue (default 1: batch jobs may be requeued)
     comm_gpus: int = 8  # communication-heavy threshold (the Dike policy's comm_gpus)
@@ -118,7 +119,8 @@ class SimStats:
     """Counters of one replay (deterministic: no wall-clock time in here)."""
 
     events: int = 0
-    passes: int = 0
+    passes: int = 0  # main scheduler passes (on events)
+    backfill_passes: int = 0  # backfill passes (every bf_interval when something changed)
     cycles: int = 0  # policy cycles due (every interval while jobs wait)
     decide_calls: int = 0
     deferred_cycles: int = 0  # cycles not evaluated: nothing pending could have started
@@ -241,8 +243,11 @@ class Simulator:
         self.tail: list[SimJob] = []  # pending jobs not scored yet, in arrival order
         self.order_epoch = 0
         self.cycle_armed = False
+        self.backfill_armed = False
+        self.backfill_due = False
         self.deferred_cycle: float | None = None
-        self.changed = False  # something happened since the last pass
+        self.changed = False  # something happened since the last main pass
+        self.backfill_changed = False  # ... since the last backfill pass
         self.usage = DecayedUsage(settings.usage_half_life_s)
         self.history: deque[float] = deque()
         self.history_sorted: list[float] = []
@@ -279,16 +284,35 @@ class Simulator:
                     elif kind == WAKE:
                         if job is not None and job.state == PENDING:
                             self._count_shape(job)  # it became eligible
-                        self.changed = True
-                    else:
+                        self._touch()
+                    elif kind == CYCLE:
                         self._cycle(now)
+                    else:
+                        self._backfill_tick(now)
                 batch = []
                 while events and events[0][0] == now:  # pushed for this same instant
                     batch.append(heapq.heappop(events))
             if self.changed:
                 self.changed = False
-                self._schedule(now)
+                self._main_pass(now)
+            if self.backfill_due:
+                self.backfill_due = False
+                if self.backfill_changed:
+                    self.backfill_changed = False
+                    self._backfill_pass(now)
         return self.stats
+
+    def _touch(self) -> None:
+        """Something the schedulers care about changed: both passes should look again."""
+        self.changed = True
+        self.backfill_changed = True
+
+    def _backfill_tick(self, now: float) -> None:
+        if not self.pending_count:
+            self.backfill_armed = False
+            return
+        self.backfill_due = True
+        self._push(now + self.settings.bf_interval_s, BACKFILL, None)
 
     def _finishes_make_room(self, batch: list[tuple[float, int, int, SimJob | None]]) -> bool:
         """Whether the runs ending in this batch free enough for some pending job (tried, undone)."""
@@ -341,12 +365,18 @@ class Simulator:
         self.pending_count += 1
         if job.eligible_at <= self.now:
             self._count_shape(job)
-        self.changed = True
+        self._touch()
         if not self.cycle_armed:
             self.cycle_armed = True
-            interval = self.settings.interval_s
-            origin = self.timeline.origin
-            self._push(origin + math.ceil((self.now - origin) / interval) * interval, CYCLE, None)
+            self._push(self._next_tick(self.settings.interval_s), CYCLE, None)
+        if not self.backfill_armed:
+            self.backfill_armed = True
+            self._push(self._next_tick(self.settings.bf_interval_s), BACKFILL, None)
+
+    def _next_tick(self, period: float) -> float:
+        """The first multiple of `period` after the trace's first submission that is not past."""
+        origin = self.timeline.origin
+        return origin + math.ceil((self.now - origin) / period) * period
 
     def _count_shape(self, job: SimJob) -> None:
         """Count an eligible pending job under its shape (what `_fitting_shapes` looks at)."""
@@ -401,7 +431,7 @@ class Simulator:
         self.usage.change_rate(trace.user, now, -trace.gpus)
         self.timeline.add_busy(job.start, now, trace.gpus)
         job.finish_token = -1
-        self.changed = True
+        self._touch()
         return length
 
     def _finish(self, job: SimJob, now: float) -> None:
@@ -506,17 +536,26 @@ class Simulator:
         self.stats.decide_calls += 1
         decisions = self.policy.decide(snapshot, self.params, self.rng)
         self._apply(decisions, views, now)
-        self.changed = True
+        self._touch()
 
     def _snapshot(self, at: float) -> tuple[Snapshot, dict[int, Job]]:
         views: dict[int, Job] = {}
+        new, set_dict = object.__new__, object.__setattr__
         for job_id, job in self.active.items():
             if job.state == PENDING:
                 if job.trace.submit > at:
                     continue  # submitted after the (deferred) cycle's instant
-                view = job.pending_view or self._pending_view(job)
-            else:
-                view = self._running_view(job, at)
+                views[job_id] = job.pending_view or self._pending_view(job)
+                continue
+            # A running job: a copy of its frozen per-run view with the two fields that move
+            # with time (dataclasses.replace re-runs __init__ over every field, which would
+            # dominate the cycle at scale).
+            fields = (job.running_base or self._running_base(job)).__dict__.copy()
+            elapsed = at - job.start if at > job.start else 0.0
+            fields["attained_gpu_s"] = job.attained + job.trace.gpus * elapsed
+            fields["last_run_s"] = elapsed
+            view = new(Job)
+            set_dict(view, "__dict__", fields)
             views[job_id] = view
         for node in self.dirty_nodes:
             self.node_views[node] = self._node_view(node)
@@ -555,23 +594,13 @@ class Simulator:
         job.pending_view = view
         return view
 
-    def _running_view(self, job: SimJob, at: float) -> Job:
-        base = job.running_base
-        if base is None:
-            base = Job(
-                state=JobState.RUNNING, start_time=job.start, attained_gpu_s=job.attained, placement=job.placement,
-                nodes=tuple(self.cluster.names[n] for n in job.nodes), **self._job_fields(job),
-            )
-            job.running_base = base
-        elapsed = max(0.0, at - job.start)
-        # A copy of the frozen base with the two fields that move with time (dataclasses.replace
-        # re-runs __init__ over every field, which dominates the snapshot at scale).
-        view = object.__new__(Job)
-        fields = view.__dict__
-        fields.update(base.__dict__)
-        fields["attained_gpu_s"] = job.attained + job.trace.gpus * elapsed
-        fields["last_run_s"] = elapsed
-        return view
+    def _running_base(self, job: SimJob) -> Job:
+        base = Job(
+            state=JobState.RUNNING, start_time=job.start, attained_gpu_s=job.attained, placement=job.placement,
+            nodes=tuple(self.cluster.names[n] for n in job.nodes), **self._job_fields(job),
+        )
+        job.running_base = base
+        return base
 
     def _node_view(self, node: int) -> Node:
         cluster = self.cluster
@@ -701,18 +730,55 @@ class Simulator:
                 self._push(now + wait, WAKE, None)
         return allowed, now - job.switch_wait_start < wait
 
-    def _schedule(self, now: float) -> None:
-        """One Slurm-like pass: priority order, backfill around the reservations of blocked jobs."""
+    def _ready_to_schedule(self) -> set[tuple[str, int, int, int]]:
+        """The fitting shapes; a deferred cycle is evaluated first when something could start."""
         if not self.pending_count:
-            return
+            return set()
         fitting = self._fitting_shapes()
-        if not fitting:
-            return
-        if self.deferred_cycle is not None:
+        if fitting and self.deferred_cycle is not None:
             self._evaluate_deferred()
             self.changed = False  # this pass sees the decisions
             fitting = self._fitting_shapes()
+        return fitting
+
+    def _main_pass(self, now: float) -> None:
+        """Slurm's main scheduler, run on events: priority order, and the first job that cannot
+        start blocks everything below it in its partition (only backfill may pass it)."""
+        fitting = self._ready_to_schedule()
+        if not fitting:
+            return
         self.stats.passes += 1
+        cluster = self.cluster
+        blocked_partitions: set[str] = set()
+        partitions = len({shape[0] for shape in self.pending_shapes})
+        tested = 0
+        for job in self._pending_in_order():
+            if tested >= self.settings.bf_max_job_test or len(blocked_partitions) >= partitions:
+                break
+            if job.eligible_at > now or job.trace.partition in blocked_partitions:
+                continue
+            tested += 1
+            shape = job.shape
+            allowed, single_leaf = self._constraints(job, now)
+            nodes = None
+            if shape in fitting:
+                _, gpus_per_node, cpus_per_node, count = shape
+                nodes = cluster.choose(cluster.candidates(allowed, gpus_per_node, cpus_per_node), count, single_leaf)
+            if nodes is None:
+                blocked_partitions.add(job.trace.partition)
+                continue
+            self._start(job, nodes, now)
+            fitting = self._fitting_shapes()
+            if not fitting:
+                break
+
+    def _backfill_pass(self, now: float) -> None:
+        """Slurm's backfill: priority order, blocked jobs get reservations by the running jobs'
+        time limits, and a lower job starts only where it delays none of them."""
+        fitting = self._ready_to_schedule()
+        if not fitting:
+            return
+        self.stats.backfill_passes += 1
         settings = self.settings
         cluster = self.cluster
         reservations = _Reservations(len(cluster))

@@ -34,4 +34,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # Command modules register themselves on `app`.
-from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd  # noqa: E402,F401
+from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd, replay_cmd  # noqa: E402,F401

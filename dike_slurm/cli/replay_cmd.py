@@ -1,0 +1,338 @@
+"""`dike-slurm replay`, `dike-slurm trace stats|generate` and `dike-slurm tune`: the offline side."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dike_slurm.accounting import read_sacct_file
+from dike_slurm.cli import app, console, err_console
+from dike_slurm.config import Config, load_config
+from dike_slurm.errors import ConfigError, InputError
+from dike_slurm.registry import default_registry
+from dike_slurm.sim.metrics import COMPARISON_HEADERS, comparison_rows
+from dike_slurm.sim.replay import PolicyRun, ReplayInput, ReplayTask, load_input, run_tasks, sim_settings, write_summary
+from dike_slurm.sim.report import render_report
+from dike_slurm.sim.simulator import SimSettings
+from dike_slurm.sim.stats import trace_stats
+from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
+from dike_slurm.sim.tune import candidate_quantiles, propose
+
+PROGRESS_AFTER_S = 3.0  # a progress bar appears only for replays slower than this
+SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")
+
+trace_app = typer.Typer(help="Look at or generate sacct dumps.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+class LazyProgress:
+    """A rich progress bar (on stderr) that shows up only once the work has taken a few seconds."""
+
+    def __init__(self, labels: list[str], total_jobs: int) -> None:
+        self.labels = labels
+        self.total = total_jobs
+        self.started = time.monotonic()
+        self.progress: Progress | None = None
+        self.tasks: dict[int, int] = {}
+        self.done: dict[int, int] = {}
+
+    def __call__(self, index: int, finished: int) -> None:
+        self.done[index] = finished
+        if self.progress is None:
+            if time.monotonic() - self.started < PROGRESS_AFTER_S:
+                return
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=err_console, transient=True,
+            )
+            self.progress.start()
+            for position, label in enumerate(self.labels):
+                self.tasks[position] = self.progress.add_task(label, total=self.total)
+        for position, count in self.done.items():
+            self.progress.update(self.tasks[position], completed=count)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _config(path: Path | None, overrides: dict) -> Config:
+    return load_config(path, overrides=overrides)
+
+
+def _workers(requested: int | None) -> int:
+    if requested is not None:
+        if requested < 1:
+            raise InputError("--workers must be at least 1")
+        return requested
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _out_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder: {exc.strerror}", source=str(path)) from None
+    return path
+
+
+def _parse_floats(text: str, option: str) -> list[float]:
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise InputError(f"{option} takes comma-separated numbers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise InputError(f"{option} values must be >= 0, got {text!r}")
+    return values
+
+
+def _print_input(replay_input: ReplayInput) -> None:
+    summary = replay_input.input_summary()
+    console.print(
+        f"[bold]{replay_input.dump}[/]: {summary['rows']} rows, {summary['jobs_in_dump']} jobs, "
+        f"{summary['jobs_replayed']} replayed on {summary['nodes']} nodes / {summary['gpus']} GPUs "
+        f"/ {summary['leaf_switches']} leaf switches",
+        highlight=False,
+    )
+    _print_reasons("skipped rows", summary["skipped_rows"])
+    _print_reasons("jobs not replayed", summary["jobs_not_replayed"])
+    _print_reasons("adjusted", summary["adjustments"])
+
+
+def _print_reasons(title: str, reasons: dict[str, int]) -> None:
+    if reasons:
+        details = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
+        console.print(f"  {title}: {details}", highlight=False, markup=False)
+
+
+def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
+    """The report's comparison table turned sideways (a column per policy) to fit a terminal."""
+    table = Table(title=title)
+    rows = comparison_rows((run.name, run.metrics.summary) for run in runs)
+    table.add_column("metric")
+    for row in rows:
+        table.add_column(row[0], justify="right")
+    for index, header in enumerate(COMPARISON_HEADERS[1:], start=1):
+        table.add_row(header, *(row[index] for row in rows))
+    return table
+
+
+def _check_policies(names: list[str]) -> list[str]:
+    if not names:
+        raise InputError("give at least one --policy (see `dike-slurm policies`)")
+    registry = default_registry()
+    for name in names:
+        registry.get(name)  # unknown names raise a RegistryError with the known ones
+    return list(dict.fromkeys(names))
+
+
+def _settings_section(settings: SimSettings) -> dict:
+    return {
+        "interval_s": settings.interval_s,
+        "comm_penalty": settings.comm_penalty,
+        "restart_cost_s": settings.restart_cost_s,
+        "seed": settings.seed,
+        "usage_half_life_h": settings.usage_half_life_s / 3600.0,
+        "max_switch_wait_s": settings.max_switch_wait_s,
+        "bf_max_job_test": settings.bf_max_job_test,
+        "bf_window_s": settings.bf_window_s,
+        "bf_interval_s": settings.bf_interval_s,
+        "backfill_reservations": settings.backfill_reservations,
+        "job_requeue": settings.requeueable,
+        "comm_gpus": settings.comm_gpus,
+    }
+
+
+@app.command("replay")
+def replay_command(
+    dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump (see docs/replay.md)"),
+    slurm_conf: Path = typer.Option(..., "--slurm-conf", help="the site's slurm.conf (NodeName lines with Gres)"),
+    topology: Path | None = typer.Option(None, "--topology", help="topology.conf (default: beside slurm.conf)"),
+    policy: list[str] = typer.Option([], "--policy", "-p", help="policy to replay (repeat for several)"),
+    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration ([replay], [policies.*])"),
+    comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
+    penalty_sweep: str = typer.Option("", "--penalty-sweep", help="also replay at these penalties, e.g. 0,0.5,2 (report table)"),
+    seed: int | None = typer.Option(None, "--seed", help="seed of the random generator handed to the policies"),
+    interval: float | None = typer.Option(None, "--interval", min=1, help="policy cycle in simulated seconds"),
+    workers: int | None = typer.Option(None, "--workers", help="replays run in parallel (default: 2 or the CPU count)"),
+    out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
+) -> None:
+    """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
+    names = _check_policies(policy)
+    overrides: dict = {"replay": {}}
+    if interval is not None:
+        overrides["replay"]["interval_s"] = interval
+    config = _config(config_path, overrides)
+    sweep = _parse_floats(penalty_sweep, "--penalty-sweep") if penalty_sweep else []
+    replay_input = load_input(dump, slurm_conf, topology)
+    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, seed=seed, source=str(slurm_conf))
+    out_dir = _out_dir(out)
+    _print_input(replay_input)
+    sweep = [v for v in dict.fromkeys(sweep) if v != settings.comm_penalty]
+    tasks = [ReplayTask(name, name, settings.comm_penalty, out_dir / f"jobs-{name}.csv") for name in names]
+    tasks += [ReplayTask(f"{name}@{value:g}", name, value) for value in sweep for name in names]
+    worker_count = _workers(workers)
+    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs))
+    try:
+        runs = run_tasks(tasks, replay_input, config, settings, workers=worker_count, on_progress=progress)
+    finally:
+        progress.close()
+    main_runs, sweep_runs = runs[: len(names)], runs[len(names) :]
+    penalty_table = _penalty_table(settings.comm_penalty, names, main_runs, sweep, sweep_runs)
+    extra = {"settings": _settings_section(settings)}
+    if sweep:
+        extra["comm_penalty_sweep"] = {
+            f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
+            for penalty, by_policy in penalty_table.items()
+        }
+    input_section = replay_input.input_summary()
+    write_summary(out_dir / "summary.json", input_section, main_runs, extra)
+    user_jobs: dict[str, int] = {}
+    for job in replay_input.trace.jobs:
+        user_jobs[job.user] = user_jobs.get(job.user, 0) + 1
+    penalties = sorted(penalty_table)
+    html = render_report(
+        input_section=input_section,
+        settings=extra["settings"],
+        runs=[(run.name, run.metrics) for run in main_runs],
+        user_jobs=user_jobs,
+        penalty_headers=["policy"] + [f"penalty {p:g}" for p in penalties] if sweep else [],
+        penalty_rows=[
+            [name] + [f"{penalty_table[p][name].metrics.summary['avg_jct_s'] / 3600:.2f}" for p in penalties]
+            for name in names
+        ] if sweep else [],
+        timings={run.name: run.wall_s for run in runs},
+    )
+    (out_dir / "report.html").write_text(html, encoding="utf-8")
+    console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
+    if sweep:
+        table = Table(title="average JCT (h) by communication penalty")
+        table.add_column("policy")
+        for penalty in penalties:
+            table.add_column(f"{penalty:g}", justify="right")
+        for name in names:
+            table.add_row(name, *(f"{penalty_table[p][name].metrics.summary['avg_jct_s'] / 3600:.2f}" for p in penalties))
+        console.print(table)
+    timing = ", ".join(f"{run.name} {run.wall_s:.1f}s" for run in runs)
+    console.print(f"replay time: {timing} ({worker_count} worker(s))", highlight=False)
+    console.print(f"report: {out_dir / 'report.html'}", highlight=False)
+
+
+def _penalty_table(
+    main_penalty: float, names: list[str], main_runs: list[PolicyRun], sweep: list[float], sweep_runs: list[PolicyRun]
+) -> dict[float, dict[str, PolicyRun]]:
+    """penalty -> policy -> run, the main runs included."""
+    table: dict[float, dict[str, PolicyRun]] = {main_penalty: dict(zip(names, main_runs))}
+    for index, run in enumerate(sweep_runs):
+        table.setdefault(sweep[index // len(names)], {})[names[index % len(names)]] = run
+    return table
+
+
+@trace_app.command("stats")
+def trace_stats_command(
+    dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump"),
+    as_json: bool = typer.Option(False, "--json", help="print the statistics as JSON"),
+) -> None:
+    """Jobs, GPU jobs, users, GPU-hours, sizes, run times and skipped rows of a dump."""
+    stats = trace_stats(read_sacct_file(dump))
+    if as_json:
+        console.print_json(json.dumps(stats))
+        return
+    table = Table(title=f"trace stats: {dump}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key in ("rows", "records", "jobs", "gpu_jobs", "cpu_only_jobs", "never_started", "requeued_jobs",
+                "array_tasks", "users", "accounts", "gpu_hours", "span_days"):
+        table.add_row(key.replace("_", " "), str(stats[key]))
+    for key in ("skipped_rows", "final_states", "gpus_per_job", "run_time_hours", "gpu_hours_per_job"):
+        value = stats[key]
+        table.add_row(key.replace("_", " "), ", ".join(f"{k}: {v}" for k, v in value.items()) or "-")
+    top = ", ".join(f"{u['user']} {u['gpu_hours']} ({u['share']:.0%})" for u in stats["top_users_by_gpu_hours"])
+    table.add_row("top users (GPU-h)", top or "-")
+    console.print(table, markup=False, highlight=False)
+
+
+@trace_app.command("generate")
+def trace_generate_command(
+    out: Path = typer.Option(..., "--out", help="folder for sacct.txt, slurm.conf and topology.conf"),
+    jobs: int = typer.Option(2500, "--jobs", min=1, help="jobs to generate"),
+    nodes: int = typer.Option(16, "--nodes", min=1, help="nodes of the cluster"),
+    nodes_per_leaf: int = typer.Option(4, "--nodes-per-leaf", min=1, help="nodes under each leaf switch"),
+    users: int = typer.Option(30, "--users", min=1, help="users submitting"),
+    load: float = typer.Option(1.0, "--load", min=0.01, help="offered GPU load (fraction of the cluster)"),
+    seed: int = typer.Option(0, "--seed", help="random seed (same seed, same files)"),
+) -> None:
+    """Write a synthetic deep-learning workload (docs/workload.md) as a sacct dump plus its cluster."""
+    try:
+        cluster = ClusterSpec(nodes=nodes, nodes_per_leaf=nodes_per_leaf)
+        model = replace(WorkloadModel(), n_users=users, target_load=load)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    try:
+        generate_sample(_out_dir(out), jobs, cluster, model, seed)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
+    console.print(f"wrote {out / 'sacct.txt'}, {out / 'slurm.conf'}, {out / 'topology.conf'}", highlight=False)
+
+
+@app.command("tune")
+def tune_command(
+    dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump"),
+    slurm_conf: Path = typer.Option(..., "--slurm-conf", help="the site's slurm.conf"),
+    topology: Path | None = typer.Option(None, "--topology", help="topology.conf (default: beside slurm.conf)"),
+    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration"),
+    quantiles: list[str] = typer.Option([], "--quantiles", help="a candidate, e.g. 0.5,0.75 (repeat; default: four sets)"),
+    baseline: list[str] = typer.Option(["fifo"], "--baseline", help="policies replayed for comparison"),
+    comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0),
+    workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
+) -> None:
+    """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
+    config = _config(config_path, {})
+    dike = config.policy_params("dike")
+    levels = dike.levels  # type: ignore[attr-defined]
+    candidates = [tuple(_parse_floats(text, "--quantiles")) for text in quantiles] or candidate_quantiles(levels)
+    for candidate in candidates:
+        if len(candidate) != levels - 1 or any(not 0 < q < 1 for q in candidate) or list(candidate) != sorted(set(candidate)):
+            raise ConfigError(f"--quantiles {candidate}: need {levels - 1} ascending values in (0, 1) for {levels} levels")
+    replay_input = load_input(dump, slurm_conf, topology)
+    _print_input(replay_input)
+    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, source=str(slurm_conf))
+    proposals = [propose(replay_input.trace.jobs, candidate) for candidate in candidates]
+    baselines = _check_policies(baseline) if baseline else []
+    tasks = [ReplayTask(name, name, settings.comm_penalty) for name in baselines]
+    tasks.append(ReplayTask("dike (configured)", "dike", settings.comm_penalty))
+    tasks += [
+        ReplayTask(p.label, "dike", settings.comm_penalty, params_override={"thresholds_gpuh": list(p.thresholds_gpuh)})
+        for p in proposals
+    ]
+    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs))
+    try:
+        runs = run_tasks(tasks, replay_input, config, settings, workers=_workers(workers), on_progress=progress)
+    finally:
+        progress.close()
+    table = _comparison_table(runs, "Dike thresholds by replay")
+    console.print(table)
+    threshold_table = Table(title="proposed thresholds (GPU-hours)")
+    threshold_table.add_column("candidate")
+    threshold_table.add_column("thresholds_gpuh", justify="right")
+    for proposal in proposals:
+        threshold_table.add_row(proposal.label, ", ".join(f"{t:g}" for t in proposal.thresholds_gpuh))
+    console.print(threshold_table)
+    candidate_runs = runs[len(baselines) + 1 :]
+    best_index = min(range(len(proposals)), key=lambda i: (candidate_runs[i].metrics.summary["avg_jct_s"], i))
+    best, best_run = proposals[best_index], candidate_runs[best_index]
+    configured = runs[len(baselines)]
+    gain = configured.metrics.summary["avg_jct_s"] / best_run.metrics.summary["avg_jct_s"] if best_run.metrics.summary["avg_jct_s"] else 1.0
+    console.print(
+        f"best average JCT: {best.label} ({gain:.2f}x the configured Dike); to use it:\n"
+        f"[policies.dike]\nthresholds_gpuh = [{', '.join(f'{t:g}' for t in best.thresholds_gpuh)}]",
+        highlight=False,
+        markup=False,
+    )
