@@ -1,0 +1,299 @@
+"""The simulator on hand-built tiny traces whose outcome is known by hand."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from pydantic import Field
+
+from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.model import JobState, Placement, Snapshot, Topology
+from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
+from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.registry import default_registry
+from dike_slurm.sim.cluster import SimCluster
+from dike_slurm.sim.simulator import JobResult, SimSettings, Simulator, Timeline
+from dike_slurm.sim.trace import TraceJob
+
+ONE_NODE = "NodeName=n1 Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n"
+FOUR_NODES = "NodeName=n[1-4] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-4] Default=YES\n"
+TWO_LEAVES = "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\nSwitchName=top Switches=s[1-2]\n"
+
+
+def job(job_id, submit, gpus, duration, limit=None, nodes=1, user="alice", **extra) -> TraceJob:
+    fields = dict(
+        job_id=job_id, display_id=str(job_id), user=user, account="research", partition="gpu", qos="normal",
+        name=f"job{job_id}", comment="", submit=float(submit), eligible_delay_s=0.0, duration_s=float(duration),
+        time_limit_s=limit, gpus=gpus, num_nodes=nodes, cpus=nodes,
+    )
+    fields.update(extra)
+    return TraceJob(**fields)
+
+
+class Recorder:
+    def __init__(self):
+        self.results: dict[int, JobResult] = {}
+
+    def __call__(self, result: JobResult) -> None:
+        self.results[result.job_id] = result
+
+
+def simulate(trace, policy=None, params=None, conf=ONE_NODE, topology="", **settings) -> tuple[dict[int, JobResult], Simulator]:
+    """Replay `trace` (FIFO unless a policy is given); results by job id, and the simulator."""
+    cluster = SimCluster(parse_slurm_conf(conf), parse_topology_conf(topology) if topology else Topology())
+    if policy is None:
+        policy = default_registry().create("fifo")
+        params = policy.Params()
+    recorder = Recorder()
+    trace = sorted(trace, key=lambda j: (j.submit, j.job_id))
+    simulator = Simulator(
+        trace, cluster, policy, params, SimSettings(**settings), Timeline(origin=trace[0].submit, width=60.0), recorder
+    )
+    simulator.run()
+    return recorder.results, simulator
+
+
+# ----------------------------------------------------------------------------- policies for tests
+
+class ConsolidateParams(PolicyParams):
+    wait_s: int = 60
+
+
+class Consolidate(Policy):
+    """FIFO, and every pending job of 16 GPUs or more asks for one leaf switch."""
+
+    name = "test-consolidate"
+    description = "test"
+    Params = ConsolidateParams
+
+    def decide(self, snapshot, params, rng):
+        ranked = sorted(snapshot.pending + snapshot.running, key=lambda j: (j.submit_time, j.job_id))
+        priorities = tuple(SetPriority(j.job_id, 0, float(len(ranked) - i), "fifo") for i, j in enumerate(ranked))
+        placements = tuple(
+            SetPlacement(j.job_id, Placement(max_switches=1, switches_wait_s=params.wait_s), "consolidate")
+            for j in snapshot.pending if j.gpus >= 16
+        )
+        return Decisions(priorities, placements)
+
+
+class PreemptParams(PolicyParams):
+    preemption: bool = True  # the simulator evaluates every cycle of a policy that may requeue
+    min_runtime_s: float = Field(50.0)
+
+
+class LeastServedPreempting(Policy):
+    """Least attained service first; requeues running jobs once when a job that never ran waits."""
+
+    name = "test-preempt"
+    description = "test"
+    Params = PreemptParams
+
+    def __init__(self):
+        self.snapshots: list[Snapshot] = []
+
+    def decide(self, snapshot, params, rng):
+        self.snapshots.append(snapshot)
+        active = snapshot.pending + snapshot.running
+        priorities = tuple(
+            SetPriority(j.job_id, 0, -j.counted_gpu_s, "las", promoted=j.state is JobState.PENDING and j.preemptions > 0)
+            for j in active
+        )
+        requeues = ()
+        if any(j.run_count == 0 for j in snapshot.pending):
+            requeues = tuple(
+                Requeue(j.job_id, "make room for a new job")
+                for j in snapshot.running
+                if j.preemptions == 0 and snapshot.time - j.start_time >= params.min_runtime_s
+            )
+        return Decisions(priorities, (), requeues)
+
+
+class Exclude(Policy):
+    """FIFO, and job 2 may not use node n1."""
+
+    name = "test-exclude"
+    description = "test"
+
+    def decide(self, snapshot, params, rng):
+        ranked = sorted(snapshot.pending + snapshot.running, key=lambda j: (j.submit_time, j.job_id))
+        priorities = tuple(SetPriority(j.job_id, 0, float(len(ranked) - i), "fifo") for i, j in enumerate(ranked))
+        placements = tuple(
+            SetPlacement(j.job_id, Placement(exclude_nodes=("n1",)), "steer") for j in snapshot.pending if j.job_id == 2
+        )
+        return Decisions(priorities, placements)
+
+
+# ----------------------------------------------------------------------------- scheduling
+
+
+def test_fifo_runs_jobs_in_submit_order():
+    results, _ = simulate([job(1, 0, 8, 100), job(3, 2, 8, 100), job(2, 1, 8, 100)])
+    assert [(r.start, r.end) for r in (results[1], results[2], results[3])] == [(0, 100), (100, 200), (200, 300)]
+    assert results[3].wait_s == 198 and results[3].jct_s == 298
+
+
+def test_short_job_backfills_into_the_hole_and_long_ones_do_not():
+    trace = [
+        job(1, 0, 4, 1000, limit=1000),  # holds half the node until t=1000
+        job(2, 1, 8, 100, limit=100),  # blocked: reserved to start at t=1000
+        job(3, 2, 4, 300, limit=500),  # fits before t=1000: backfilled at the first backfill pass
+        job(4, 3, 4, 100, limit=2000),  # would delay job 2: waits
+        job(5, 4, 4, 100, limit=None),  # unlimited: nothing can be promised past it, never backfilled
+    ]
+    results, simulator = simulate(trace)
+    assert results[3].start == 30  # bf_interval after the first submission
+    assert results[2].start == 1000 and results[2].end == 1100
+    assert results[4].start >= 1100 and results[5].start >= 1100
+    assert simulator.stats.reservations > 0
+
+
+def test_without_reservations_big_jobs_starve_behind_backfill():
+    trace = [job(1, 0, 4, 1000, limit=1000), job(2, 1, 8, 100, limit=100), job(3, 2, 4, 100, limit=2000)]
+    results, _ = simulate(trace, backfill_reservations=0)
+    assert results[3].start == 30 and results[2].start == 1000  # job 3 ends at 130: no harm here
+    trace.append(job(4, 3, 4, 5000, limit=5000))
+    results, _ = simulate(trace, backfill_reservations=0)
+    assert results[2].start > 1000  # nothing held the node for job 2
+
+
+def test_running_unlimited_job_lets_nothing_be_reserved():
+    trace = [job(1, 0, 4, 1000, limit=None), job(2, 1, 8, 100, limit=100), job(3, 2, 4, 100, limit=3000)]
+    results, simulator = simulate(trace)
+    assert results[3].start == 30  # no reservation could be made for job 2 (its start is unknown)
+    assert results[2].start == 1000
+    assert simulator.stats.reservations == 0
+
+
+def test_eligible_time_is_honoured():
+    results, _ = simulate([job(1, 0, 1, 10), job(2, 5, 1, 10, eligible_delay_s=300.0)])
+    assert results[2].start == 305
+
+
+def test_multi_node_jobs_take_whole_shares_and_wait_for_them():
+    trace = [job(1, 0, 4, 100), job(2, 1, 16, 50, nodes=2), job(3, 2, 8, 10)]
+    results, _ = simulate(trace, conf="NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n")
+    assert results[2].start == 100 and results[2].end == 150  # needs 8 free GPUs on both nodes
+    # The main scheduler stops at blocked job 2; the next backfill pass starts job 3 on the free node
+    # (job 1 has no time limit, so nothing can be reserved for job 2).
+    assert results[3].start == 30
+
+
+def test_exclude_nodes_are_never_used():
+    two_nodes = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n"
+    trace = [job(1, 0, 4, 100), job(2, 60, 4, 100), job(3, 60, 8, 100)]
+    results, _ = simulate(trace, conf=two_nodes)
+    assert results[3].start == 60  # job 2 took the rest of n1 (first fit), n2 was free for job 3
+    results, _ = simulate(trace, policy=Exclude(), params=PolicyParams(), conf=two_nodes)
+    assert results[2].start == 60 and results[3].start == 100  # job 2 kept off n1 took half of n2
+
+
+# ----------------------------------------------------------------------------- topology and communication
+
+
+def spread_trace(heavy_submit=1):
+    """n1 and n3 busy for 1000 s, so a two-node job gets one node under each leaf switch."""
+    return [
+        job(1, 0, 8, 1000, limit=1000),  # leaves tie: the first (s1) -> n1
+        job(2, 0, 8, 1000, limit=1000),  # s2 has the most free nodes -> n3
+        job(3, heavy_submit, 16, 100, nodes=2, limit=200),
+    ]
+
+
+@pytest.mark.parametrize("penalty, run_time", [(0.0, 100), (0.5, 150), (1.0, 200), (2.35, 335)])
+def test_comm_penalty_when_a_heavy_job_is_spread(penalty, run_time):
+    results, _ = simulate(spread_trace(), conf=FOUR_NODES, topology=TWO_LEAVES, comm_penalty=penalty)
+    heavy = results[3]
+    assert heavy.leaves == 2 and not heavy.consolidated
+    assert heavy.start == 1 and heavy.end - heavy.start == pytest.approx(run_time)
+    assert heavy.gpu_seconds == pytest.approx(16 * run_time)
+
+
+def test_no_penalty_when_consolidated_or_light():
+    results, _ = simulate([job(1, 0, 8, 1000), job(3, 1, 16, 100, nodes=2)], conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert results[3].leaves == 1 and results[3].consolidated and results[3].end == 101
+    tagged_light = [job(1, 0, 8, 1000), job(2, 0, 8, 1000), job(3, 1, 16, 100, nodes=2, comment="dike:comm=low")]
+    results, _ = simulate(tagged_light, conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert results[3].leaves == 2 and not results[3].heavy and results[3].end == 101
+
+
+def test_switches_wait_then_runs_anywhere():
+    # Submitted on a cycle boundary, so the constraint is set before the first scheduling try.
+    results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=30),
+                          conf=FOUR_NODES, topology=TWO_LEAVES, comm_penalty=1.0)
+    assert results[3].start == 90 and results[3].leaves == 2
+    # Slurm caps the wait at SchedulerParameters=max_switch_wait (default 300 s).
+    results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=3000),
+                          conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert results[3].start == 360
+    # With a long enough cap the job waits for a whole leaf (free at t=1000 when jobs 1 and 2 end).
+    results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=3000),
+                          conf=FOUR_NODES, topology=TWO_LEAVES, max_switch_wait_s=5000)
+    assert results[3].start == 1000 and results[3].leaves == 1 and results[3].consolidated
+
+
+def test_switches_are_ignored_without_a_topology():
+    results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=3000), conf=FOUR_NODES)
+    assert results[3].start == 60
+
+
+# ----------------------------------------------------------------------------- preemption, promotion, snapshots
+
+
+def test_preemption_requeues_with_restart_cost_and_keeps_service():
+    policy = LeastServedPreempting()
+    trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
+    results, simulator = simulate(trace, policy, PreemptParams(), restart_cost_s=60.0)
+    first, second = results[1], results[2]
+    assert second.start == 120 and second.end == 220  # job 1 requeued at the cycle of t=120
+    assert first.preemptions == 1 and simulator.stats.preemptions == 1
+    assert first.end == 220 + 60 + 880  # restart cost, then the 880 s of work left
+    assert first.gpu_seconds == 8 * (120 + 940)
+    requeued = next(
+        j for s in policy.snapshots if s.time > 120 for j in s.jobs if j.job_id == 1 and j.state is JobState.PENDING
+    )
+    assert requeued.attained_gpu_s == 8 * 120 and requeued.preemptions == 1 and requeued.run_count == 1
+    assert requeued.pending_since == 120
+    # Promoted at t=180 (the policy promotes requeued pending jobs): the service so far is forgiven.
+    after = [j for s in policy.snapshots if s.time > 180 for j in s.jobs if j.job_id == 1]
+    assert after and after[0].state is JobState.RUNNING and after[0].attained_at_promotion_gpu_s == 8 * 120
+    assert results[3].start == first.end  # job 3 (never run, same score 0) comes after job 1 by submit time
+
+
+def test_snapshot_contents():
+    policy = LeastServedPreempting()
+    trace = [
+        job(1, 0, 2, 500, user="alice"), job(2, 0, 8, 5000, user="bob"), job(3, 10, 8, 100, user="carol"),
+        job(4, 550, 8, 100, user="dave"),
+    ]
+    two_nodes = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n"
+    simulate(trace, policy, PreemptParams(min_runtime_s=1e9), conf=two_nodes, usage_half_life_s=3600.0, history_jobs=1)
+    snapshot = next(s for s in policy.snapshots if s.time == 60)
+    running = {j.job_id: j for j in snapshot.running}
+    assert running[1].attained_gpu_s == 2 * 60 and running[1].last_run_s == 60 and running[1].nodes == ("n1",)
+    assert [j.job_id for j in snapshot.pending] == [3]
+    assert [n.gpus_alloc for n in snapshot.nodes] == [2, 8] and snapshot.total_gpus == 16
+    assert [n.state for n in snapshot.nodes] == ["MIXED", "ALLOCATED"]
+    # Decayed usage: alice's 2 GPUs over 60 s with a one-hour half-life.
+    import math
+
+    k = math.log(2) / 3600
+    assert snapshot.user_usage_gpu_s["alice"] == pytest.approx(2 * (1 - math.exp(-k * 60)) / k)
+    late = next(s for s in policy.snapshots if s.time == 600)  # jobs 1 and 3 have ended
+    assert late.completed_service_gpu_s == (8 * 100,)  # history_jobs=1: the last one only
+    assert all(j.true_duration_s is not None for j in late.jobs)
+
+
+def test_determinism_of_two_runs():
+    rng = random.Random(5)
+    trace = [
+        job(i, rng.randint(0, 5000), rng.choice([1, 2, 4, 8, 16]), rng.randint(30, 3000), limit=rng.choice([None, 3600, 7200]),
+            nodes=1, user=f"u{rng.randint(0, 4)}")
+        for i in range(1, 200)
+    ]
+    trace = [replace(j, num_nodes=2, cpus=2) if j.gpus == 16 else j for j in trace]
+    policy = default_registry().create("dike")
+    first, _ = simulate(trace, policy, policy.Params(), conf=FOUR_NODES, topology=TWO_LEAVES)
+    second, _ = simulate(trace, default_registry().create("dike"), policy.Params(), conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert list(first.values()) == list(second.values())
