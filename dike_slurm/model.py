@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -134,7 +135,7 @@ class Node:
     def gpus_free(self) -> int:
         return max(0, self.gpus - self.gpus_alloc) if self.available else 0
 
-    @property
+    @functools.cached_property  # read for every node by several policy helpers each cycle
     def available(self) -> bool:
         """Schedulable: not down, drained, or failing."""
         words = set(self.state.upper().replace("+", " ").split())
