@@ -49,8 +49,8 @@ class DikeParams(PolicyParams):
     fallback_thresholds_gpuh: list[float] | None = Field(
         None, description="thresholds while history is short; unset: 8^i GPU-hours (1, 8, 64, ...)"
     )
-    fairness_weight: float = Field(0.5, ge=0, description="weight of the owner's fair-share deficit")
-    wait_weight: float = Field(0.5, ge=0, description="weight of the time waiting")
+    fairness_weight: float = Field(0.8, ge=0, description="weight of the owner's fair-share factor 2^(-usage/share)")
+    wait_weight: float = Field(0.2, ge=0, description="weight of the time waiting")
     wait_scale_s: float = Field(3600.0, gt=0, description="wait at which the wait term reaches 1/2")
     fairness_by: Literal["user", "account"] = "user"
     promote_knob: float | None = Field(
@@ -147,8 +147,9 @@ class DikePolicy(Policy):
                 job, now, thresholds, params.promote_knob, params.max_wait_s
             )
             level_by_job[job.job_id] = level
-            deficit = shares[owner] - usage[owner]  # > 0: the owner got less than its share
-            fairness = (deficit + 1.0) / 2.0
+            # Slurm's classic fair-share factor 2^(-usage/share): 1 for an owner with no recent
+            # usage, 1/2 at exactly its share, falling fast beyond it.
+            fairness = 2.0 ** (-usage[owner] / shares[owner]) if shares[owner] > 0 else 0.0
             waited = job.waiting_s(now)
             wait = waited / (waited + params.wait_scale_s)
             mix = (params.fairness_weight * fairness + params.wait_weight * wait) / weight_total if weight_total else 0.0
