@@ -1,0 +1,142 @@
+"""`dike-slurm replay`, `trace stats|generate` and `tune` end to end, as a user runs them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dike_slurm.sim.metrics import JOB_CSV_COLUMNS, METRIC_KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "examples" / "sample"
+HOSTILE_USER = "<script>alert('x')</script>&amp;"
+REQUIRED_METRICS = {
+    "jobs", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_wait_s", "makespan_s", "gpu_utilization",
+    "avg_slowdown", "user_jain_index", "worst_user_slowdown", "preemptions", "heavy_consolidated_fraction",
+}
+
+
+def dike_slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"},
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    """A small generated cluster and dump, with one user renamed to a hostile string."""
+    folder = tmp_path_factory.mktemp("trace")
+    dike_slurm("trace", "generate", "--out", str(folder), "--jobs", "300", "--nodes", "8", "--seed", "3", "--load", "0.8")
+    dump = folder / "sacct.txt"
+    lines = dump.read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("|")
+    user_column = header.index("User")
+    victim = lines[1].split("|")[user_column]
+    renamed = [lines[0]] + [
+        "|".join(HOSTILE_USER if i == user_column and value == victim else value for i, value in enumerate(line.split("|")))
+        for line in lines[1:]
+    ]
+    dump.write_text("\n".join(renamed) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def replay_out(small_trace: Path, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("out") / "replay"
+    result = dike_slurm(
+        "replay", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"),
+        "--policy", "fifo", "--policy", "dike", "--penalty-sweep", "0,2", "--out", str(out),
+    )
+    return out, result
+
+
+def test_replay_writes_summary_jobs_and_report(replay_out):
+    out, result = replay_out
+    assert {p.name for p in out.iterdir()} == {"summary.json", "jobs-fifo.csv", "jobs-dike.csv", "report.html"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"input", "policies", "settings", "comm_penalty_sweep"}
+    assert list(summary["policies"]) == ["fifo", "dike"]
+    for metrics in summary["policies"].values():
+        assert REQUIRED_METRICS <= set(metrics) and list(metrics) == list(METRIC_KEYS)
+        assert metrics["jobs"] == summary["input"]["jobs_replayed"]
+    assert set(summary["comm_penalty_sweep"]) == {"0", "1", "2"}
+    assert summary["input"]["rows"] > 0 and "jobs_not_replayed" in summary["input"]
+    with (out / "jobs-dike.csv").open(encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert tuple(rows[0]) == JOB_CSV_COLUMNS and len(rows) - 1 == summary["policies"]["dike"]["jobs"]
+    assert "replay at comm penalty 1" in result.stdout and "report:" in result.stdout
+
+
+def test_report_has_the_table_the_plots_and_escapes_names(replay_out):
+    out, _ = replay_out
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert '<table id="comparison">' in html and '<table id="penalty">' in html
+    assert html.count("data:image/svg+xml;base64,") >= 5  # CDF, wait by size, users, utilisation, levels
+    assert "<script>" not in html
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;amp;" in html
+
+
+def test_replay_is_deterministic(small_trace, replay_out, tmp_path):
+    out, _ = replay_out
+    again = tmp_path / "again"
+    dike_slurm(
+        "replay", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"),
+        "--policy", "fifo", "--policy", "dike", "--penalty-sweep", "0,2", "--workers", "1", "--out", str(again),
+    )
+    assert (again / "summary.json").read_bytes() == (out / "summary.json").read_bytes()
+    assert (again / "jobs-dike.csv").read_bytes() == (out / "jobs-dike.csv").read_bytes()
+
+
+def test_trace_stats(small_trace):
+    result = dike_slurm("trace", "stats", str(small_trace / "sacct.txt"), "--json")
+    stats = json.loads(result.stdout)
+    assert stats["jobs"] == 300 and stats["gpu_jobs"] > 0 and stats["users"] > 1
+    assert sum(stats["gpus_per_job"].values()) == stats["gpu_jobs"]
+    table = dike_slurm("trace", "stats", str(SAMPLE / "sacct.txt")).stdout
+    assert "gpu hours" in table and "skipped rows" in table
+
+
+def test_tune_proposes_thresholds(small_trace):
+    result = dike_slurm(
+        "tune", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"),
+        "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99",
+    )
+    assert "[policies.dike]" in result.stdout and "thresholds_gpuh = [" in result.stdout
+    assert "dike q=0.5,0.75" in result.stdout and "dike (configured)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["replay", "missing.txt", "--slurm-conf", "examples/sample/slurm.conf", "--policy", "fifo", "--out", "{tmp}"],
+         "missing.txt: no such file"),
+        (["replay", "examples/sample/sacct.txt", "--slurm-conf", "nowhere.conf", "--policy", "fifo", "--out", "{tmp}"],
+         "nowhere.conf: cannot read"),
+        (["replay", "examples/sample/sacct.txt", "--slurm-conf", "examples/sample/slurm.conf", "--policy", "nope",
+          "--out", "{tmp}"], "unknown policy 'nope'"),
+        (["replay", "examples/sample/sacct.txt", "--slurm-conf", "examples/sample/slurm.conf", "--out", "{tmp}"],
+         "give at least one --policy"),
+        (["replay", "{bad_dump}", "--slurm-conf", "examples/sample/slurm.conf", "--policy", "fifo", "--out", "{tmp}"],
+         "sacct header lacks required column(s) User"),
+        (["tune", "examples/sample/sacct.txt", "--slurm-conf", "examples/sample/slurm.conf", "--quantiles", "0.9,0.5"],
+         "need 2 ascending values"),
+        (["trace", "stats", "{bad_dump}"], "bad.txt:1: sacct header lacks"),
+    ],
+)
+def test_bad_input_gives_one_line_and_no_traceback(args, message, tmp_path):
+    bad_dump = tmp_path / "bad.txt"
+    bad_dump.write_text("JobID|State|Submit|Start|End|AllocTRES\n1|COMPLETED|x|y|z|gres/gpu=1\n", encoding="utf-8")
+    args = [a.format(tmp=tmp_path / "out", bad_dump=bad_dump) for a in args]
+    result = dike_slurm(*args, check=False)
+    assert result.returncode in (1, 2), result.stderr  # RegistryError 1, InputError 2
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
