@@ -13,6 +13,7 @@ from dike_slurm.backends.simulated import SimulatedBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.errors import ConfigError
+from dike_slurm.sim.replay import load_input, run_policy, sim_settings
 from dike_slurm.state import StateStore
 
 
@@ -73,3 +74,14 @@ def test_the_simulated_backend_needs_a_trace_and_a_cluster(tmp_path):
     cfg = Config.model_validate({"slurm": {"backend": "simulated"}})
     with pytest.raises(ConfigError, match="slurm.simulated_trace"):
         SimulatedBackend.from_config(cfg)
+
+
+def test_with_no_tolerance_the_engine_reproduces_the_replay_exactly(small_trace, tmp_path):
+    """The live engine and the replay call the same policy on the same snapshots: when the engine
+    rewrites every changed value (priority_tolerance = 0) the outcome is the replay's, bit for bit."""
+    cfg = config(small_trace, tmp_path / "state.sqlite")
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"priority_tolerance": 0.0})})
+    backend, _ = run_to_the_end(cfg, apply=True)
+    replay_input = load_input(small_trace / "sacct.txt", small_trace / "slurm.conf", None)
+    replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
+    assert backend.summary() == replayed.metrics.summary
