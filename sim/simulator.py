@@ -123,7 +123,7 @@ class SimStats:
     backfill_passes: int = 0  # backfill passes (every bf_interval when something changed)
     cycles: int = 0  # policy cycles due (every interval while jobs wait)
     decide_calls: int = 0
-    deferred_cycles: int = 0  # cycles not evaluated: nothing pending could have started
+    postponed_cycles: int = 0  # cycles at which no waiting job could start (evaluated later)
     starts: int = 0
     preemptions: int = 0
     reservations: int = 0
@@ -245,7 +245,7 @@ class Simulator:
         self.cycle_armed = False
         self.backfill_armed = False
         self.backfill_due = False
-        self.deferred_cycle: float | None = None
+        self.postponed_cycle: float | None = None  # due time of a cycle waiting to be evaluated
         self.changed = False  # something happened since the last main pass
         self.backfill_changed = False  # ... since the last backfill pass
         self.usage = DecayedUsage(settings.usage_half_life_s)
@@ -270,8 +270,6 @@ class Simulator:
             batch = []
             while events and events[0][0] == now:
                 batch.append(heapq.heappop(events))
-            if self.deferred_cycle is not None and batch[0][1] == FINISH and self._finishes_make_room(batch):
-                self._evaluate_deferred()  # the deferred cycle's snapshot still shows these runs
             self.now = now
             while batch:
                 for _, kind, token, job in batch:
@@ -313,19 +311,6 @@ class Simulator:
             return
         self.backfill_due = True
         self._push(now + self.settings.bf_interval_s, BACKFILL, None)
-
-    def _finishes_make_room(self, batch: list[tuple[float, int, int, SimJob | None]]) -> bool:
-        """Whether the runs ending in this batch free enough for some pending job (tried, undone)."""
-        ending = [job for _, kind, token, job in batch if kind == FINISH and job is not None and job.finish_token == token]
-        cluster = self.cluster
-        for job in ending:
-            cluster.release(job.nodes, job.trace.gpus_per_node, job.trace.cpus_per_node)
-        self.fit_cache.clear()
-        room = bool(self._fitting_shapes())
-        for job in ending:
-            cluster.allocate(job.nodes, job.trace.gpus_per_node, job.trace.cpus_per_node)
-        self.fit_cache.clear()
-        return room
 
     def _push(self, time: float, kind: int, job: SimJob | None) -> int:
         self.sequence += 1
@@ -512,27 +497,34 @@ class Simulator:
     # ------------------------------------------------------------------ policy cycles
 
     def _cycle(self, now: float) -> None:
+        """A policy cycle is due. It is evaluated now if one of the jobs waiting now could start
+        (or the policy may requeue); otherwise it is postponed until one could, as until then its
+        decisions would change nothing the scheduler does for those jobs."""
         if not self.pending_count:
             self.cycle_armed = False
             return
         self.stats.cycles += 1
         self._push(now + self.settings.interval_s, CYCLE, None)
-        if not self.may_requeue and not self._fitting_shapes():
-            self.deferred_cycle = now
-            self.stats.deferred_cycles += 1
-            return
-        self.deferred_cycle = None
-        self._evaluate(now, now)
+        self.postponed_cycle = now
+        if self.may_requeue or self._waiting_job_could_start(self._fitting_shapes()):
+            self._evaluate(now)
+        else:
+            self.stats.postponed_cycles += 1
 
-    def _evaluate_deferred(self) -> None:
-        when = self.deferred_cycle
-        self.deferred_cycle = None
-        assert when is not None
-        self._evaluate(when, self.now if self.now > when else when)
+    def _waiting_job_could_start(self, fitting: set[tuple[str, int, int, int]]) -> bool:
+        """Whether an eligible job already waiting when the postponed cycle fell due fits now."""
+        if not fitting:
+            return False
+        due, now = self.postponed_cycle, self.now
+        for job in self._pending_in_order():
+            if job.shape in fitting and job.trace.submit <= due and job.eligible_at <= now:  # type: ignore[operator]
+                return True
+        return False
 
-    def _evaluate(self, at: float, now: float) -> None:
-        """Run the policy on the snapshot of time `at` and apply its decisions at `now`."""
-        snapshot, views = self._snapshot(at)
+    def _evaluate(self, now: float) -> None:
+        """Run the policy on a snapshot of this instant and apply its decisions."""
+        self.postponed_cycle = None
+        snapshot, views = self._snapshot(now)
         self.stats.decide_calls += 1
         decisions = self.policy.decide(snapshot, self.params, self.rng)
         self._apply(decisions, views, now)
@@ -543,8 +535,6 @@ class Simulator:
         new, set_dict = object.__new__, object.__setattr__
         for job_id, job in self.active.items():
             if job.state == PENDING:
-                if job.trace.submit > at:
-                    continue  # submitted after the (deferred) cycle's instant
                 views[job_id] = job.pending_view or self._pending_view(job)
                 continue
             # A running job: a copy of its frozen per-run view with the two fields that move
@@ -731,12 +721,12 @@ class Simulator:
         return allowed, now - job.switch_wait_start < wait
 
     def _ready_to_schedule(self) -> set[tuple[str, int, int, int]]:
-        """The fitting shapes; a deferred cycle is evaluated first when something could start."""
+        """The fitting shapes; a postponed cycle is evaluated first if a job it covers could start."""
         if not self.pending_count:
             return set()
         fitting = self._fitting_shapes()
-        if fitting and self.deferred_cycle is not None:
-            self._evaluate_deferred()
+        if self.postponed_cycle is not None and self._waiting_job_could_start(fitting):
+            self._evaluate(self.now)
             self.changed = False  # this pass sees the decisions
             fitting = self._fitting_shapes()
         return fitting
