@@ -94,7 +94,6 @@ class ReplaySettings(_Section):
     backfill_reservations: int = Field(
         16, ge=0, description="blocked jobs that get a backfill reservation per scheduling pass"
     )
-    history_jobs: int = Field(2000, ge=1, description="finished jobs whose GPU service the snapshot carries")
 
 
 class Config(_Section):

@@ -108,7 +108,7 @@ def sim_settings(
         seed=replay.seed if seed is None else seed,
         usage_half_life_s=config.accounting.usage_half_life_h * 3600.0,
         user_shares=dict(config.accounting.user_shares),
-        history_jobs=replay.history_jobs,
+        history_window_s=config.accounting.lookback_days * 86400.0,
         max_switch_wait_s=max_switch_wait,
         bf_max_job_test=_int_parameter(parameters, "bf_max_job_test", DEFAULT_BF_MAX_JOB_TEST, source),
         bf_window_s=60.0 * _int_parameter(parameters, "bf_window", DEFAULT_BF_WINDOW_MIN, source),

@@ -46,7 +46,7 @@ class SimSettings:
     seed: int = 0
     usage_half_life_s: float = 168 * 3600.0
     user_shares: Mapping[str, float] = field(default_factory=dict)
-    history_jobs: int = 2000  # finished jobs whose GPU service the snapshot carries
+    history_window_s: float = 30 * 86400.0  # finished jobs whose GPU service the snapshot carries
     max_switch_wait_s: int = 300  # SchedulerParameters=max_switch_wait (Slurm's default 300)
     bf_max_job_test: int = 500  # SchedulerParameters=bf_max_job_test
     bf_window_s: float = 86400.0  # SchedulerParameters=bf_window (1440 minutes)
@@ -249,7 +249,10 @@ class Simulator:
         self.changed = False  # something happened since the last main pass
         self.backfill_changed = False  # ... since the last backfill pass
         self.usage = DecayedUsage(settings.usage_half_life_s)
-        self.history: deque[float] = deque()
+        # Usage is kept per owner as the live engine keeps it: by account when the policy's
+        # fairness is by account.
+        self.usage_by_account = getattr(params, "fairness_by", "user") == "account"
+        self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
         self.history_sorted: list[float] = []
         self.history_view: tuple[float, ...] = ()
         self.node_views: list[Node] = list(cluster.nodes)
@@ -399,7 +402,7 @@ class Simulator:
         self._occupy_slots(nodes, gpus_per_node, job.planned_end)
         self.dirty_nodes.update(nodes)
         self.fit_cache.clear()
-        self.usage.change_rate(trace.user, now, trace.gpus)
+        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, trace.gpus)
         self.stats.starts += 1
 
     def _stop_run(self, job: SimJob, now: float) -> float:
@@ -413,7 +416,7 @@ class Simulator:
         self._free_slots(job.nodes, trace.gpus_per_node, job.planned_end)
         self.dirty_nodes.update(job.nodes)
         self.fit_cache.clear()
-        self.usage.change_rate(trace.user, now, -trace.gpus)
+        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -trace.gpus)
         self.timeline.add_busy(job.start, now, trace.gpus)
         job.finish_token = -1
         self._touch()
@@ -460,12 +463,17 @@ class Simulator:
         self._enter_pending(job)
 
     def _remember_service(self, gpu_seconds: float) -> None:
-        self.history.append(gpu_seconds)
+        self.history.append((self.now, gpu_seconds))
         bisect.insort(self.history_sorted, gpu_seconds)
-        if len(self.history) > self.settings.history_jobs:
-            oldest = self.history.popleft()
-            del self.history_sorted[bisect.bisect_left(self.history_sorted, oldest)]
         self.history_view = ()
+
+    def _forget_old_history(self, now: float) -> None:
+        """Jobs that ended more than the history window ago leave the snapshot's history."""
+        horizon = now - self.settings.history_window_s
+        while self.history and self.history[0][0] < horizon:
+            _, oldest = self.history.popleft()
+            del self.history_sorted[bisect.bisect_left(self.history_sorted, oldest)]
+            self.history_view = ()
 
     # ------------------------------------------------------------------ GPU slots (for planning)
 
@@ -550,6 +558,7 @@ class Simulator:
         for node in self.dirty_nodes:
             self.node_views[node] = self._node_view(node)
         self.dirty_nodes.clear()
+        self._forget_old_history(at)
         if not self.history_view and self.history_sorted:
             self.history_view = tuple(self.history_sorted)
         snapshot = Snapshot(

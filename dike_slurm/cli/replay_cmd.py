@@ -140,6 +140,7 @@ def _settings_section(settings: SimSettings) -> dict:
         "restart_cost_s": settings.restart_cost_s,
         "seed": settings.seed,
         "usage_half_life_h": settings.usage_half_life_s / 3600.0,
+        "history_window_days": settings.history_window_s / 86400.0,
         "max_switch_wait_s": settings.max_switch_wait_s,
         "bf_max_job_test": settings.bf_max_job_test,
         "bf_window_s": settings.bf_window_s,

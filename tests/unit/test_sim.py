@@ -268,7 +268,7 @@ def test_snapshot_contents():
         job(4, 550, 8, 100, user="dave"),
     ]
     two_nodes = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n"
-    simulate(trace, policy, PreemptParams(min_runtime_s=1e9), conf=two_nodes, usage_half_life_s=3600.0, history_jobs=1)
+    simulate(trace, policy, PreemptParams(min_runtime_s=1e9), conf=two_nodes, usage_half_life_s=3600.0, history_window_s=50.0)
     snapshot = next(s for s in policy.snapshots if s.time == 60)
     running = {j.job_id: j for j in snapshot.running}
     assert running[1].attained_gpu_s == 2 * 60 and running[1].last_run_s == 60 and running[1].nodes == ("n1",)
@@ -281,7 +281,7 @@ def test_snapshot_contents():
     k = math.log(2) / 3600
     assert snapshot.user_usage_gpu_s["alice"] == pytest.approx(2 * (1 - math.exp(-k * 60)) / k)
     late = next(s for s in policy.snapshots if s.time == 600)  # jobs 1 and 3 have ended
-    assert late.completed_service_gpu_s == (8 * 100,)  # history_jobs=1: the last one only
+    assert late.completed_service_gpu_s == (8 * 100,)  # job 1 ended at 500, outside the 50 s window
     assert all(j.true_duration_s is not None for j in late.jobs)
 
 
