@@ -139,6 +139,22 @@ class RevertPlan:
     released: tuple[tuple[int, JobField, str], ...]  # (job, field, why) let go without a write
 
 
+@dataclass
+class _JobContext:
+    """One job while a cycle is diffed (mutable: the order pass may decide it needs a write)."""
+
+    job: Job
+    decision: SetPriority | None
+    owned: Mapping[JobField, OwnedField]
+    remembered: JobMemory | None
+    value_now: int | None
+    wanted: int | None
+    exempt: bool
+    hands_off: set[JobField]
+    hands_off_reason: str
+    needed: bool
+
+
 def in_scope(job: Job, config: Config) -> bool:
     """Partition (every listed one), account and QOS all in the configured scope."""
     scope = config.scope
@@ -377,51 +393,63 @@ class Engine:
         rank = {job_id: i for i, job_id in enumerate(decisions.order())}
         priorities = {p.job_id: p for p in decisions.priorities}
         placements = {p.job_id: p for p in decisions.placements}
-        plans = []
+        contexts = []
         for job in snapshot.jobs:
             decision = priorities.get(job.job_id)
             owned = owned_all.get(job.job_id, {})
             remembered = memory.get(job.job_id)
-            level = decision.level if decision else None
-            reason = decision.reason if decision else "the policy gave no priority"
-            promoted = bool(decision and decision.promoted)
             value_now, _ = self._strategy_now(job, cluster, owned)
             wanted = None
             if decision is not None:
                 wanted = priority_value(decision.score, ceiling, span)
                 if self.strategy == "nice":
                     wanted = -wanted  # a negative nice adds to the priority, as SiteFactor does
-            placement_decision = placements.get(job.job_id)
-            placement_wanted = (
-                placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
-            )
-            common = dict(job=job, level=level, reason=reason, promoted=promoted, value_now=value_now,
-                          value_wanted=wanted, placement_wanted=placement_wanted)
-            if is_exempt(job, self.config):
-                plans.append(JobPlan(managed=False, note=f"exempt ({self.config.scope.exempt_tag} in comment)",
-                                     writes=(), **common))
-                continue
+            exempt = is_exempt(job, self.config)
             hands_off = set(remembered.hands_off) if remembered else set()
             hands_off_reason = remembered.hands_off_reason if remembered else ""
-            changed = self._user_changes(job, owned, hands_off)
+            changed = None if exempt else self._user_changes(job, owned, hands_off)
             if changed:
                 hands_off |= changed[0]
                 hands_off_reason = changed[1]
-            writes = []
-            priority_write = self._priority_write(
-                job, decision, wanted, value_now, tolerance, cluster, owned, remembered, hands_off, rank
+            needed = (
+                not exempt
+                and self._priority_needed(job, decision, wanted, value_now, tolerance, owned, remembered, hands_off)
             )
+            contexts.append(_JobContext(job, decision, owned, remembered, value_now, wanted, exempt, hands_off,
+                                        hands_off_reason, needed))
+        self._keep_policy_order(contexts)
+        plans = []
+        for context in contexts:
+            job, decision = context.job, context.decision
+            placement_decision = placements.get(job.job_id)
+            common = dict(
+                job=job,
+                level=decision.level if decision else None,
+                reason=decision.reason if decision else "the policy gave no priority",
+                promoted=bool(decision and decision.promoted),
+                value_now=context.value_now,
+                value_wanted=context.wanted,
+                placement_wanted=(
+                    placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+                ),
+            )
+            if context.exempt:
+                plans.append(JobPlan(managed=False, note=f"exempt ({self.config.scope.exempt_tag} in comment)",
+                                     writes=(), **common))
+                continue
+            writes = []
+            priority_write = self._priority_write(context, cluster, rank)
             if priority_write is not None:
                 writes.append(priority_write)
             placement_write = self._placement_write(
-                job, placement_decision, owned, hands_off, rank.get(job.job_id, len(rank))
+                job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, len(rank))
             )
             if placement_write is not None:
                 writes.append(placement_write)
             plans.append(
-                JobPlan(managed=True, note=hands_off_reason, writes=tuple(writes),
-                        hands_off=tuple(sorted(hands_off, key=lambda f: f.value)),
-                        hands_off_reason=hands_off_reason, **common)
+                JobPlan(managed=True, note=context.hands_off_reason, writes=tuple(writes),
+                        hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)),
+                        hands_off_reason=context.hands_off_reason, **common)
             )
         return plans, notes
 
@@ -445,32 +473,74 @@ class Engine:
             return {JobField.NICE}, f"Nice changed to {job.nice} after the engine set {mine.written}: Nice left to the user"
         return None
 
-    def _priority_write(
+    def _priority_needed(
         self,
         job: Job,
         decision: SetPriority | None,
         wanted: int | None,
         value_now: int | None,
         tolerance: float,
-        cluster: ClusterState,
         owned: Mapping[JobField, OwnedField],
         remembered: JobMemory | None,
         hands_off: set[JobField],
-        rank: Mapping[int, int],
-    ) -> PlannedWrite | None:
+    ) -> bool:
+        """Whether the strategy field must be rewritten on its own account (drift or level change)."""
         if decision is None or wanted is None or self.strategy_field in hands_off:
-            return None
+            return False
         key = self.strategy_field
         written_level = remembered.written_level if remembered and key in owned else None
         if job.state is JobState.PENDING:
             drift = abs(wanted - value_now) if value_now is not None else math.inf
-            needed = drift > tolerance or (key in owned and written_level != decision.level)
-        else:  # running: its priority only matters if it is requeued; follow level changes only
-            needed = (written_level if written_level is not None else 0) != decision.level
+            return drift > tolerance or (key in owned and written_level != decision.level)
+        # running: its priority only matters if it is requeued; follow level changes only
+        return (written_level if written_level is not None else 0) != decision.level
+
+    def _keep_policy_order(self, contexts: list[_JobContext]) -> None:
+        """Rewrite more values where the tolerance would leave pending jobs out of the policy's order.
+
+        Slurm runs pending jobs by value; values within the tolerance are left alone, which must
+        never swap two jobs the policy ranks differently. Walk the managed pending jobs in the
+        policy's order and, wherever a job's value is not above the next one's, rewrite the one of
+        the pair further from its wanted value, until the values follow the order.
+        """
+        sign = -1 if self.strategy == "nice" else 1  # a lower Nice runs first
+        chain = sorted(
+            (c for c in contexts
+             if c.job.state is JobState.PENDING and c.decision is not None and c.wanted is not None
+             and not c.exempt and self.strategy_field not in c.hands_off),
+            key=lambda c: (-c.decision.score, c.job.job_id),  # type: ignore[union-attr]
+        )
+
+        def effective(context: _JobContext) -> int:
+            value = context.wanted if context.needed else (context.value_now or 0)
+            return sign * int(value)  # type: ignore[arg-type]
+
+        changed = True
+        while changed:
+            changed = False
+            for first, second in zip(chain, chain[1:]):
+                assert first.decision is not None and second.decision is not None
+                if first.decision.score <= second.decision.score or effective(first) > effective(second):
+                    continue
+                candidates = [c for c in (first, second) if not c.needed]
+                if not candidates:
+                    continue  # both at their wanted values: rounding made them equal
+                pick = max(candidates, key=lambda c: abs(int(c.wanted) - int(c.value_now or 0)))  # type: ignore[arg-type]
+                pick.needed = True
+                changed = True
+
+    def _priority_write(
+        self, context: _JobContext, cluster: ClusterState, rank: Mapping[int, int]
+    ) -> PlannedWrite | None:
+        """The strategy field (when needed) and the AdminComment of one job, in one update."""
+        job, decision, owned = context.job, context.decision, context.owned
+        if decision is None or context.wanted is None or self.strategy_field in context.hands_off:
+            return None
+        key = self.strategy_field
         values: dict[JobField, FieldValue] = {}
         originals: dict[JobField, FieldValue] = {}
-        if needed and value_now != wanted:
-            values[key] = wanted
+        if context.needed and context.value_now != context.wanted:
+            values[key] = context.wanted
             originals[key] = self._strategy_now(job, cluster, owned)[1]
         comment_now = cluster.admin_comments.get(job.job_id, "")
         ours = comment_now == "" or comment_now.startswith("dike:")

@@ -258,3 +258,18 @@ def test_switch_request_wait_is_written_as_asked(tmp_path):
     engine(cfg, backend).cycle(apply=True)
     update = next(u for u in backend.applied if JobField.SWITCHES in u.fields)
     assert update.get(JobField.SWITCHES) == SwitchRequest(1, 300)
+
+
+def test_values_within_the_tolerance_never_leave_jobs_out_of_the_policy_order(tmp_path):
+    cfg = config(tmp_path, engine={"priority_tolerance": 0.99})  # drift alone would never rewrite
+    backend = cluster(pending(1, "alice", waited=7200), pending(2, "bob", waited=60), pending(3, "carol", waited=30))
+    engine(cfg, backend).cycle(apply=True)
+    # only what the order needs: carol's 0 (never written) is already the lowest
+    assert backend.site_factors[1] > backend.site_factors[2] > backend.site_factors.get(3, 0) == 0
+    backend.site_factors[1], backend.site_factors[2] = 5, 900_000  # stale values, swapped
+    backend.applied.clear()
+    report = engine(cfg, backend).cycle(apply=True)
+    assert [u.job_id for u in backend.applied] == [1]  # one write restores the order
+    assert backend.site_factors[1] > backend.site_factors[2] > backend.site_factors.get(3, 0)
+    assert engine(cfg, backend).cycle(apply=True).write_calls == 0
+    assert report.errors == 0

@@ -76,11 +76,13 @@ def test_the_simulated_backend_needs_a_trace_and_a_cluster(tmp_path):
         SimulatedBackend.from_config(cfg)
 
 
-def test_with_no_tolerance_the_engine_reproduces_the_replay_exactly(small_trace, tmp_path):
-    """The live engine and the replay call the same policy on the same snapshots: when the engine
-    rewrites every changed value (priority_tolerance = 0) the outcome is the replay's, bit for bit."""
+@pytest.mark.parametrize("tolerance", [0.0, 0.01])
+def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_trace, tmp_path, tolerance):
+    """The live engine and the replay call the same policy on the same snapshots. Whether the
+    engine rewrites every changed value (tolerance 0) or only what drifted or would break the
+    policy's order (the default 1%), the simulated outcome is the replay's, bit for bit."""
     cfg = config(small_trace, tmp_path / "state.sqlite")
-    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"priority_tolerance": 0.0})})
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"priority_tolerance": tolerance})})
     backend, _ = run_to_the_end(cfg, apply=True)
     replay_input = load_input(small_trace / "sacct.txt", small_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
