@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     context = multiprocessing.get_context("fork")
     rows = []
-    console = Console()
+    console = Console(width=200)
     for size in (int(s) for s in args.sizes.split(",")):
         folder = trace_folder(size, args.nodes, args.load, args.seed, args.traces)
         for policy in args.policies.split(","):

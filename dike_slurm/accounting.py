@@ -129,6 +129,7 @@ class _Caches:
         self.tres: dict[str, Tres] = {}
         self.hosts: dict[str, tuple[str, ...]] = {}
         self.strings: dict[str, str] = {}
+        self.states: dict[str, JobState] = {}
 
     def duration(self, text: str, column: str) -> int | None:
         try:
@@ -165,6 +166,13 @@ class _Caches:
             raise _RowError("bad NodeList") from None
         self.hosts[text] = value
         return value
+
+    def state(self, text: str) -> JobState:
+        try:
+            return self.states[text]
+        except KeyError:
+            value = self.states[text] = JobState.parse(text)
+            return value
 
     def text(self, value: str) -> str:
         """One shared copy of repeated strings (users, accounts, states) to keep memory low."""
@@ -208,6 +216,7 @@ class _Header:
         self.names = names
         self.width = len(names)
         lowered = [n.strip().lower() for n in names]
+        self.lowered = lowered
         self.index = {name: i for i, name in reversed(list(enumerate(lowered)))}
         free = [i for i, name in enumerate(lowered) if name in _FREE_TEXT_COLUMNS]
         self.free_text_column = free[0] if len(free) == 1 else None
@@ -229,9 +238,6 @@ class _Header:
                 line=1,
             )
 
-    def get(self, fields: list[str], name: str, default: str = "") -> str:
-        position = self.index.get(name)
-        return fields[position] if position is not None else default
 
 
 def _looks_like_header(line: str) -> bool:
@@ -268,8 +274,7 @@ def read_sacct_parsable2(text: str, source: str) -> ReadResult:
         try:
             if line == header_line:
                 raise _RowError(SKIP_REPEATED_HEADER)
-            fields = _split_row(line, header)
-            record = _record_from_row(fields, header, caches)
+            record = _record_from_row(dict(zip(header.lowered, _split_row(line, header))), caches)
         except _RowError as exc:
             reason = str(exc)
             skipped[reason] += 1
@@ -292,58 +297,59 @@ def _split_row(line: str, header: _Header) -> list[str]:
     raise _RowError(SKIP_FIELD_COUNT)
 
 
-def _record_from_row(fields: list[str], header: _Header, caches: _Caches) -> AccountingRecord:
-    get = header.get
-    display = get(fields, "jobid").strip()
-    raw = get(fields, "jobidraw").strip() or None
+def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
+    """One record from a row keyed by lower-case column name."""
+    get = row.get
+    display = get("jobid", "").strip()
+    raw = get("jobidraw", "").strip() or None
     job_id, array_job_id, array_task_id, is_step = _parse_job_id(display, raw)
     if is_step:
         raise _RowError(SKIP_STEP)
-    state_text = get(fields, "state").strip()
+    state_text = get("state", "").strip()
     if not state_text:
         raise _RowError("empty State")
     try:
-        submit = _timestamp(get(fields, "submit").strip())
-        eligible = _timestamp(get(fields, "eligible").strip())
+        submit = _timestamp(get("submit", "").strip())
+        eligible = _timestamp(get("eligible", "").strip())
     except InputError:
         raise _RowError("bad Submit/Eligible timestamp") from None
     try:
-        start = _timestamp(get(fields, "start").strip())
-        end = _timestamp(get(fields, "end").strip())
+        start = _timestamp(get("start", "").strip())
+        end = _timestamp(get("end", "").strip())
     except InputError:
         raise _RowError("bad Start/End timestamp") from None
     if submit is None:
         raise _RowError("no Submit time")
-    elapsed_raw = get(fields, "elapsedraw").strip()
+    elapsed_raw = get("elapsedraw", "").strip()
     if elapsed_raw:
         elapsed = _int_or_none(elapsed_raw, "ElapsedRaw") or 0
-    elif get(fields, "elapsed").strip():
-        elapsed = caches.duration(get(fields, "elapsed").strip(), "Elapsed") or 0
+    elif get("elapsed", "").strip():
+        elapsed = caches.duration(get("elapsed", "").strip(), "Elapsed") or 0
     elif start is not None and end is not None:
         elapsed = int(round(end - start))
     else:
         elapsed = 0
-    limit_text = get(fields, "timelimit", "UNLIMITED").strip()
+    limit_text = get("timelimit", "UNLIMITED").strip()
     time_limit = caches.duration(limit_text, "Timelimit")
-    alloc_text = get(fields, "alloctres").strip()
-    requested = caches.parse_tres(get(fields, "reqtres").strip(), "ReqTRES")
+    alloc_text = get("alloctres", "").strip()
+    requested = caches.parse_tres(get("reqtres", "").strip(), "ReqTRES")
     # A run's AllocTRES is what it held; a job that never started has only its request.
     used = caches.parse_tres(alloc_text, "AllocTRES") if start is not None and alloc_text else requested
-    nodes = caches.hostlist(get(fields, "nodelist").strip())
-    num_nodes = _int_or_none(get(fields, "nnodes"), "NNodes") or used.nodes or requested.nodes or len(nodes) or 1
-    cpus = _int_or_none(get(fields, "ncpus"), "NCPUS") or used.cpus or requested.cpus or 1
+    nodes = caches.hostlist(get("nodelist", "").strip())
+    num_nodes = _int_or_none(get("nnodes", ""), "NNodes") or used.nodes or requested.nodes or len(nodes) or 1
+    cpus = _int_or_none(get("ncpus", ""), "NCPUS") or used.cpus or requested.cpus or 1
     text = caches.text
     return AccountingRecord(
         job_id=job_id,
         display_id=display or str(job_id),
         array_job_id=array_job_id,
         array_task_id=array_task_id,
-        name=get(fields, "jobname"),
-        user=text(get(fields, "user").strip()),
-        account=text(get(fields, "account").strip()),
-        partition=text(get(fields, "partition").strip()),
-        qos=text(get(fields, "qos").strip()),
-        state=JobState.parse(state_text),
+        name=get("jobname", ""),
+        user=text(get("user", "").strip()),
+        account=text(get("account", "").strip()),
+        partition=text(get("partition", "").strip()),
+        qos=text(get("qos", "").strip()),
+        state=caches.state(state_text),
         state_text=text(state_text),
         submit=submit,
         eligible=eligible,
@@ -355,9 +361,9 @@ def _record_from_row(fields: list[str], header: _Header, caches: _Caches) -> Acc
         cpus=cpus,
         gpus=used.gpus,
         nodes=nodes,
-        priority=_int_or_none(get(fields, "priority"), "Priority"),
-        flags=text(get(fields, "flags").strip()),
-        comment=get(fields, "comment"),
+        priority=_int_or_none(get("priority", ""), "Priority"),
+        flags=text(get("flags", "").strip()),
+        comment=get("comment", ""),
     )
 
 
