@@ -260,7 +260,6 @@ class Simulator:
         self.slots = self._slot_table()
         self.fit_cache: dict[tuple[str, int, int, int], bool] = {}
         self.shares = dict(settings.user_shares)
-        self.trace_done = False
 
     # ------------------------------------------------------------------ the loop
 
@@ -325,7 +324,6 @@ class Simulator:
             job = SimJob(trace_job, self._is_heavy(trace_job), self.cluster.fewest_leaves(trace_job.gpus))
             self._push(trace_job.submit, SUBMIT, job)
             return
-        self.trace_done = True
 
     def _is_heavy(self, trace_job: TraceJob) -> bool:
         probe = Job(
