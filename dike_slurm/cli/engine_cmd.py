@@ -177,10 +177,9 @@ def status_command(config_path: Optional[Path] = CONFIG_OPTION) -> None:
     config = load_config(config_path)
     engine = _open(config, writing=False)
     plan = engine.plan()
-    table = Table(title=f"dike-slurm status: policy {plan.policy}, strategy {plan.strategy}")
-    for column in ("job", "user", "state", "gpus", "level", "attained gpuh", "priority now", "planned",
-                   "constraint", "note"):
-        table.add_column(column)
+    table = Table(title=f"dike-slurm status: policy {plan.policy}; now/planned: {engine.strategy_field.value}")
+    for column in ("job", "user", "state", "GPUs", "level", "GPU-h", "now", "planned", "constraint", "note"):
+        table.add_column(column, no_wrap=column in ("job", "state", "now", "planned"))
     order = {w.job_id: w.rank for w in plan.writes}
     for job_plan in sorted(plan.jobs, key=lambda p: (p.level if p.level is not None else 99, -(p.value_wanted or 0),
                                                       order.get(p.job.job_id, 0), p.job.job_id)):
