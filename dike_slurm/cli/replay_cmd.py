@@ -331,6 +331,13 @@ def tune_command(
     best, best_run = proposals[best_index], candidate_runs[best_index]
     configured = runs[len(baselines)]
     gain = configured.metrics.summary["avg_jct_s"] / best_run.metrics.summary["avg_jct_s"] if best_run.metrics.summary["avg_jct_s"] else 1.0
+    if not dike.preemption:  # type: ignore[attr-defined]
+        console.print(
+            "note: with preemption off a waiting job has attained no service unless it was requeued, so "
+            "the thresholds rank running jobs only; compare them with [policies.dike] preemption = true.",
+            highlight=False,
+            markup=False,
+        )
     console.print(
         f"best average JCT: {best.label} ({gain:.2f}x the configured Dike); to use it:\n"
         f"[policies.dike]\nthresholds_gpuh = [{', '.join(f'{t:g}' for t in best.thresholds_gpuh)}]",
