@@ -20,6 +20,7 @@ from operator import attrgetter
 import numpy as np
 
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement
+from dike_slurm.errors import DikeError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import CommRule, is_comm_heavy
@@ -31,6 +32,13 @@ PENDING, RUNNING, DONE = 0, 1, 2
 # Event kinds, in the order they are handled at one instant.
 FINISH, SUBMIT, WAKE, CYCLE, BACKFILL = 0, 1, 2, 3, 4
 INFINITY = math.inf
+STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
+
+
+class SimulationStuck(DikeError):
+    """The replay cannot progress: jobs wait forever on an idle cluster."""
+
+
 # GPU slot table values: a slot of a job without time limit, and a GPU the node does not have.
 SLOT_UNLIMITED = 1e300
 SLOT_ABSENT = INFINITY
@@ -246,6 +254,7 @@ class Simulator:
         self.backfill_armed = False
         self.backfill_due = False
         self.postponed_cycle: float | None = None  # due time of a cycle waiting to be evaluated
+        self.idle_since: float | None = None  # jobs wait on an idle cluster since then
         self.changed = False  # something happened since the last main pass
         self.backfill_changed = False  # ... since the last backfill pass
         self.usage = DecayedUsage(settings.usage_half_life_s)
@@ -510,12 +519,30 @@ class Simulator:
             self.cycle_armed = False
             return
         self.stats.cycles += 1
+        self._check_not_stuck(now)
         self._push(now + self.settings.interval_s, CYCLE, None)
         self.postponed_cycle = now
         if self.may_requeue or self._waiting_job_could_start(self._fitting_shapes()):
             self._evaluate(now)
         else:
             self.stats.postponed_cycles += 1
+
+    def _check_not_stuck(self, now: float) -> None:
+        """Fail clearly when jobs wait on an idle cluster with nothing left to happen but cycles
+        (constraints that no node satisfies, kept by the policy), instead of cycling forever."""
+        idle = len(self.active) == self.pending_count and all(kind >= CYCLE for _, kind, _, _ in self.events)
+        if not idle:
+            self.idle_since = None
+            return
+        if self.idle_since is None:
+            self.idle_since = now
+        elif now - self.idle_since > STUCK_AFTER_S:
+            stuck = [job.trace.display_id for job in self._pending_in_order()][:3]
+            raise SimulationStuck(
+                f"{self.pending_count} job(s) cannot start on an idle cluster for {STUCK_AFTER_S / 86400:g} "
+                f"simulated days (e.g. job {', '.join(stuck)}): the constraints the policy keeps on them "
+                "fit no node"
+            )
 
     def _waiting_job_could_start(self, fitting: set[tuple[str, int, int, int]]) -> bool:
         """Whether an eligible job already waiting when the postponed cycle fell due fits now."""

@@ -14,7 +14,7 @@ from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.simulator import JobResult, SimSettings, Simulator, Timeline
+from dike_slurm.sim.simulator import JobResult, SimSettings, SimulationStuck, Simulator, Timeline
 from dike_slurm.sim.trace import TraceJob
 
 ONE_NODE = "NodeName=n1 Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n"
@@ -297,3 +297,23 @@ def test_determinism_of_two_runs():
     first, _ = simulate(trace, policy, policy.Params(), conf=FOUR_NODES, topology=TWO_LEAVES)
     second, _ = simulate(trace, default_registry().create("dike"), policy.Params(), conf=FOUR_NODES, topology=TWO_LEAVES)
     assert list(first.values()) == list(second.values())
+
+
+class ExcludeEverything(Policy):
+    """Keeps every waiting job off every node: nothing can ever start."""
+
+    name = "test-exclude-all"
+    description = "test"
+
+    def decide(self, snapshot, params, rng):
+        everything = tuple(n.name for n in snapshot.nodes)
+        return Decisions(
+            tuple(SetPriority(j.job_id, 0, 0.0, "-") for j in snapshot.pending),
+            tuple(SetPlacement(j.job_id, Placement(exclude_nodes=everything), "-") for j in snapshot.pending),
+        )
+
+
+def test_a_replay_that_cannot_progress_stops_with_a_clear_error():
+    # Job 1 gets its constraint at the cycle of its submission, before the scheduler tries it.
+    with pytest.raises(SimulationStuck, match=r"1 job\(s\) cannot start on an idle cluster .* job 1\)"):
+        simulate([job(1, 0, 8, 100), job(2, 1, 8, 100)], ExcludeEverything(), PolicyParams())
