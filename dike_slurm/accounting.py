@@ -333,8 +333,10 @@ def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
     time_limit = caches.duration(limit_text, "Timelimit")
     alloc_text = get("alloctres", "").strip()
     requested = caches.parse_tres(get("reqtres", "").strip(), "ReqTRES")
-    # A run's AllocTRES is what it held; a job that never started has only its request.
-    used = caches.parse_tres(alloc_text, "AllocTRES") if start is not None and alloc_text else requested
+    # A run's AllocTRES is what it held; a job that never started (or was cancelled as it
+    # started: an AllocTRES without nodes or GPUs) has only its request.
+    alloc = caches.parse_tres(alloc_text, "AllocTRES")
+    used = alloc if start is not None and (alloc.nodes or alloc.gpus) else requested
     nodes = caches.hostlist(get("nodelist", "").strip())
     num_nodes = _int_or_none(get("nnodes", ""), "NNodes") or used.nodes or requested.nodes or len(nodes) or 1
     cpus = _int_or_none(get("ncpus", ""), "NCPUS") or used.cpus or requested.cpus or 1
@@ -471,7 +473,7 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
     tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
     alloc = _json_tres(tres.get("allocated"))
     requested = _json_tres(tres.get("requested"))
-    used = alloc if start is not None else requested
+    used = alloc if start is not None and (alloc[0] or alloc[2]) else requested  # as for parsable2
     node_text = _json_text(job.get("nodes"))
     nodes = caches.hostlist(node_text.strip())
     num_nodes = _json_int(job.get("allocation_nodes"), "allocation_nodes") or used[2] or requested[2] or len(nodes) or 1
