@@ -77,3 +77,16 @@ def test_bad_config_names_the_file_and_key(tmp_path, text, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "absent.toml", environ={})
+
+
+def test_every_setting_is_documented_in_the_example():
+    import re
+
+    from dike_slurm.config import Config
+
+    text = EXAMPLE.read_text()
+    for section in ("engine", "scope", "slurm", "accounting", "replay"):
+        model = Config.model_fields[section].annotation
+        for key in model.model_fields:
+            documented = re.search(rf"^#? ?{key} =", text, re.M) or f"[{section}.{key}]" in text
+            assert documented, f"{section}.{key} missing from examples/dike.toml"
