@@ -31,7 +31,7 @@ from dike_slurm.backends.base import (
 )
 from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
-from dike_slurm.errors import PolicyError
+from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy
 from dike_slurm.registry import default_registry
@@ -111,6 +111,7 @@ class CyclePlan:
     new_runs: tuple[Run, ...] = ()
     accounting_skipped: Mapping[str, int] = field(default_factory=dict)
     read_calls: int = 0
+    accounting_ok: bool = True  # False: sacct failed; levels come from the state store alone
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -281,7 +282,7 @@ class Engine:
         now = cluster.time
         memory = self.store.jobs()
         owned = self.store.owned()
-        new_runs, skipped = self._read_accounting(now)
+        new_runs, skipped, accounting_note = self._read_accounting(now)
         active_in_scope = [j for j in cluster.jobs if in_scope(j, self.config)]
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope))
         service = job_service(runs, now)
@@ -300,6 +301,8 @@ class Engine:
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
         plans, notes = self._diff(snapshot, decisions, cluster, memory, owned)
         writes, held_back, guard_notes = self._guardrails(plans, owned)
+        if accounting_note:
+            notes.insert(0, accounting_note)
         managed_running = {p.job.job_id for p in plans if p.managed and p.job.state is JobState.RUNNING}
         requeues = tuple(r for r in decisions.requeues if r.job_id in managed_running)
         return CyclePlan(
@@ -315,15 +318,25 @@ class Engine:
             new_runs=tuple(new_runs),
             accounting_skipped=dict(skipped),
             read_calls=self.backend.calls - calls_before,
+            accounting_ok=accounting_note is None,
         )
 
     def _read_accounting(self, now: float):
         lookback_start = now - self.config.accounting.lookback_days * 86400.0
         last = self.store.last_sync()
         start = lookback_start if last is None else max(lookback_start, last - SACCT_OVERLAP_S)
-        result = self.backend.accounting(start, now)
+        try:
+            result = self.backend.accounting(start, now)
+        except SlurmError as exc:
+            # slurmdbd (or its database) is down: keep what the state store knows, do not reset
+            # anyone to level 0, and do not advance the sync point (the window is read later).
+            log.warning("accounting unavailable: %s", exc)
+            return [], {}, (
+                f"accounting unavailable ({exc}); levels from the state store's "
+                f"{len(self.store.runs())} remembered run(s) and the queue; sync point not advanced"
+            )
         finished = [r for r in runs_from_records(result.records) if r.end is not None]
-        return finished, result.skipped
+        return finished, result.skipped, None
 
     def _nodes_in_scope(self, cluster: ClusterState):
         wanted = set(self.config.scope.partitions)
@@ -653,12 +666,15 @@ class Engine:
         notes: list[str] = []
         errors = 0
         succeeded: set[tuple[int, JobField]] = set()
-        for write in plan.writes:
+        stopped = ""
+        for index, write in enumerate(plan.writes):
             if errors >= engine.breaker_max_errors:
-                notes.append(f"circuit breaker: {errors} failed writes; the rest waits for the next cycle")
-                break
-            if self.clock() - started > engine.cycle_deadline_s:
-                notes.append(f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle")
+                stopped = f"circuit breaker: {errors} failed writes; the rest waits for the next cycle"
+            elif self.clock() - started > engine.cycle_deadline_s:
+                stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
+            if stopped:
+                notes.append(stopped)
+                self._audit_skipped(plan, cycle, plan.writes[index:], stopped)
                 break
             outcome = self._write(write, plan.time, cycle)
             outcomes.append((write, outcome))
@@ -667,8 +683,13 @@ class Engine:
             elif not outcome.job_gone:
                 errors += 1
         for requeue in plan.requeues:
-            if errors >= engine.breaker_max_errors:
-                break
+            if stopped or errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s:
+                with self.store.transaction():
+                    self.store.audit(AuditEntry(
+                        plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
+                        "none", False, stopped or "error limit or cycle deadline reached", requeue.reason,
+                    ))
+                continue
             outcome = self.backend.requeue(requeue.job_id)
             with self.store.transaction():
                 self.store.audit(AuditEntry(
@@ -689,22 +710,33 @@ class Engine:
             self.store.record_cycle(self._summary(report))
         return report
 
+    def _audit_skipped(self, plan: CyclePlan, cycle: int, writes, why: str) -> None:
+        """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""
+        with self.store.transaction():
+            for write in writes:
+                self.store.audit(AuditEntry(
+                    plan.time, cycle, write.job_id, "skipped", _change_text(write), "(not run)",
+                    "none", False, why, write.reason,
+                ))
+
     def _write(self, write: PlannedWrite, now: float, cycle: int) -> WriteOutcome:
         originals = dict(write.originals)
+        change = _change_text(write)
+        undo = self.backend.describe(write.undo) if write.undo.values else "none"
+        # Write-ahead: the audit row exists (as unconfirmed) before Slurm is called, so a crash
+        # between the call and its record still leaves the attempt in the audit.
+        with self.store.transaction():
+            entry_id = self.store.audit(AuditEntry(
+                now, cycle, write.job_id, "update", change,
+                self.backend.describe(write.update) if write.update.values else "(none)", undo,
+                False, "unconfirmed: the engine stopped before Slurm answered", write.reason,
+            ))
         if write.update.values:
             outcome = self.backend.apply(write.update)
         else:
             outcome = WriteOutcome(True, "(none: Slurm already holds the original)")
-        change = "; ".join(
-            f"{key.value} {describe_value(originals.get(key))} -> {describe_value(value)}"
-            for key, value in write.update.values
-        ) or "released " + ", ".join(f.value for f in write.restores)
         with self.store.transaction():
-            self.store.audit(AuditEntry(
-                now, cycle, write.job_id, "update", change, outcome.command,
-                self.backend.describe(write.undo) if write.undo.values else "none",
-                outcome.ok, outcome.message, write.reason,
-            ))
+            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
             if outcome.ok:
                 for key, value in write.update.values:
                     if key not in write.restores:
@@ -754,7 +786,8 @@ class Engine:
                 if job_plan.hands_off:
                     self.store.release(job_plan.job.job_id, job_plan.hands_off)
             self.store.add_runs(plan.new_runs)
-            self.store.set_last_sync(plan.time)
+            if plan.accounting_ok:
+                self.store.set_last_sync(plan.time)
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             self.store.forget_jobs(plan.time - FORGET_AFTER_S)
 
@@ -827,6 +860,14 @@ class Engine:
             for job_id, key, _ in plan.released:
                 self.store.release(job_id, [key])
         return outcomes
+
+
+def _change_text(write: PlannedWrite) -> str:
+    originals = dict(write.originals)
+    return "; ".join(
+        f"{key.value} {describe_value(originals.get(key))} -> {describe_value(value)}"
+        for key, value in write.update.values
+    ) or "released " + ", ".join(f.value for f in write.restores)
 
 
 def write_metrics(report: CycleReport, path: Path) -> None:

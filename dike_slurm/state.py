@@ -279,12 +279,20 @@ class StateStore:
 
     # ---------------------------------------------------------------- audit and cycles
 
-    def audit(self, entry: AuditEntry) -> None:
-        self._db.execute(
+    def audit(self, entry: AuditEntry) -> int:
+        """Add an entry; its id (for finish_audit)."""
+        cursor = self._db.execute(
             "INSERT INTO audit (at, cycle, job_id, action, change, command, undo, ok, message, reason)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.at, entry.cycle, entry.job_id, entry.action, entry.change, entry.command, entry.undo,
              int(entry.ok), entry.message, entry.reason),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def finish_audit(self, entry_id: int, ok: bool, message: str, command: str) -> None:
+        """Record the outcome of a write-ahead entry."""
+        self._db.execute(
+            "UPDATE audit SET ok = ?, message = ?, command = ? WHERE id = ?", (int(ok), message, command, entry_id)
         )
 
     def audit_log(self, job_id: int | None = None, limit: int = 1000) -> list[AuditEntry]:
@@ -343,7 +351,21 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StateError(f"another dike-slurm engine holds {path}") from None
+            holder = _read_pid(handle)
+            raise StateError(
+                f"another dike-slurm engine holds {path}" + (f" (pid {holder})" if holder else "")
+            ) from None
+        # flock dies with its process: a lock file left by a dead engine is simply taken over.
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(handle)
+
+
+def _read_pid(handle: int) -> int | None:
+    try:
+        text = os.pread(handle, 32, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

@@ -13,9 +13,11 @@ is configured. Writes: one `scontrol update JobId=N Key=Value...` per job and ki
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import shlex
 import subprocess
 import time
@@ -68,19 +70,42 @@ Runner = Callable[[Sequence[str], Mapping[str, str], float], CommandResult]
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CommandResult:
-    """Run argv without a shell; missing commands and timeouts become SlurmError."""
+    """Run argv without a shell; missing commands and timeouts become SlurmError.
+
+    The command runs in its own process group, which is killed whole on timeout: a hanging
+    wrapper that spawned children cannot keep the pipes (and so the engine) waiting. Output
+    that is not UTF-8 (job names are bytes to Slurm) is decoded with replacement characters.
+    """
     try:
-        proc = subprocess.run(
-            list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False,
-            stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(
+            list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True,
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: command not found (set slurm.bin_dir)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:g}s") from None
     except OSError as exc:
         raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
-    return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a child left the group and holds the pipes: give up on them
+            proc.kill()
+        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:g}s") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return CommandResult(
+        proc.returncode,
+        stdout.decode("utf-8", errors="replace"),
+        stderr.decode("utf-8", errors="replace"),
+    )
 
 
 def _number(value: Any) -> int | None:

@@ -115,12 +115,23 @@ def run_command(
     config_path: Optional[Path] = CONFIG_OPTION,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="log every write"),
 ) -> None:
-    """Run the engine: read, decide, diff, write (with --apply), every engine.interval_s seconds."""
+    """Run the engine: read, decide, diff, write (with --apply), every engine.interval_s seconds.
+
+    A failed cycle (Slurm down, a command timed out) is logged in one line and retried with
+    exponential backoff (5 s doubling up to interval_s). SIGTERM/SIGINT: the current cycle
+    finishes (each write is atomic with its audit row) and the loop stops. SIGHUP: the
+    configuration is read again before the next cycle (a bad file keeps the old one).
+    """
     config = load_config(config_path)
     _setup_logging(config, verbose or not once)
     log = logging.getLogger("dike_slurm.run")
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    stopping: list[int] = []
+    reload: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    if not once:
+        signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
+        signal.signal(signal.SIGHUP, lambda signum, _: reload.append(signum))
+    failures = 0
     with ExitStack() as stack:
         if apply:
             stack.enter_context(_lock(config))
@@ -132,8 +143,10 @@ def run_command(
             except DikeError as exc:
                 if once:
                     raise
+                failures += 1
                 log.error("cycle failed: %s", exc)
             else:
+                failures = 0
                 if once:
                     _print_cycle(report)
                 else:  # a service: one log line per cycle (and per write), notes as warnings
@@ -149,11 +162,36 @@ def run_command(
             if engine.backend.finished():
                 _print_simulation_summary(engine)
                 return
-            while engine.backend.realtime and not stopping and time.monotonic() - started < config.engine.interval_s:
-                time.sleep(min(1.0, config.engine.interval_s))
+            wait = config.engine.interval_s
+            if failures:
+                wait = min(config.engine.interval_s, RETRY_BASE_S * 2 ** (failures - 1))
+                log.warning("retrying in %g s (failure %d in a row)", wait, failures)
+            while engine.backend.realtime and not stopping and not reload and time.monotonic() - started < wait:
+                time.sleep(min(0.2, wait))
             if stopping:
-                log.info("SIGTERM: stopping after the cycle")
+                log.info("%s: stopping after the cycle", signal.Signals(stopping[0]).name)
                 return
+            if reload:
+                reload.clear()
+                engine, config = _reload(engine, config, config_path, log)
+
+
+RETRY_BASE_S = 5.0
+
+
+def _reload(engine: Engine, config: Config, config_path: Optional[Path], log: logging.Logger):
+    """SIGHUP: the new configuration, or the old one when the new one is invalid."""
+    try:
+        new_config = load_config(config_path)
+        new_engine = Engine(new_config, open_backend(new_config), engine.store)
+    except DikeError as exc:
+        log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", exc)
+        return engine, config
+    if new_config.engine.state_db != config.engine.state_db:
+        log.warning("SIGHUP: engine.state_db changed; it takes effect on restart only")
+    log.warning("SIGHUP: configuration reloaded (policy %s, interval %g s)",
+                new_engine.policy.name, new_config.engine.interval_s)
+    return new_engine, new_config
 
 
 def _print_simulation_summary(engine: Engine) -> None:
