@@ -338,6 +338,8 @@ def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
     alloc = caches.parse_tres(alloc_text, "AllocTRES")
     used = alloc if start is not None and (alloc.nodes or alloc.gpus) else requested
     nodes = caches.hostlist(get("nodelist", "").strip())
+    if start is not None and not nodes and not (alloc.nodes or alloc.gpus) and elapsed <= 0:
+        start = None  # sacct prints Start = End for a job cancelled while pending
     num_nodes = _int_or_none(get("nnodes", ""), "NNodes") or used.nodes or requested.nodes or len(nodes) or 1
     cpus = _int_or_none(get("ncpus", ""), "NCPUS") or used.cpus or requested.cpus or 1
     text = caches.text
@@ -476,6 +478,8 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
     used = alloc if start is not None and (alloc[0] or alloc[2]) else requested  # as for parsable2
     node_text = _json_text(job.get("nodes"))
     nodes = caches.hostlist(node_text.strip())
+    if start is not None and not nodes and not (alloc[0] or alloc[2]) and elapsed <= 0:
+        start = None  # start = end for a job cancelled while pending
     num_nodes = _json_int(job.get("allocation_nodes"), "allocation_nodes") or used[2] or requested[2] or len(nodes) or 1
     required = job.get("required") if isinstance(job.get("required"), dict) else {}
     cpus = used[1] or requested[1] or _json_int(required.get("CPUs"), "required.CPUs") or 1

@@ -41,6 +41,10 @@ ROWS = [
     "102|102|wrap|root|root|gpu|normal|CANCELLED by 0|2026-01-05T10:05:19|2026-01-05T10:05:19|None|"
     "2026-01-05T10:05:33|00:00:00|0|Partition_Limit|0|1|None assigned|billing=1,cpu=1,gres/gpu=1,mem=2000M,node=1|"
     "billing=1,cpu=1,mem=2000M|10164|StartRecieved",
+    # 2b. cancelled while held: sacct prints Start = End and an Eligible of Unknown
+    "7624|7624|wrap|root|root|gpu|normal|CANCELLED by 0|2026-11-30T09:50:09|Unknown|2026-11-30T09:50:09|"
+    "2026-11-30T09:50:09|00:00:00|0|UNLIMITED|1|1|None assigned|billing=1,cpu=1,gres/gpu=1,mem=2000M,node=1||"
+    "10164|",
     # 3. a two-node job with typed GPUs (typed and untyped counts both printed)
     "103|103|llm-pretrain|bob|nlp|gpu|normal|TIMEOUT|2026-01-05T10:06:00|2026-01-05T10:06:00|2026-01-05T10:10:00|"
     "2026-01-06T10:10:30|1-00:00:30|86430|1-00:00:00|2|128|n[3-4]|billing=128,cpu=128,gres/gpu=16,mem=1000G,node=2|"
@@ -102,7 +106,9 @@ def test_reads_every_quirk_and_counts_what_it_skips():
     }
     assert result.first_skipped_line[SKIP_STEP] == 3  # line 1 is the header
     records = by_id(result)
-    assert sorted(records) == [101, 102, 103, 104, 105, 106, 107, 108]
+    held = records[7624][0]
+    assert held.start is None and not held.ran and held.eligible is None and held.gpus == 1
+    assert sorted(records) == [101, 102, 103, 104, 105, 106, 107, 108, 7624]
     assert len(result.records) == result.rows - sum(result.skipped.values())
 
 
@@ -262,7 +268,7 @@ def json_dump(*jobs):
 def test_json_shape_of_slurm_22_05():
     never_started = json_job(
         6, allocation_nodes=0, nodes="None assigned",
-        time={"elapsed": 0, "eligible": 1796025919, "end": 1796025933, "start": None, "submission": 1796025919, "limit": None},
+        time={"elapsed": 0, "eligible": 1796025919, "end": 1796025933, "start": 1796025933, "submission": 1796025919, "limit": None},
         tres={"allocated": [{"type": "cpu", "name": None, "id": 1, "count": 1}],
               "requested": [{"type": "gres", "name": "gpu", "id": 1001, "count": 1}, {"type": "node", "count": 1}]},
     )
