@@ -219,6 +219,19 @@ def topology_from_scontrol(text: str) -> Topology:
     return parse_topology_conf("\n".join(lines), source="scontrol show topology") if lines else Topology()
 
 
+def _json_error(errors: Any) -> str:
+    """The first entry of a JSON `errors` list in one line ("Failed while looking for jobs (slurm_load_jobs)")."""
+    first = errors[0] if isinstance(errors, list) and errors else errors
+    if isinstance(first, dict):
+        text = str(first.get("description") or first.get("error") or "unknown error")
+        source = first.get("source")
+        text += f" ({source}: {first.get('error')})" if source else ""
+        if str(source).startswith("slurm_load"):
+            text += "; is slurmctld up?"
+        return " ".join(text.split())
+    return " ".join(str(first).split())
+
+
 def field_argument(key: JobField, value: FieldValue) -> str:
     """`Key=Value` for scontrol update; the value is one argv element, never shell text."""
     if isinstance(value, SwitchRequest):
@@ -280,7 +293,7 @@ class SlurmCliBackend(Backend):
             raise SlurmError(f"{shlex.join(argv)} printed JSON that is not an object")
         errors = document.get("errors") or []
         if errors:
-            raise SlurmError(f"{shlex.join(argv)} reported: {errors[0]}")
+            raise SlurmError(f"{shlex.join(argv)} failed: {_json_error(errors)}")
         return document
 
     # ---------------------------------------------------------------- reads

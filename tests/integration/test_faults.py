@@ -1,0 +1,462 @@
+"""Faults on the real lab: Slurm daemons stopped or killed, hanging commands, the engine killed,
+two engines at once, signals on the service loop. Each test says what it checks.
+
+Daemons are stopped through their pid files (the lab's own `slurm-lab` starts them the same
+way: the bare daemon with the lab's SLURM_CONF) and always started again in a `finally`, so the
+lab is left up whatever happens. Wrappers around Slurm commands live in a private bin_dir
+(`slurm.bin_dir`), never in the lab.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+SlurmLab = Any
+SLURM_COMMANDS = ("squeue", "sinfo", "sprio", "sacct", "scontrol")
+
+
+# ---------------------------------------------------------------- daemons
+
+
+def _pid(lab: SlurmLab, name: str) -> int | None:
+    try:
+        pid = int((lab.lab_dir / "run" / f"{name}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    return pid if comm == name else None
+
+
+def ctld_up(lab: SlurmLab) -> bool:
+    return lab.run("scontrol", "ping", check=False, timeout=30).stdout.count("is UP") > 0
+
+
+def dbd_up(lab: SlurmLab) -> bool:
+    return lab.run("sacctmgr", "-n", "list", "cluster", check=False, timeout=30).returncode == 0
+
+
+def stop_daemon(lab: SlurmLab, name: str, sig: int = signal.SIGTERM) -> None:
+    pid = _pid(lab, name)
+    assert pid is not None, f"{name} is not running"
+    os.kill(pid, sig)
+    lab.wait_for(lambda: _pid(lab, name) is None, 30, f"{name} (pid {pid}) did not stop")
+
+
+def start_daemon(lab: SlurmLab, name: str) -> float:
+    """Start the daemon as the lab does (it daemonizes itself); seconds until it answers."""
+    started = time.monotonic()
+    if _pid(lab, name) is None:
+        with open(lab.lab_dir / "log" / f"{name}.out", "ab") as out:
+            subprocess.Popen([name], env=lab.env, cwd="/tmp", stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    check = ctld_up if name == "slurmctld" else dbd_up
+    lab.wait_for(lambda: check(lab), 60, f"{name} did not come back", interval=0.2)
+    return time.monotonic() - started
+
+
+@contextmanager
+def daemon_down(lab: SlurmLab, name: str, sig: int = signal.SIGTERM) -> Iterator[dict[str, float]]:
+    """The daemon stopped for the body; started again (and waited for) afterwards, always."""
+    figures: dict[str, float] = {}
+    stop_daemon(lab, name, sig)
+    try:
+        yield figures
+    finally:
+        figures["restart_s"] = start_daemon(lab, name)
+
+
+@pytest.fixture(autouse=True)
+def _lab_left_up(slurm_lab: SlurmLab) -> Iterator[None]:
+    yield
+    for name in ("slurmdbd", "slurmctld"):
+        if _pid(slurm_lab, name) is None:
+            start_daemon(slurm_lab, name)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def wrapper_bin(tmp: Path, **scripts: str) -> Path:
+    """A bin_dir with the real Slurm commands, except those given as sh scripts."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in SLURM_COMMANDS:
+        target = bin_dir / name
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        if name in scripts:
+            target.write_text("#!/bin/sh\n" + scripts[name])
+            target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        else:
+            target.symlink_to(shutil.which(name, path="/usr/bin:/usr/local/bin:/bin") or name)
+    return bin_dir
+
+
+class Engine:
+    def __init__(self, lab: SlurmLab, state_dir: Path) -> None:
+        self.lab = lab
+        self.dir = state_dir
+        self.state_db = state_dir / "state.sqlite"
+        self.started = time.time()
+        self.env = dict(lab.env)
+        self.env.update({
+            "DIKE_ENGINE__STATE_DB": str(self.state_db),
+            "DIKE_ENGINE__METRICS_FILE": str(state_dir / "metrics.prom"),
+            "DIKE_SLURM__COMMAND_TIMEOUT_S": "15",
+            "COLUMNS": "250",
+        })
+
+    def environ(self, **extra: str) -> dict[str, str]:
+        env = dict(self.env)
+        env["DIKE_ACCOUNTING__LOOKBACK_DAYS"] = repr((time.time() - self.started + 30) / 86400)
+        env.update(extra)
+        return env
+
+    def __call__(self, *args: str, timeout: float = 180, **extra: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=self.environ(**extra),
+                              capture_output=True, text=True, timeout=timeout, cwd="/tmp")
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
+        log = open(self.dir / "service.log", "w")
+        return subprocess.Popen([sys.executable, "-m", "dike_slurm", *args], env=self.environ(**extra),
+                                stdout=log, stderr=subprocess.STDOUT, text=True, cwd="/tmp")
+
+    def log(self) -> str:
+        path = self.dir / "service.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.state_db)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def dump(self) -> list[str]:
+        with self.db() as db:
+            return list(db.iterdump())
+
+    def audit(self) -> list[sqlite3.Row]:
+        with self.db() as db:
+            return db.execute("SELECT * FROM audit ORDER BY id").fetchall()
+
+    def integrity(self) -> str:
+        with self.db() as db:
+            return db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+@pytest.fixture
+def engine(slurm_lab: SlurmLab, tmp_path: Path) -> Engine:
+    return Engine(slurm_lab, tmp_path)
+
+
+def fill_queue(lab: SlurmLab, pending: int = 6) -> list[int]:
+    """One job holding every GPU and `pending` one-GPU jobs behind it (the engine writes to each)."""
+    jobs = [lab.sbatch("-N4", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")]
+    lab.wait_for(lambda: lab.job_state(jobs[0]) == "RUNNING", 30, "blocker did not start")
+    users = ("dikeuser1", "dikeuser2")
+    jobs += [lab.sbatch("--gres=gpu:1", "--wrap", "sleep 60", user=users[i % 2]) for i in range(pending)]
+    return jobs
+
+
+def admin_comment(lab: SlurmLab, job_id: int) -> str:
+    line = lab.run("scontrol", "show", "job", "-o", str(job_id)).stdout
+    match = re.search(r" AdminComment=(.*?) (?:\w+=)", line)
+    return match.group(1) if match and match.group(1) != "(null)" else ""
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:"), proc.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------- (a) slurmctld down at the start
+
+
+def test_slurmctld_down_at_cycle_start_writes_nothing_and_resumes(slurm_lab: SlurmLab, engine: Engine) -> None:
+    jobs = fill_queue(slurm_lab, 3)
+    assert engine("run", "--once", "--apply").returncode == 0
+    before = engine.dump()
+    with daemon_down(slurm_lab, "slurmctld") as figures:
+        t0 = time.monotonic()
+        proc = engine("run", "--once", "--apply")
+        failed_in = time.monotonic() - t0
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        line = one_line_error(proc)
+        assert "squeue" in line and "failed" in line, line
+        assert engine.dump() == before  # nothing written to the state store
+    t0 = time.monotonic()
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recovered = time.monotonic() - t0
+    assert set(jobs) <= set(slurm_lab.job_ids())  # no job lost across the controller restart
+    for job in jobs:
+        assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+    print(f"FIGURES ctld-down: failed cycle {failed_in:.1f}s, ctld restart {figures['restart_s']:.1f}s, "
+          f"first cycle after {recovered:.1f}s")
+
+
+def test_service_loop_retries_with_backoff_while_slurmctld_is_down(slurm_lab: SlurmLab, engine: Engine) -> None:
+    fill_queue(slurm_lab, 2)
+    service = engine.start("run", "--apply", DIKE_ENGINE__INTERVAL_S="30")
+    try:
+        slurm_lab.wait_for(lambda: "cycle:" in engine.log(), 60, "no first cycle")
+        with daemon_down(slurm_lab, "slurmctld"):
+            slurm_lab.wait_for(lambda: "retrying in 5 s" in engine.log(), 60, "no retry logged")
+            slurm_lab.wait_for(lambda: "retrying in 10 s" in engine.log(), 60, "no backoff logged")
+        back = time.monotonic()
+        cycles_before = engine.log().count("cycle:")
+        slurm_lab.wait_for(lambda: engine.log().count("cycle:") > cycles_before, 60, "no cycle after restart")
+        print(f"FIGURES loop recovery: {time.monotonic() - back:.1f}s after slurmctld answered")
+        assert service.poll() is None  # the service survived the outage
+        assert "Traceback" not in engine.log()
+    finally:
+        service.terminate()
+        service.wait(30)
+    assert service.returncode == 0, engine.log()
+
+
+# ---------------------------------------------------------------- (b) slurmctld killed mid-apply
+
+
+def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
+    slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
+) -> None:
+    jobs = fill_queue(slurm_lab, 6)
+    time.sleep(6)  # let slurmctld save the new jobs before it is SIGKILLed
+    pidfile = slurm_lab.lab_dir / "run" / "slurmctld.pid"
+    counter = tmp_path / "updates"
+    bin_dir = wrapper_bin(tmp_path, scontrol=(
+        f'if [ "$1" = update ]; then\n'
+        f'  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n'
+        f'  if [ $n -eq 3 ]; then kill -KILL $(cat {pidfile}); sleep 0.5; fi\n'
+        f'fi\n'
+        f'exec /usr/bin/scontrol "$@"\n'
+    ))
+    try:
+        proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir),
+                      DIKE_ENGINE__BREAKER_MAX_ERRORS="2", DIKE_SLURM__COMMAND_TIMEOUT_S="10")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+        rows = engine.audit()
+    finally:
+        restart = start_daemon(slurm_lab, "slurmctld")
+    ok = [r for r in rows if r["action"] == "update" and r["ok"]]
+    failed = [r for r in rows if r["action"] == "update" and not r["ok"]]
+    skipped = [r for r in rows if r["action"] == "skipped"]
+    assert len(ok) == 2 and len(failed) == 2, [dict(r) for r in rows]
+    assert skipped and all("circuit breaker" in r["message"] for r in skipped)
+    assert not any(r["message"].startswith("unconfirmed") for r in rows)
+    # every job the engine had planned a write for is in the audit exactly once
+    assert len({r["job_id"] for r in rows}) == len(rows)
+    assert {r["job_id"] for r in rows} <= set(jobs)
+    # the audit is the truth: what it says was applied is in Slurm, the rest is not
+    for row in ok:
+        assert admin_comment(slurm_lab, row["job_id"]).startswith("dike:level="), dict(row)
+    for row in failed + skipped:
+        if "AdminComment" in row["change"] and row["job_id"] in slurm_lab.job_ids():
+            assert admin_comment(slurm_lab, row["job_id"]) == "", dict(row)
+    with engine.db() as db:
+        cycle = db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT 1").fetchone()
+        assert cycle["errors"] == 2 and cycle["writes"] == 2
+    # the next cycle (real scontrol) converges: every surviving job gets its values
+    t0 = time.monotonic()
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for job in set(jobs) & set(slurm_lab.job_ids()):
+        assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+    assert engine.integrity() == "ok"
+    print(f"FIGURES ctld killed mid-apply: restart {restart:.1f}s, converging cycle {time.monotonic() - t0:.1f}s, "
+          f"jobs kept {len(set(jobs) & set(slurm_lab.job_ids()))}/{len(jobs)}")
+
+
+# ---------------------------------------------------------------- (c) slurmdbd down
+
+
+def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
+    lab = slurm_lab
+    job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
+    lab.wait_for(lambda: lab.job_state(job) == "RUNNING", 30, "job did not start")
+    time.sleep(15)  # 8 GPUs x 15 s = 120 GPU-s: above the first threshold (72)
+    lab.run("scontrol", "requeue", str(job))
+    lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-X", "-D", "-j", str(job), "-o", "State").stdout,
+                 60, "sacct does not show the requeued run")
+    assert engine("run", "--once", "--apply").returncode == 0
+    with engine.db() as db:
+        level_before = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
+        runs_before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        sync_before = db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0]
+    assert level_before >= 1 and runs_before >= 1
+    with daemon_down(lab, "slurmdbd") as figures:
+        proc = engine("run", "--once", "--apply")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "accounting unavailable" in proc.stderr and "state store" in proc.stderr, proc.stderr
+        with engine.db() as db:
+            level = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
+            assert level == level_before  # not reset to 0
+            assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == runs_before
+            assert db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0] == sync_before
+        assert f"dike:level={level_before}" in admin_comment(lab, job)
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0 and "accounting unavailable" not in proc.stderr, proc.stderr
+    print(f"FIGURES dbd down: level kept {level_before}, dbd restart {figures['restart_s']:.1f}s")
+
+
+# ---------------------------------------------------------------- (d) hanging commands
+
+
+def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
+    # the fake squeue forks a child that keeps the pipes open: the whole process group is killed
+    bin_dir = wrapper_bin(tmp_path, squeue="sleep 300 &\nsleep 300\n")
+    t0 = time.monotonic()
+    proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="2",
+                  timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1
+    assert "timed out after 2s" in one_line_error(proc)
+    assert took < 15, took
+    assert not engine.state_db.exists() or not engine.audit()
+    print(f"FIGURES hanging squeue: cycle ended after {took:.1f}s (timeout 2 s)")
+
+
+def test_hanging_scontrol_update_hits_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
+    fill_queue(slurm_lab, 6)
+    bin_dir = wrapper_bin(tmp_path, scontrol='if [ "$1" = update ]; then sleep 300; fi\nexec /usr/bin/scontrol "$@"\n')
+    t0 = time.monotonic()
+    proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="2",
+                  DIKE_ENGINE__CYCLE_DEADLINE_S="3", DIKE_ENGINE__BREAKER_MAX_ERRORS="100", timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1
+    rows = engine.audit()
+    attempted = [r for r in rows if r["action"] == "update"]
+    skipped = [r for r in rows if r["action"] == "skipped"]
+    assert attempted and all(not r["ok"] and "timed out" in r["message"] for r in attempted)
+    assert skipped and all("cycle deadline" in r["message"] for r in skipped)
+    assert len(attempted) <= 3 and took < 30, (len(attempted), took)
+    assert "cycle deadline 3s passed" in proc.stderr
+    print(f"FIGURES hanging scontrol: {len(attempted)} attempted, {len(skipped)} skipped, cycle {took:.1f}s")
+
+
+# ---------------------------------------------------------------- (e) SIGKILL of the engine mid-cycle
+
+
+def test_engine_sigkilled_mid_apply_leaves_a_consistent_truthful_store(
+    slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
+) -> None:
+    jobs = fill_queue(slurm_lab, 6)
+    counter = tmp_path / "updates"
+    # the 3rd update reaches Slurm, then the engine (this script's parent) dies before recording it
+    bin_dir = wrapper_bin(tmp_path, scontrol=(
+        f'if [ "$1" = update ]; then\n'
+        f'  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n'
+        f'  if [ $n -eq 3 ]; then /usr/bin/scontrol "$@"; kill -KILL $PPID; exit 0; fi\n'
+        f'fi\n'
+        f'exec /usr/bin/scontrol "$@"\n'
+    ))
+    proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir))
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    assert engine.integrity() == "ok"
+    rows = engine.audit()
+    assert [bool(r["ok"]) for r in rows] == [True, True, False], [dict(r) for r in rows]
+    assert rows[2]["message"].startswith("unconfirmed"), dict(rows[2])
+    with engine.db() as db:
+        assert db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0] == 0  # the cycle never finished
+        owned = {r[0] for r in db.execute("SELECT DISTINCT job_id FROM owned")}
+    assert owned == {rows[0]["job_id"], rows[1]["job_id"]}  # owned exactly what was confirmed
+    for row in rows[:2]:
+        assert admin_comment(slurm_lab, row["job_id"]).startswith("dike:level=")
+    # restart: consistent, converges, and the unconfirmed write is seen as already in Slurm
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert engine.integrity() == "ok"
+    for job in jobs:
+        assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+
+
+# ---------------------------------------------------------------- (f) two engines
+
+
+def test_second_engine_refuses_and_a_dead_engines_lock_is_taken_over(slurm_lab: SlurmLab, engine: Engine) -> None:
+    fill_queue(slurm_lab, 2)
+    service = engine.start("run", "--apply", DIKE_ENGINE__INTERVAL_S="30")
+    lock = Path(f"{engine.state_db}.lock")
+    try:
+        slurm_lab.wait_for(lambda: "cycle:" in engine.log(), 60, "no first cycle")
+        assert lock.read_text().strip() == str(service.pid)
+        proc = engine("run", "--once", "--apply")
+        assert proc.returncode == 1
+        line = one_line_error(proc)
+        assert "another dike-slurm engine holds" in line and f"(pid {service.pid})" in line, line
+        service.kill()  # SIGKILL: the lock file stays, naming a dead process
+        service.wait(30)
+        assert lock.exists()
+        proc = engine("run", "--once", "--apply")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert engine.integrity() == "ok"
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(30)
+
+
+# ---------------------------------------------------------------- (g) SIGTERM / SIGHUP
+
+
+def test_sigterm_mid_apply_finishes_the_cycle_and_sighup_reloads(
+    slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
+) -> None:
+    jobs = fill_queue(slurm_lab, 4)
+    config = tmp_path / "dike.toml"
+    config.write_text(Path(slurm_lab.env["DIKE_CONFIG"]).read_text())
+    slow = wrapper_bin(tmp_path, scontrol='if [ "$1" = update ]; then sleep 1; fi\nexec /usr/bin/scontrol "$@"\n')
+    service = engine.start("run", "--apply", "-c", str(config), DIKE_SLURM__BIN_DIR=str(slow))
+    try:
+        slurm_lab.wait_for(lambda: "cycle:" in engine.log(), 90, "no first cycle")
+        config.write_text(config.read_text().replace("interval_s = 10", "interval_s = 11"))
+        service.send_signal(signal.SIGHUP)
+        slurm_lab.wait_for(lambda: "configuration reloaded" in engine.log(), 30, "no reload")
+        assert "interval 11 s" in engine.log()
+        # a broken file on SIGHUP: logged, the running configuration is kept
+        good = config.read_text()
+        config.write_text(good + "\n[engine]\nbogus = 1\n")
+        service.send_signal(signal.SIGHUP)
+        slurm_lab.wait_for(lambda: "not reloaded" in engine.log(), 30, "bad config not reported")
+        config.write_text(good)
+        # SIGTERM while a cycle is writing (each update takes 1 s): make the next cycle write
+        for job in jobs[1:]:
+            slurm_lab.run("scontrol", "update", f"JobId={job}", "AdminComment=")
+        audit_before = len(engine.audit())
+        slurm_lab.wait_for(lambda: len(engine.audit()) > audit_before, 60, "no write in the next cycle")
+        service.send_signal(signal.SIGTERM)
+        service.wait(60)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(30)
+    assert service.returncode == 0, engine.log()
+    assert "SIGTERM: stopping after the cycle" in engine.log()
+    assert "Traceback" not in engine.log()
+    rows = engine.audit()
+    assert not any(r["message"].startswith("unconfirmed") for r in rows)  # the cycle finished its writes
+    with engine.db() as db:
+        assert db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0] == engine.log().count("cycle:")
+    for job in jobs[1:]:
+        assert admin_comment(slurm_lab, job).startswith("dike:level="), job
