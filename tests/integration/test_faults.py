@@ -268,9 +268,10 @@ def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
     # every job the engine had planned a write for is in the audit exactly once
     assert len({r["job_id"] for r in rows}) == len(rows)
     assert {r["job_id"] for r in rows} <= set(jobs)
-    # the audit is the truth: what it says was applied is in Slurm, the rest is not
-    for row in ok:
-        assert admin_comment(slurm_lab, row["job_id"]).startswith("dike:level="), dict(row)
+    # The audit is the truth as Slurm answered: failed and skipped writes are not in Slurm. An
+    # acknowledged write can still be lost by a SIGKILLed slurmctld (it had not saved its state
+    # yet): the engine diffs against Slurm, so the next cycle writes it again.
+    lost = [r["job_id"] for r in ok if not admin_comment(slurm_lab, r["job_id"]).startswith("dike:level=")]
     for row in failed + skipped:
         if "AdminComment" in row["change"] and row["job_id"] in slurm_lab.job_ids():
             assert admin_comment(slurm_lab, row["job_id"]) == "", dict(row)
@@ -285,7 +286,8 @@ def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
         assert admin_comment(slurm_lab, job).startswith("dike:level="), job
     assert engine.integrity() == "ok"
     print(f"FIGURES ctld killed mid-apply: restart {restart:.1f}s, converging cycle {time.monotonic() - t0:.1f}s, "
-          f"jobs kept {len(set(jobs) & set(slurm_lab.job_ids()))}/{len(jobs)}")
+          f"jobs kept {len(set(jobs) & set(slurm_lab.job_ids()))}/{len(jobs)}, "
+          f"acknowledged writes lost by slurmctld {len(lost)}/{len(ok)} (rewritten)")
 
 
 # ---------------------------------------------------------------- (c) slurmdbd down
