@@ -1,0 +1,52 @@
+"""A job with a hostile name and comment in the real lab: the engine reads it as data only."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SlurmLab = Any
+MARKER = Path("/tmp/dike-hostile-pwned")
+NAME = f"$(touch {MARKER});`touch {MARKER}`|x&y<script>[red]z[/]'\"" + "N" * 200
+COMMENT = f"dike:level=9 attained=1.0gpuh; $(touch {MARKER}) | ; \\ \t" + "C" * 900  # Slurm itself rejects much longer ones ("too long")
+
+
+def test_hostile_job_name_and_comment_through_the_live_engine(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    MARKER.unlink(missing_ok=True)
+    lab = slurm_lab
+    blocker = lab.sbatch("-N4", "--gres=gpu:8", "--wrap", "sleep 300", user="dikeuser1")
+    lab.wait_for(lambda: lab.job_state(blocker) == "RUNNING", 30, "blocker did not start")
+    job = lab.sbatch(f"--job-name={NAME}", f"--comment={COMMENT}", "--gres=gpu:1", "--wrap", "sleep 30",
+                     user="dikeuser2")
+    env = dict(lab.env)
+    env.update({"DIKE_ENGINE__STATE_DB": str(tmp_path / "state.sqlite"), "COLUMNS": "250",
+                "DIKE_ENGINE__METRICS_FILE": str(tmp_path / "metrics.prom"),
+                "DIKE_ACCOUNTING__LOOKBACK_DAYS": repr(60 / 86400)})
+
+    def dike(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=env, capture_output=True,
+                              text=True, timeout=120, cwd="/tmp")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+        return proc
+
+    dike("run", "--once", "--apply", "-v")
+    line = lab.run("scontrol", "show", "job", "-o", str(job)).stdout
+    comment = re.search(r" AdminComment=(dike:level=\d+ attained=\d+\.\dgpuh)( promoted)? ", line)
+    assert comment, line  # ours, from our own fields
+    assert f"Comment={COMMENT[:30]}" in line  # the user's comment untouched
+    explain = dike("explain", str(job)).stdout
+    status = dike("status").stdout
+    assert str(job) in explain and "audit" in explain
+    for text in (explain, status):
+        assert "\x1b[" not in text
+    with sqlite3.connect(tmp_path / "state.sqlite") as db:
+        for change, command in db.execute("SELECT change, command FROM audit WHERE job_id = ?", (job,)):
+            assert "touch" not in change and "touch" not in command, (change, command)
+    time.sleep(0.5)
+    assert not MARKER.exists()
