@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import random
-from operator import attrgetter
 
 from dike_slurm.decisions import Decisions, SetPriority
 from dike_slurm.model import Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.common import split_active
-
-SUBMIT_ORDER = attrgetter("submit_time", "job_id")  # the tuple key (submit_time, job_id), built in C
 
 
 class FifoParams(PolicyParams):
@@ -23,12 +19,12 @@ class FifoPolicy(Policy):
     Params = FifoParams
 
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
-        pending, running = split_active(snapshot)
-        active = sorted(pending + running, key=SUBMIT_ORDER)
+        active = sorted(snapshot.pending + snapshot.running, key=lambda j: (j.submit_time, j.job_id))
         count = len(active)
         # Score = reversed rank: the earliest submission gets the highest score.
         return Decisions(
             priorities=tuple(
-                [SetPriority(job.job_id, 0, float(count - rank), "submit order") for rank, job in enumerate(active)]
+                SetPriority(job.job_id, 0, float(count - rank), "submit order")
+                for rank, job in enumerate(active)
             )
         )
