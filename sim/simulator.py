@@ -2,8 +2,9 @@
 
 Events sit in a heap ordered by (time, kind, sequence): at one instant run ends come first, then
 submissions, then wake-ups (a job becoming eligible, a Switches wait running out), then the
-policy cycle; one scheduling pass follows the whole instant. See docs/replay.md for the
-semantics and the simplifications.
+policy cycle and the backfill tick. After the instant, Slurm's main scheduler runs if anything
+changed, then its backfill scheduler if the tick fell. See docs/replay.md for the semantics and
+the simplifications.
 """
 
 from __future__ import annotations
