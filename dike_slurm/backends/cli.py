@@ -219,6 +219,16 @@ def topology_from_scontrol(text: str) -> Topology:
     return parse_topology_conf("\n".join(lines), source="scontrol show topology") if lines else Topology()
 
 
+def _entries(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """The objects of a JSON list (anything else in it, or instead of it, is skipped)."""
+    items = document.get(key)
+    if not isinstance(items, list):
+        if items:
+            log.warning("%s: not a list, ignored", key)
+        return []
+    return [item for item in items if isinstance(item, dict)]
+
+
 def _json_error(errors: Any) -> str:
     """The first entry of a JSON `errors` list in one line ("Failed while looking for jobs (slurm_load_jobs)")."""
     first = errors[0] if isinstance(errors, list) and errors else errors
@@ -305,10 +315,10 @@ class SlurmCliBackend(Backend):
         site_factors = self._site_factors()
         jobs: list[Job] = []
         admin_comments: dict[int, str] = {}
-        for entry in queue.get("jobs") or []:
+        for entry in _entries(queue, "jobs"):
             try:
                 job = job_from_squeue(entry, switches)
-            except (ValueError, TypeError, InputError) as exc:
+            except (ValueError, TypeError, OverflowError, InputError) as exc:
                 log.warning("squeue entry skipped: %s", exc)
                 continue
             if job.state.is_active:
@@ -316,8 +326,12 @@ class SlurmCliBackend(Backend):
                 admin_comments[job.job_id] = _text(entry.get("admin_comment"))
         info = self._json(self._command("sinfo"), "--json")
         nodes: dict[str, Node] = {}
-        for entry in info.get("nodes") or []:
-            node = node_from_sinfo(entry)
+        for entry in _entries(info, "nodes"):
+            try:
+                node = node_from_sinfo(entry)
+            except (ValueError, TypeError, OverflowError, InputError) as exc:
+                log.warning("sinfo entry skipped: %s", exc)
+                continue
             if node.name:
                 nodes.setdefault(node.name, node)
         return ClusterState(

@@ -1,0 +1,201 @@
+"""Property-based fuzzing of what Slurm's commands print: sacct parsable2 and JSON, squeue and sinfo
+JSON, `squeue -O`, `sprio` and `scontrol show topology` text. Any input gives a value or the
+project's own InputError / SlurmError, never another exception.
+
+The budget is fixed: FUZZ_EXAMPLES examples per test (9 tests: 1,800 examples in all).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping, Sequence
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dike_slurm.accounting import read_sacct_json, read_sacct_parsable2
+from dike_slurm.backends.base import ClusterState
+from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend, topology_from_scontrol
+from dike_slurm.config import SlurmSettings
+from dike_slurm.errors import InputError, SlurmError
+from dike_slurm.model import Topology
+
+FUZZ_EXAMPLES = 200
+fuzz = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+
+SLURMISH = st.text(alphabet=string.ascii_letters + string.digits + "[]-,=:/._+ \t\n#|()@*", max_size=120)
+ANY_TEXT = st.one_of(SLURMISH, st.text(max_size=120))
+FIELD = st.one_of(
+    st.sampled_from(["", "0", "1", "-1", "4294967294", "2026-01-01T00:00:00", "Unknown", "None", "INFINITE",
+                     "1-00:00:00", "cpu=4,gres/gpu=8,node=1", "gres/gpu:a100=2", "n[1-4]", "n[1-", "COMPLETED",
+                     "CANCELLED by 0", "RUNNING", "PENDING", "123_4", "123_[1-3]", "123.batch", "123+0",
+                     "gpu", "normal", "alice"]),
+    SLURMISH,
+)
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64), st.floats(allow_nan=True),
+                         ANY_TEXT)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(ANY_TEXT, inner, max_size=4)),
+    max_leaves=12,
+)
+NUMBERISH = st.one_of(JSON_SCALARS, st.fixed_dictionaries(
+    {}, optional={"set": st.booleans(), "infinite": st.booleans(), "number": JSON_SCALARS}))
+
+
+def value_or_own_error(parse, *args):
+    try:
+        return parse(*args)
+    except (InputError, SlurmError):
+        return None
+
+
+# ---------------------------------------------------------------- sacct
+
+
+@st.composite
+def sacct_dumps(draw) -> str:
+    columns = SACCT_FORMAT.split(",")
+    if draw(st.booleans()):
+        columns = draw(st.permutations(columns))
+    if draw(st.booleans()):
+        columns = columns[: draw(st.integers(0, len(columns)))]
+    rows = [
+        "|".join(draw(FIELD) for _ in range(len(columns) + draw(st.integers(-1, 1))))
+        for _ in range(draw(st.integers(0, 5)))
+    ]
+    return "\n".join(["|".join(columns), *rows])
+
+
+@fuzz
+@given(st.one_of(sacct_dumps(), ANY_TEXT))
+def test_sacct_parsable2_never_crashes(text):
+    result = value_or_own_error(read_sacct_parsable2, text, "fuzz")
+    assert result is None or all(r.job_id >= 0 or r.job_id < 0 for r in result.records)
+
+
+def sacct_job():
+    return st.fixed_dictionaries({}, optional={
+        "job_id": NUMBERISH, "array": JSON_VALUES, "user": JSON_VALUES, "account": JSON_VALUES,
+        "partition": JSON_VALUES, "state": st.one_of(JSON_VALUES, st.fixed_dictionaries(
+            {}, optional={"current": FIELD, "reason": FIELD})),
+        "time": st.one_of(JSON_VALUES, st.fixed_dictionaries({}, optional={
+            k: NUMBERISH for k in ("submission", "eligible", "start", "end", "elapsed", "limit")})),
+        "tres": st.one_of(JSON_VALUES, st.fixed_dictionaries({}, optional={
+            "allocated": st.lists(st.fixed_dictionaries({}, optional={
+                "type": FIELD, "name": FIELD, "count": NUMBERISH}), max_size=3),
+            "requested": JSON_VALUES})),
+        "nodes": JSON_VALUES, "allocation_nodes": NUMBERISH, "qos": JSON_VALUES,
+    })
+
+
+@fuzz
+@given(st.one_of(
+    st.builds(lambda jobs: json.dumps({"jobs": jobs}), st.lists(sacct_job(), max_size=4)),
+    st.builds(json.dumps, JSON_VALUES),
+    ANY_TEXT,
+))
+def test_sacct_json_never_crashes(text):
+    value_or_own_error(read_sacct_json, text, "fuzz")
+
+
+# ---------------------------------------------------------------- squeue / sinfo / sprio through the backend
+
+
+def squeue_job():
+    keys = ("job_id", "job_state", "user_name", "user_id", "account", "partition", "qos", "name", "comment",
+            "admin_comment", "array_job_id", "array_task_id", "submit_time", "eligible_time", "start_time",
+            "time_limit", "node_count", "cpus", "tres_alloc_str", "tres_req_str", "tres_per_job", "tres_per_node",
+            "nodes", "features", "excluded_nodes", "priority", "nice", "requeue")
+    return st.fixed_dictionaries({}, optional={k: st.one_of(NUMBERISH, FIELD, JSON_VALUES) for k in keys})
+
+
+def sinfo_node():
+    keys = ("name", "state", "state_flags", "gres", "gres_used", "cpus", "features", "active_features", "partitions")
+    return st.fixed_dictionaries({}, optional={k: st.one_of(FIELD, JSON_VALUES, st.lists(FIELD, max_size=3))
+                                              for k in keys})
+
+
+def document(items, key):
+    return st.one_of(
+        st.builds(lambda xs, errors: json.dumps({key: xs, "errors": errors}), st.lists(items, max_size=4),
+                  st.one_of(st.just([]), JSON_VALUES)),
+        st.builds(json.dumps, JSON_VALUES),
+        ANY_TEXT,
+    )
+
+
+def backend(outputs: Mapping[str, str]) -> SlurmCliBackend:
+    def runner(argv: Sequence[str], env, timeout) -> CommandResult:
+        name = argv[0]
+        if name == "squeue":
+            name = "squeue-json" if "--json" in argv else "squeue-O"
+        return CommandResult(0, outputs.get(name, ""), "")
+
+    return SlurmCliBackend(SlurmSettings(), runner=runner, clock=lambda: 1_000_000.0)
+
+
+def read(outputs) -> ClusterState | None:
+    return value_or_own_error(backend(outputs).read_cluster)
+
+
+@fuzz
+@given(document(squeue_job(), "jobs"))
+def test_squeue_json_never_crashes(text):
+    cluster = read({"squeue-json": text, "sinfo": '{"nodes": []}'})
+    assert cluster is None or all(j.job_id is not None for j in cluster.jobs)
+
+
+@fuzz
+@given(document(sinfo_node(), "nodes"))
+def test_sinfo_json_never_crashes(text):
+    read({"squeue-json": '{"jobs": []}', "sinfo": text})
+
+
+SWITCH_LINES = st.lists(st.builds("|".join, st.lists(FIELD, min_size=0, max_size=4)), max_size=5).map("\n".join)
+
+
+@fuzz
+@given(st.one_of(SWITCH_LINES, ANY_TEXT), st.one_of(SWITCH_LINES, ANY_TEXT))
+def test_squeue_o_and_sprio_text_never_crash(switches, sprio):
+    queue = json.dumps({"jobs": [{"job_id": 5, "job_state": "PENDING", "submit_time": 1}]})
+    read({"squeue-json": queue, "squeue-O": switches, "sprio": sprio, "sinfo": '{"nodes": []}'})
+
+
+TOPOLOGY_LINES = st.lists(
+    st.builds(lambda name, key, value, level: f"SwitchName={name} Level={level} LinkSpeed=1 {key}={value}",
+              FIELD, st.sampled_from(["Nodes", "Switches", "Other"]), FIELD, FIELD),
+    max_size=6,
+).map("\n".join)
+
+
+@fuzz
+@given(st.one_of(TOPOLOGY_LINES, ANY_TEXT))
+def test_scontrol_show_topology_never_crashes(text):
+    result = value_or_own_error(topology_from_scontrol, text)
+    assert result is None or isinstance(result, Topology)
+
+
+@fuzz
+@given(st.one_of(TOPOLOGY_LINES, ANY_TEXT))
+def test_scontrol_topology_through_the_backend_never_crashes(text):
+    read({"squeue-json": '{"jobs": []}', "sinfo": '{"nodes": []}', "scontrol": text})
+
+
+@fuzz
+@given(st.one_of(sacct_dumps(), ANY_TEXT))
+def test_sacct_through_the_backend_never_crashes(text):
+    def runner(argv, env, timeout):
+        return CommandResult(0, text, "")
+
+    value_or_own_error(SlurmCliBackend(SlurmSettings(), runner=runner).accounting, 0.0, 86400.0)
+
+
+@fuzz
+@given(st.integers(-255, 255), ANY_TEXT, ANY_TEXT)
+def test_failed_commands_become_slurm_errors(code, stdout, stderr):
+    def runner(argv, env, timeout):
+        return CommandResult(code, stdout, stderr)
+
+    value_or_own_error(SlurmCliBackend(SlurmSettings(), runner=runner).read_cluster)
