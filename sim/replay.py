@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dike_slurm.accounting import ReadResult, read_sacct_file
+from dike_slurm.accounting import read_sacct_file
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
 from dike_slurm.model import Topology
@@ -33,10 +33,17 @@ TIMELINE_BINS = 200
 
 @dataclass(frozen=True)
 class ReplayInput:
-    """A dump read and turned into replayable jobs, with the cluster it replays on."""
+    """A dump turned into replayable jobs, with the cluster it replays on.
+
+    The accounting records themselves are not kept: once the trace is built only their counts
+    are needed, and a long dump's records would double the replay's memory.
+    """
 
     dump: Path
-    read: ReadResult
+    rows: int
+    records: int
+    skipped: dict[str, int]
+    jobs_in_dump: int
     trace: TraceBuild
     conf: ClusterConf
     topology: Topology
@@ -45,10 +52,10 @@ class ReplayInput:
         """The `input` section of summary.json."""
         return {
             "dump": self.dump.name,
-            "rows": self.read.rows,
-            "records": len(self.read.records),
-            "skipped_rows": dict(self.read.skipped),
-            "jobs_in_dump": len({r.job_id for r in self.read.records}),
+            "rows": self.rows,
+            "records": self.records,
+            "skipped_rows": dict(self.skipped),
+            "jobs_in_dump": self.jobs_in_dump,
             "jobs_replayed": len(self.trace.jobs),
             "jobs_not_replayed": dict(self.trace.excluded),
             "adjustments": dict(self.trace.notes),
@@ -66,7 +73,8 @@ def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> Repl
     if not trace.jobs:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in {**read.skipped, **trace.excluded}.items())
         raise InputError(f"no job to replay ({reasons or 'no data rows'})", source=str(dump))
-    return ReplayInput(dump, read, trace, conf, topology)
+    jobs_in_dump = len({r.job_id for r in read.records})
+    return ReplayInput(dump, read.rows, len(read.records), dict(read.skipped), jobs_in_dump, trace, conf, topology)
 
 
 def scheduler_parameters(conf: ClusterConf) -> dict[str, str]:
