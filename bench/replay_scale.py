@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/replay_scale.py                      # 10k and 100k jobs, five policies
     .venv/bin/python bench/replay_scale.py --sizes 100000 --policies fifo,dike --load 0.7
+    .venv/bin/python bench/replay_scale.py --sizes 100000 --comm-penalty 1   # saturated: minutes
 
 Each replay runs in a fresh process (one core) so that its peak memory is its own. Printed as a
 table and written as JSON (bench/results/replay_scale.json by default). Figures: CPU seconds,
@@ -110,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--policies", default="fifo,tiresias,dike,multifactor,srtf_oracle")
     parser.add_argument("--interval", type=float, default=None, help="policy cycle (default: the config's 60 s)")
-    parser.add_argument("--comm-penalty", type=float, default=None)
+    parser.add_argument(
+        "--comm-penalty", type=float, default=0.0,
+        help="0 (default) keeps the generated load at --load; the config's 1.0 slows spread jobs so much that "
+             "the cluster saturates and the queue (and the replay time) grows without bound",
+    )
     parser.add_argument("--traces", type=Path, default=RESULTS / "traces", help="where generated traces are kept")
     parser.add_argument("--out", type=Path, default=RESULTS / "replay_scale.json")
     args = parser.parse_args(argv)
