@@ -42,6 +42,9 @@ class EngineSettings(_Section):
     breaker_min_jobs: int = Field(20, ge=0, description="the fraction check applies from this many managed jobs")
     breaker_max_errors: int = Field(5, ge=0, description="stop writing after this many failed writes in a cycle")
     cycle_deadline_s: float = Field(45.0, gt=0)
+    max_requeues_per_cycle: int = Field(
+        2, ge=0, description="preemption rate limit: at most this many requeues per cycle, whatever the policy asks"
+    )
     state_db: Path = Field(Path("/var/lib/dike-slurm/state.sqlite"))
     lock_file: Path | None = Field(None, description="default: state_db + '.lock'")
     seed: int = 0

@@ -112,6 +112,7 @@ class CyclePlan:
     accounting_skipped: Mapping[str, int] = field(default_factory=dict)
     read_calls: int = 0
     accounting_ok: bool = True  # False: sacct failed; levels come from the state store alone
+    breaker: str = ""  # why the mass-rewrite breaker tripped in this plan ("" when it did not)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -303,8 +304,8 @@ class Engine:
         writes, held_back, guard_notes = self._guardrails(plans, owned)
         if accounting_note:
             notes.insert(0, accounting_note)
-        managed_running = {p.job.job_id for p in plans if p.managed and p.job.state is JobState.RUNNING}
-        requeues = tuple(r for r in decisions.requeues if r.job_id in managed_running)
+        requeues, requeue_notes = self._requeue_guard(plans, decisions.requeues, snapshot.time)
+        notes.extend(requeue_notes)
         return CyclePlan(
             time=now,
             policy=self.policy.name,
@@ -319,7 +320,35 @@ class Engine:
             accounting_skipped=dict(skipped),
             read_calls=self.backend.calls - calls_before,
             accounting_ok=accounting_note is None,
+            breaker=next((n for n in guard_notes if n.startswith("circuit breaker")), ""),
         )
+
+    def _requeue_guard(self, plans: list[JobPlan], wanted, now: float) -> tuple[tuple[Requeue, ...], list[str]]:
+        """The engine's own check of the policy's requeues: managed running jobs that opted in
+        (requeueable), not younger than min_runtime_s, preempted fewer than max_preemptions times,
+        and at most engine.max_requeues_per_cycle of them."""
+        running = {p.job.job_id: p.job for p in plans if p.managed and p.job.state is JobState.RUNNING}
+        min_runtime = float(getattr(self.params, "min_runtime_s", 0.0) or 0.0)
+        max_preemptions = getattr(self.params, "max_preemptions", None)
+        kept: list[Requeue] = []
+        refused: list[str] = []
+        for requeue in wanted:
+            job = running.get(requeue.job_id)
+            if job is None:
+                why = "not a managed running job"
+            elif not job.requeueable:
+                why = "did not opt in (not requeueable)"
+            elif job.start_time is None or now - job.start_time < min_runtime:
+                why = f"ran less than min_runtime_s={min_runtime:g}"
+            elif max_preemptions is not None and job.preemptions >= max_preemptions:
+                why = f"already preempted {job.preemptions} time(s) (max_preemptions={max_preemptions})"
+            elif len(kept) >= self.config.engine.max_requeues_per_cycle:
+                why = f"max_requeues_per_cycle={self.config.engine.max_requeues_per_cycle} reached"
+            else:
+                kept.append(requeue)
+                continue
+            refused.append(f"requeue of job {requeue.job_id} refused: {why}")
+        return tuple(kept), refused
 
     def _read_accounting(self, now: float):
         lookback_start = now - self.config.accounting.lookback_days * 86400.0
@@ -667,9 +696,18 @@ class Engine:
         errors = 0
         succeeded: set[tuple[int, JobField]] = set()
         stopped = ""
-        for index, write in enumerate(plan.writes):
+        tripped = self.store.breaker()
+        if tripped is None and plan.breaker:
+            tripped = self._trip(plan.breaker)
+        if tripped is not None:
+            stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
+                       f"`dike-slurm breaker reset`")
+            notes.append(stopped)
+            self._audit_skipped(plan, cycle, plan.writes, stopped)
+        for index, write in enumerate(() if stopped else plan.writes):
             if errors >= engine.breaker_max_errors:
-                stopped = f"circuit breaker: {errors} failed writes; the rest waits for the next cycle"
+                stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
+                self._trip(f"{errors} failed writes in cycle {cycle}")
             elif self.clock() - started > engine.cycle_deadline_s:
                 stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
             if stopped:
@@ -709,6 +747,12 @@ class Engine:
         with self.store.transaction():
             self.store.record_cycle(self._summary(report))
         return report
+
+    def _trip(self, reason: str) -> str:
+        with self.store.transaction():
+            self.store.trip_breaker(reason)
+        log.error("circuit breaker tripped: %s", reason)
+        return reason
 
     def _audit_skipped(self, plan: CyclePlan, cycle: int, writes, why: str) -> None:
         """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""

@@ -187,6 +187,18 @@ class StateStore:
         with self._db:
             yield
 
+    # ---------------------------------------------------------------- circuit breaker
+
+    def breaker(self) -> str | None:
+        """Why the circuit breaker tripped, or None; it stays tripped until an operator resets it."""
+        return self._meta("breaker")
+
+    def trip_breaker(self, reason: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)", (reason,))
+
+    def reset_breaker(self) -> None:
+        self._db.execute("DELETE FROM meta WHERE key = 'breaker'")
+
     # ---------------------------------------------------------------- accounting sync
 
     def last_sync(self) -> float | None:

@@ -21,7 +21,7 @@ from dike_slurm.config import Config, load_config
 from dike_slurm.engine import CyclePlan, CycleReport, Engine, describe_value, write_metrics
 from dike_slurm.errors import DikeError, InputError
 from dike_slurm.render import RENDER_KINDS, render
-from dike_slurm.state import StateStore, exclusive_lock
+from dike_slurm.state import AuditEntry, StateStore, exclusive_lock
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
 _CONTROL = {c: " " for c in range(32)} | {127: " "}
@@ -155,7 +155,7 @@ def run_command(
                         log.warning(note)
                 if config.engine.metrics_file is not None:
                     write_metrics(report, config.engine.metrics_file)
-                if once and report.errors:
+                if once and (report.errors or (apply and engine.store.breaker() is not None)):
                     raise typer.Exit(1)
             if once:
                 return
@@ -341,6 +341,36 @@ def revert_command(
     console.print(f"{len(plan.writes)} job(s) to restore, {len(plan.released)} field(s) released without a write")
     if apply and any(not o.ok and not o.job_gone for o in outcomes.values()):
         raise typer.Exit(1)
+
+
+@app.command("breaker")
+def breaker_command(
+    action: str = typer.Argument("status", help="status | reset"),
+    config_path: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """The circuit breaker: why it tripped, or `reset` to let the engine write again (audited)."""
+    if action not in ("status", "reset"):
+        raise InputError(f"breaker: unknown action {action!r} (status or reset)")
+    config = load_config(config_path)
+    if action == "status":
+        store = StateStore(config.engine.state_db, read_only=True)
+        reason = store.breaker()
+        console.print(_safe("circuit breaker: " + ("closed (the engine writes)" if reason is None
+                                                   else f"TRIPPED: {reason}")))
+        if reason is not None:
+            raise typer.Exit(1)
+        return
+    with _lock(config):
+        store = StateStore(config.engine.state_db)
+        reason = store.breaker()
+        if reason is None:
+            console.print("circuit breaker: closed, nothing to reset")
+            return
+        with store.transaction():
+            store.reset_breaker()
+            store.audit(AuditEntry(time.time(), store.next_cycle(), 0, "breaker-reset", f"cleared: {reason}",
+                                   "dike-slurm breaker reset", "none", True, "", "operator"))
+    console.print(_safe(f"circuit breaker reset (it had tripped: {reason})"))
 
 
 @app.command("render")

@@ -278,6 +278,11 @@ def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
     with engine.db() as db:
         cycle = db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT 1").fetchone()
         assert cycle["errors"] == 2 and cycle["writes"] == 2
+    # the error breaker latched: nothing is written until an operator resets it
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 1 and "circuit breaker tripped" in proc.stderr, proc.stdout + proc.stderr
+    assert engine("breaker", "status").returncode == 1
+    assert engine("breaker", "reset").returncode == 0
     # the next cycle (real scontrol) converges: every surviving job gets its values
     t0 = time.monotonic()
     proc = engine("run", "--once", "--apply")
