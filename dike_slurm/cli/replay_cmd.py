@@ -157,7 +157,7 @@ def replay_command(
     slurm_conf: Path = typer.Option(..., "--slurm-conf", help="the site's slurm.conf (NodeName lines with Gres)"),
     topology: Path | None = typer.Option(None, "--topology", help="topology.conf (default: beside slurm.conf)"),
     policy: list[str] = typer.Option([], "--policy", "-p", help="policy to replay (repeat for several)"),
-    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration ([replay], [policies.*])"),
+    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration: its replay section and the policies.NAME tables"),
     comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
     penalty_sweep: str = typer.Option("", "--penalty-sweep", help="also replay at these penalties, e.g. 0,0.5,2 (report table)"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random generator handed to the policies"),
@@ -291,7 +291,7 @@ def tune_command(
     config_path: Path | None = typer.Option(None, "--config", help="TOML configuration"),
     quantiles: list[str] = typer.Option([], "--quantiles", help="a candidate, e.g. 0.5,0.75 (repeat; default: four sets)"),
     baseline: list[str] = typer.Option(["fifo"], "--baseline", help="policies replayed for comparison"),
-    comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0),
+    comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
