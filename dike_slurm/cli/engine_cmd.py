@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sqlite3
 import sys
 import time
 from contextlib import ExitStack, nullcontext
@@ -21,7 +22,7 @@ from dike_slurm.config import Config, load_config
 from dike_slurm.engine import CyclePlan, CycleReport, Engine, describe_value, write_metrics
 from dike_slurm.errors import DikeError, InputError
 from dike_slurm.render import RENDER_KINDS, render
-from dike_slurm.state import AuditEntry, StateStore, exclusive_lock
+from dike_slurm.state import AuditEntry, StateError, StateStore, exclusive_lock
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
 _CONTROL = {c: " " for c in range(32)} | {127: " "}
@@ -139,7 +140,10 @@ def run_command(
         while True:
             started = time.monotonic()
             try:
-                report = engine.cycle(apply=apply)
+                try:
+                    report = engine.cycle(apply=apply)
+                except sqlite3.Error as exc:  # disk full, file removed...: one line, not a traceback
+                    raise StateError(f"state store {config.engine.state_db}: {exc}") from None
             except DikeError as exc:
                 if once:
                     raise
