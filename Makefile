@@ -14,7 +14,8 @@ $(STAMP): setup.cfg pyproject.toml scripts/bootstrap-venv
 
 demo: $(STAMP)
 	$(BIN)/dike-slurm replay $(SAMPLE)/sacct.txt --slurm-conf $(SAMPLE)/slurm.conf \
-	    --topology $(SAMPLE)/topology.conf --policy fifo --policy tiresias --policy dike --out out/demo
+	    --topology $(SAMPLE)/topology.conf --policy fifo --policy tiresias --policy dike \
+	    --penalty-sweep 0,0.5 --out out/demo
 
 # The whole suite, integration tests included, against a lab cluster that is started before
 # and stopped after (also when tests fail). DIKE_SKIP_SLURM=1 skips the cluster explicitly.
