@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, Placement, Snapshot, Topology
+from dike_slurm.model import Job, JobState, Placement, Snapshot, Topology
 
 COMMENT_TAG = re.compile(r"dike:comm=(high|low)\b", re.IGNORECASE)
 
@@ -35,9 +35,10 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
 def usage_fractions(usage: Mapping[str, float], owners: Sequence[str]) -> dict[str, float]:
     """Each owner's share of the total decayed usage (0 for owners with none)."""
     total = sum(max(0.0, usage.get(o, 0.0)) for o in set(owners) | set(usage))
+    unique = dict.fromkeys(owners)  # the same keys in the same order, each worked out once
     if total <= 0:
-        return {o: 0.0 for o in owners}
-    return {o: max(0.0, usage.get(o, 0.0)) / total for o in owners}
+        return {o: 0.0 for o in unique}
+    return {o: max(0.0, usage.get(o, 0.0)) / total for o in unique}
 
 
 def share_fractions(shares: Mapping[str, float], owners: Sequence[str]) -> dict[str, float]:
@@ -48,8 +49,26 @@ def share_fractions(shares: Mapping[str, float], owners: Sequence[str]) -> dict[
     return {o: raw[o] / total for o in unique}
 
 
+def split_active(snapshot: Snapshot) -> tuple[tuple[Job, ...], tuple[Job, ...]]:
+    """(pending, running) in snapshot order: `snapshot.pending` and `.running` in one pass."""
+    pending: list[Job] = []
+    running: list[Job] = []
+    for job in snapshot.jobs:
+        state = job.state
+        if state is JobState.PENDING:
+            pending.append(job)
+        elif state is JobState.RUNNING:
+            running.append(job)
+    return tuple(pending), tuple(running)
+
+
 def owner_of(job: Job, by: str) -> str:
     return job.account if by == "account" else job.user
+
+
+def owners_of(jobs: Sequence[Job], by: str) -> list[str]:
+    """`owner_of` of each job, in one comprehension."""
+    return [j.account for j in jobs] if by == "account" else [j.user for j in jobs]
 
 
 class CommRule(BaseModel):
@@ -74,9 +93,11 @@ class CommRule(BaseModel):
 
 def is_comm_heavy(job: Job, comm_gpus: int, rules: Sequence[CommRule]) -> bool:
     """Comment tag first, then the first matching rule, then size (several nodes or many GPUs)."""
-    tag = COMMENT_TAG.search(job.comment or "")
-    if tag:
-        return tag.group(1).lower() == "high"
+    comment = job.comment
+    if comment:  # most jobs have none: skip the regex (an empty comment never matches)
+        tag = COMMENT_TAG.search(comment)
+        if tag:
+            return tag.group(1).lower() == "high"
     for rule in rules:
         if rule.matches(job):
             return rule.comm == "high"
@@ -101,9 +122,75 @@ def leaf_free_gpus(snapshot: Snapshot) -> dict[str, int]:
     return free
 
 
-def switches_needed(job: Job, capacity: Mapping[str, int]) -> int:
-    """The fewest leaf switches that could hold the job."""
-    biggest = max(capacity.values(), default=0)
+class ClusterView:
+    """What the placement helpers read from the nodes, from one pass over them.
+
+    `capacity` is `leaf_gpu_capacity`, `free_by_leaf` is `leaf_free_gpus`, `excluded` is
+    `steering_exclusions` (empty unless `steer`) and `largest_free` is `largest_free_outside` of
+    those exclusions: the same values those four functions return, without walking the nodes
+    (and the topology's leaf lookup) four times per cycle.
+    """
+
+    __slots__ = ("capacity", "free_by_leaf", "excluded", "largest_free")
+
+    def __init__(self, snapshot: Snapshot, steer: bool) -> None:
+        leaf_of = snapshot.topology.leaf_of
+        capacity: dict[str, int] = {}
+        free_by_leaf: dict[str, int] = {}
+        members: dict[str, list[str]] = {}
+        idle_leaf: dict[str, bool] = {}
+        best_by_leaf: dict[str, dict[str, int]] = {}  # leaf -> partition ("" = any) -> most free GPUs on a node
+        for node in snapshot.nodes:
+            leaf = leaf_of(node.name)
+            available = node.available
+            free = 0
+            if available:
+                capacity[leaf] = capacity.get(leaf, 0) + node.gpus
+                free = node.gpus - node.gpus_alloc
+                if free < 0:
+                    free = 0
+            free_by_leaf[leaf] = free_by_leaf.get(leaf, 0) + free
+            if leaf in members:
+                members[leaf].append(node.name)
+                idle_leaf[leaf] = idle_leaf[leaf] and available and node.gpus_alloc == 0
+                best = best_by_leaf[leaf]
+            else:
+                members[leaf] = [node.name]
+                idle_leaf[leaf] = available and node.gpus_alloc == 0
+                best = best_by_leaf[leaf] = {"": 0}
+            if free > best[""]:
+                best[""] = free
+            for partition in node.partitions:
+                if free > best.get(partition, 0):
+                    best[partition] = free
+                elif partition not in best:
+                    best[partition] = 0
+        excluded: list[str] = []
+        excluded_leaves: set[str] = set()
+        if steer:
+            for leaf, idle in sorted(idle_leaf.items()):
+                if idle and not leaf.startswith("~"):
+                    excluded.extend(sorted(members[leaf]))
+                    excluded_leaves.add(leaf)
+        largest_free: dict[str, int] = {"": 0}
+        for leaf, best in best_by_leaf.items():
+            if leaf in excluded_leaves:
+                continue
+            for partition, free in best.items():
+                if free > largest_free.get(partition, 0):
+                    largest_free[partition] = free
+                elif partition not in largest_free:
+                    largest_free[partition] = 0
+        self.capacity = capacity
+        self.free_by_leaf = free_by_leaf
+        self.excluded = tuple(excluded)
+        self.largest_free = largest_free
+
+
+def switches_needed(job: Job, capacity: Mapping[str, int], biggest: int | None = None) -> int:
+    """The fewest leaf switches that could hold the job (`biggest`: the largest capacity, if known)."""
+    if biggest is None:
+        biggest = max(capacity.values(), default=0)
     if biggest <= 0:
         return 1
     return max(1, math.ceil(job.gpus / biggest))
@@ -124,21 +211,58 @@ def consolidation(
     `switches` mode writes Slurm's Switches=N@wait, which Slurm relaxes by itself after the wait.
     `leaf_feature` mode pins a leaf through its feature and is cleared here once the wait passed.
     """
-    count = switches_needed(job, capacity)
-    if mode == "switches":
-        return SetPlacement(job.job_id, Placement(max_switches=count, switches_wait_s=wait_s), reason)
-    waited = job.waiting_s(now)
-    if waited >= wait_s or count > 1:
-        if job.placement.features:
-            return ClearPlacement(job.job_id, f"consolidation wait {wait_s}s passed; relaxed")
-        return None
-    if job.placement.features and job.placement.features.startswith(leaf_feature_prefix):
-        return SetPlacement(job.job_id, job.placement, reason)  # keep the leaf chosen earlier
-    fitting = [leaf for leaf, cap in capacity.items() if cap >= job.gpus and not leaf.startswith("~")]
-    if not fitting:
-        return None
-    best = max(fitting, key=lambda leaf: (free_by_leaf.get(leaf, 0), leaf))
-    return SetPlacement(job.job_id, Placement(features=f"{leaf_feature_prefix}{best}"), reason)
+    return Consolidator(capacity, free_by_leaf, wait_s, mode, leaf_feature_prefix).decide(job, now, reason)
+
+
+class Consolidator:
+    """`consolidation` for many jobs of one snapshot: what depends only on the cluster is worked
+    out once (largest leaf, best leaf per job size, the Placement of each switch count) instead of
+    once per job, which made a cycle O(pending x leaves)."""
+
+    def __init__(
+        self,
+        capacity: Mapping[str, int],
+        free_by_leaf: Mapping[str, int],
+        wait_s: int,
+        mode: str,
+        leaf_feature_prefix: str,
+    ) -> None:
+        self.capacity = capacity
+        self.free_by_leaf = free_by_leaf
+        self.wait_s = wait_s
+        self.mode = mode
+        self.prefix = leaf_feature_prefix
+        self.biggest = max(capacity.values(), default=0)
+        self._switches: dict[int, Placement] = {}  # leaf count -> Switches=count@wait
+        self._leaf: dict[int, Placement | None] = {}  # GPUs -> feature of the best fitting leaf
+
+    def decide(self, job: Job, now: float, reason: str) -> SetPlacement | ClearPlacement | None:
+        count = switches_needed(job, self.capacity, self.biggest)
+        if self.mode == "switches":
+            placement = self._switches.get(count)
+            if placement is None:
+                placement = self._switches[count] = Placement(max_switches=count, switches_wait_s=self.wait_s)
+            return SetPlacement(job.job_id, placement, reason)
+        waited = job.waiting_s(now)
+        if waited >= self.wait_s or count > 1:
+            if job.placement.features:
+                return ClearPlacement(job.job_id, f"consolidation wait {self.wait_s}s passed; relaxed")
+            return None
+        if job.placement.features and job.placement.features.startswith(self.prefix):
+            return SetPlacement(job.job_id, job.placement, reason)  # keep the leaf chosen earlier
+        gpus = job.gpus
+        if gpus in self._leaf:
+            placement = self._leaf[gpus]
+        else:
+            fitting = [leaf for leaf, cap in self.capacity.items() if cap >= gpus and not leaf.startswith("~")]
+            placement = None
+            if fitting:
+                best = max(fitting, key=lambda leaf: (self.free_by_leaf.get(leaf, 0), leaf))
+                placement = Placement(features=f"{self.prefix}{best}")
+            self._leaf[gpus] = placement
+        if placement is None:
+            return None
+        return SetPlacement(job.job_id, placement, reason)
 
 
 def steering_exclusions(snapshot: Snapshot, topology: Topology) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ consolidation of communication-heavy jobs, steering of light jobs, optional pree
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -16,18 +17,16 @@ from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import (
+    ClusterView,
     CommRule,
-    consolidation,
+    Consolidator,
     fits_fragmented,
     is_comm_heavy,
-    largest_free_outside,
-    leaf_free_gpus,
-    leaf_gpu_capacity,
     level_of,
-    owner_of,
+    owners_of,
     quantile,
     share_fractions,
-    steering_exclusions,
+    split_active,
     usage_fractions,
 )
 
@@ -134,79 +133,121 @@ class DikePolicy(Policy):
         assert isinstance(params, DikeParams)
         now = snapshot.time
         thresholds, origin = thresholds_gpu_s(snapshot, params)
-        active = snapshot.pending + snapshot.running
-        owners = [owner_of(j, params.fairness_by) for j in active]
+        pending, running = split_active(snapshot)
+        active = pending + running
+        owners = owners_of(active, params.fairness_by)
         usage = usage_fractions(snapshot.user_usage_gpu_s, owners)
         shares = share_fractions(snapshot.user_shares, owners)
-        weight_total = params.fairness_weight + params.wait_weight
+        fairness_weight, wait_weight, wait_scale = params.fairness_weight, params.wait_weight, params.wait_scale_s
+        weight_total = fairness_weight + wait_weight
+        top_level = params.levels - 1
+        promote_knob, max_wait_s = params.promote_knob, params.max_wait_s
 
-        priorities: list[SetPriority] = []
-        level_by_job: dict[int, int] = {}
-        for job, owner in zip(active, owners):
-            level, promoted, reason = levels_with_promotion(
-                job, now, thresholds, params.promote_knob, params.max_wait_s
-            )
-            level_by_job[job.job_id] = level
+        # What depends only on the owner (fair-share factor, its weighted term, the reason's tail)
+        # is worked out once per owner, not once per job: this loop runs for every active job.
+        by_owner: dict[str, tuple[float, str]] = {}
+        for owner in usage:
             # Slurm's classic fair-share factor 2^(-usage/share): 1 for an owner with no recent
             # usage, 1/2 at exactly its share, falling fast beyond it.
             fairness = 2.0 ** (-usage[owner] / shares[owner]) if shares[owner] > 0 else 0.0
-            waited = job.waiting_s(now)
-            wait = waited / (waited + params.wait_scale_s)
-            mix = (params.fairness_weight * fairness + params.wait_weight * wait) / weight_total if weight_total else 0.0
-            score = (params.levels - 1 - level) + WITHIN_SPAN * min(max(mix, 0.0), 1.0)
-            priorities.append(
-                SetPriority(
-                    job.job_id,
-                    level,
-                    score,
-                    f"level={level} {reason}; thresholds {origin}; fair={fairness:.2f} wait={wait:.2f}",
-                    promoted=promoted,
-                )
-            )
+            by_owner[owner] = (fairness_weight * fairness, f"; thresholds {origin}; fair={fairness:.2f} wait=")
+        # A running job has waited 0 s: its wait term, score tail and reason tail are the owner's.
+        running_wait = 0.0 / (0.0 + wait_scale)
+        running_wait_text = f"{running_wait:.2f}"
 
-        placements = self._placements(snapshot, params) if params.consolidate or params.steer_light_jobs else []
-        requeues = self._preemptions(snapshot, params, level_by_job) if params.preemption else []
+        priorities: list[SetPriority] = []
+        append = priorities.append
+        level_by_job: dict[int, int] = {}  # read by preemption only
+        keep_levels = params.preemption
+        pending_state = JobState.PENDING
+        zero_service = f"attained={0.0 / 3600:.2f}gpuh"  # most pending jobs never ran
+        for job, owner in zip(active, owners):
+            # levels_with_promotion, inlined for the common case (exactly the same arithmetic)
+            service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
+            if not service > 0.0:
+                service = 0.0
+            level = bisect_right(thresholds, service)
+            promoted = False
+            if job.state is pending_state:
+                since = job.pending_since
+                waited = now - (since if since is not None else job.submit_time)
+                if not waited > 0.0:
+                    waited = 0.0
+                if level > 0:
+                    level, promoted, reason = levels_with_promotion(job, now, thresholds, promote_knob, max_wait_s)
+                elif service == 0.0:  # +0.0 only: a negative or zero difference became +0.0 above
+                    reason = zero_service
+                else:
+                    reason = f"attained={service / 3600:.2f}gpuh"
+                wait = waited / (waited + wait_scale)
+                wait_text = f"{wait:.2f}"
+            else:
+                reason = f"attained={service / 3600:.2f}gpuh"
+                wait, wait_text = running_wait, running_wait_text
+            if keep_levels:
+                level_by_job[job.job_id] = level
+            weighted_fairness, tail = by_owner[owner]
+            mix = (weighted_fairness + wait_weight * wait) / weight_total if weight_total else 0.0
+            if mix < 0.0:  # min(max(mix, 0.0), 1.0), NaN kept as it was
+                mix = 0.0
+            elif mix > 1.0:
+                mix = 1.0
+            score = (top_level - level) + WITHIN_SPAN * mix
+            append(SetPriority(job.job_id, level, score, f"level={level} {reason}{tail}{wait_text}", promoted))
+
+        placements = (
+            self._placements(snapshot, params, pending) if params.consolidate or params.steer_light_jobs else []
+        )
+        requeues = self._preemptions(snapshot, params, level_by_job, pending, running) if params.preemption else []
         return Decisions(tuple(priorities), tuple(placements), tuple(requeues))
 
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, DikeParams)
         return float(params.levels)  # level l scores in [levels-1-l, levels-l)
 
-    def _placements(self, snapshot: Snapshot, params: DikeParams) -> list:
-        capacity = leaf_gpu_capacity(snapshot)
-        free_by_leaf = leaf_free_gpus(snapshot)
-        excluded = steering_exclusions(snapshot, snapshot.topology) if params.steer_light_jobs else ()
-        largest_free = largest_free_outside(snapshot, frozenset(excluded))
+    def _placements(self, snapshot: Snapshot, params: DikeParams, pending: tuple[Job, ...] | None = None) -> list:
+        if pending is None:
+            pending = snapshot.pending
+        view = ClusterView(snapshot, params.steer_light_jobs)
+        excluded, largest_free = view.excluded, view.largest_free
+        consolidator = Consolidator(
+            view.capacity, view.free_by_leaf, params.max_consolidation_wait_s, params.placement_mode,
+            params.leaf_feature_prefix,
+        )
+        steer = Placement(exclude_nodes=excluded)
+        steer_reason = "light job: steered to fragmented nodes to keep idle leaves whole"
+        heavy_reasons: dict[tuple[int, int], str] = {}
+        comm_gpus, comm_rules, now = params.comm_gpus, params.comm_rules, snapshot.time
         out = []
-        for job in snapshot.pending:
-            if is_comm_heavy(job, params.comm_gpus, params.comm_rules):
+        for job in pending:
+            if is_comm_heavy(job, comm_gpus, comm_rules):
                 if params.consolidate:
-                    decision = consolidation(
-                        job,
-                        snapshot.time,
-                        capacity,
-                        free_by_leaf,
-                        params.max_consolidation_wait_s,
-                        params.placement_mode,
-                        params.leaf_feature_prefix,
-                        f"communication-heavy ({job.gpus} GPUs on {job.num_nodes} node(s)): consolidate",
-                    )
+                    shape = (job.gpus, job.num_nodes)
+                    reason = heavy_reasons.get(shape)
+                    if reason is None:
+                        reason = heavy_reasons[shape] = (
+                            f"communication-heavy ({job.gpus} GPUs on {job.num_nodes} node(s)): consolidate"
+                        )
+                    decision = consolidator.decide(job, now, reason)
                     if decision is not None:
                         out.append(decision)
             elif excluded and job.num_nodes == 1 and fits_fragmented(job, largest_free):
-                out.append(
-                    SetPlacement(
-                        job.job_id,
-                        Placement(exclude_nodes=excluded),
-                        "light job: steered to fragmented nodes to keep idle leaves whole",
-                    )
-                )
+                out.append(SetPlacement(job.job_id, steer, steer_reason))
         return out
 
-    def _preemptions(self, snapshot: Snapshot, params: DikeParams, level_by_job: dict[int, int]) -> list[Requeue]:
+    def _preemptions(
+        self,
+        snapshot: Snapshot,
+        params: DikeParams,
+        level_by_job: dict[int, int],
+        pending: tuple[Job, ...] | None = None,
+        running: tuple[Job, ...] | None = None,
+    ) -> list[Requeue]:
+        if pending is None or running is None:
+            pending, running = split_active(snapshot)
         free = sum(n.gpus_free for n in snapshot.nodes)
         blocked = sorted(
-            (j for j in snapshot.pending if level_by_job[j.job_id] == 0 and j.gpus > free),
+            (j for j in pending if level_by_job[j.job_id] == 0 and j.gpus > free),
             key=lambda j: (j.submit_time, j.job_id),
         )
         if not blocked:
@@ -214,7 +255,7 @@ class DikePolicy(Policy):
         victims = sorted(
             (
                 j
-                for j in snapshot.running
+                for j in running
                 if j.requeueable
                 and level_by_job[j.job_id] > 0
                 and j.start_time is not None

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 
 from pydantic import Field, model_validator
 
 from dike_slurm.decisions import Decisions, SetPriority
-from dike_slurm.model import Snapshot
+from dike_slurm.model import JobState, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.common import consolidation, leaf_free_gpus, leaf_gpu_capacity
+from dike_slurm.policies.common import Consolidator, leaf_free_gpus, leaf_gpu_capacity, split_active
 from dike_slurm.policies.dike import levels_with_promotion
+from dike_slurm.policies.fifo import submit_order
 
 
 class TiresiasParams(PolicyParams):
@@ -41,25 +43,45 @@ class TiresiasPolicy(Policy):
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         assert isinstance(params, TiresiasParams)
         levels = len(params.thresholds_gpu_s) + 1
-        active = sorted(snapshot.pending + snapshot.running, key=lambda j: (j.submit_time, j.job_id))
+        pending, running = split_active(snapshot)
+        active = submit_order(pending + running)
         count = len(active)
+        now = snapshot.time
+        thresholds = list(params.thresholds_gpu_s)
+        promote_knob = params.promote_knob
         priorities = []
+        append = priorities.append
+        pending_state = JobState.PENDING
+        never_served = f"level={bisect_right(thresholds, 0.0)} attained={0.0 / 3600:.2f}gpuh"
         for rank, job in enumerate(active):
-            level, promoted, reason = levels_with_promotion(
-                job, snapshot.time, params.thresholds_gpu_s, params.promote_knob, None
-            )
+            # levels_with_promotion, inlined for the common case (exactly the same arithmetic)
+            service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
+            if not service > 0.0:
+                service = 0.0
+            level = bisect_right(thresholds, service)
+            promoted = False
+            if level > 0 and job.state is pending_state:
+                level, promoted, reason = levels_with_promotion(job, now, thresholds, promote_knob, None)
+                reason = f"level={level} {reason}"
+            elif service == 0.0:  # +0.0 only (see above): most pending jobs never ran
+                reason = never_served
+            else:
+                reason = f"level={level} attained={service / 3600:.2f}gpuh"
             # FIFO inside a level: earlier submissions get a larger share of the level's span.
             within = 0.999 * (count - rank) / (count + 1)
-            priorities.append(SetPriority(job.job_id, level, (levels - 1 - level) + within, f"level={level} {reason}", promoted))
-        capacity = leaf_gpu_capacity(snapshot)
-        free_by_leaf = leaf_free_gpus(snapshot)
+            append(SetPriority(job.job_id, level, (levels - 1 - level) + within, reason, promoted))
         placements = []
-        for job in snapshot.pending:
-            if job.gpus >= params.consolidate_gpus:
-                decision = consolidation(
-                    job, snapshot.time, capacity, free_by_leaf, params.consolidation_wait_s,
-                    "switches", "", f"large job ({job.gpus} GPUs): consolidate",
-                )
+        large = [job for job in pending if job.gpus >= params.consolidate_gpus]
+        if large:
+            consolidator = Consolidator(
+                leaf_gpu_capacity(snapshot), leaf_free_gpus(snapshot), params.consolidation_wait_s, "switches", ""
+            )
+            reasons: dict[int, str] = {}
+            for job in large:
+                reason = reasons.get(job.gpus)
+                if reason is None:
+                    reason = reasons[job.gpus] = f"large job ({job.gpus} GPUs): consolidate"
+                decision = consolidator.decide(job, now, reason)
                 if decision is not None:
                     placements.append(decision)
         return Decisions(tuple(priorities), tuple(placements))
