@@ -1,0 +1,281 @@
+"""Every benchmark of issue 6 in one run (`make bench`): engine cycle, replay, log-log plots.
+
+    .venv/bin/python bench/run_all.py            # cycle at 1k/10k/50k pending, replay of 10k and 30k jobs
+    .venv/bin/python bench/run_all.py --full     # also the 100k and 1M-job replays (long: see docs/benchmarks.md)
+
+Prints tables, writes bench/results/run_all.json and bench/results/{cycle,decide,replay}.png.
+All times are CPU seconds of the process doing the work (best of --repeat for the cycle), as the
+machine is shared; every figure also comes as a ratio to its floor measured in the same run.
+docs/benchmarks.md explains each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from cycle import POLICIES, SlurmText, best_of  # noqa: E402
+from plots import fitted_exponent, loglog  # noqa: E402
+from replay_bench import run_one, trace_for  # noqa: E402
+from synthetic import SIZES, Size  # noqa: E402
+
+from dike_slurm.config import Config  # noqa: E402
+from dike_slurm.engine import Engine  # noqa: E402
+from dike_slurm.state import StateStore  # noqa: E402
+
+RESULTS = HERE / "results"
+REPLAY_POLICIES = ("fifo", "tiresias", "dike")
+QUICK_REPLAY_SIZES = (10_000, 30_000)
+FULL_REPLAY_SIZES = (100_000, 1_000_000)
+MILLION_POLICIES = ("fifo", "dike")
+NLOGN_SLACK = 1.2  # n log n over 1k..50k has a log-log slope of about 1.1
+
+
+class Timed:
+    """Wraps a callable and keeps the CPU seconds of its last call."""
+
+    def __init__(self, function):
+        self.function = function
+        self.last: float | None = None
+        self.result = None
+
+    def __call__(self, *args, **kwargs):
+        started = time.process_time()
+        try:
+            self.result = self.function(*args, **kwargs)
+            return self.result
+        finally:
+            self.last = time.process_time() - started
+
+
+def cycle_size(size: Size, policies: tuple[str, ...], repeat: int, folder: Path, console: Console) -> dict:
+    """One size: floor, then per policy `repeat` whole Engine.plan() runs with each phase timed
+    inside the same runs (read_cluster, decide, _diff, _guardrails); best run of each."""
+    text = SlurmText(size, folder)
+    row: dict = {"size": size.label, "pending": size.pending, "running": size.running, "nodes": size.nodes,
+                 "input_mb": round(text.megabytes, 1), "repeat": repeat}
+    row["floor_s"] = best_of(repeat, text.floor)
+    row["policies"] = {}
+    for name in policies:
+        backend = text.backend()
+        engine = Engine(Config.model_validate({"engine": {"policy": name}}), backend, StateStore(None))
+        read = backend.read_cluster = Timed(backend.read_cluster)
+        decide = engine.policy.decide = Timed(engine.policy.decide)
+        diff = engine._diff = Timed(engine._diff)
+        guard = engine._guardrails = Timed(engine._guardrails)
+        best: dict[str, float] = {}
+        writes = jobs = 0
+        for _ in range(repeat):
+            started = time.process_time()
+            plan = engine.plan()
+            figures = {"cycle_s": time.process_time() - started, "read_s": read.last, "decide_s": decide.last,
+                       "diff_s": diff.last, "guardrails_s": guard.last}
+            for key, value in figures.items():
+                if value is not None:
+                    best[key] = min(best.get(key, math.inf), value)
+            writes, jobs = len(plan.writes), len(plan.jobs)
+        known = sum(best.get(k, 0.0) for k in ("read_s", "decide_s", "diff_s", "guardrails_s"))
+        best["other_s"] = max(0.0, best["cycle_s"] - known)  # accounting, usage, enrich, snapshot
+        best["ratio_to_floor"] = best["cycle_s"] / row["floor_s"]
+        best.update(jobs=jobs, writes=writes)
+        row["policies"][name] = best
+        console.print(f"  cycle {size.label:<18} {name:<12} {best['cycle_s']:7.3f} s  ({best['ratio_to_floor']:.1f}x floor)",
+                      highlight=False)
+    return row
+
+
+def cycle_tables(rows: list[dict], console: Console) -> None:
+    table = Table(title="Engine cycle without Slurm I/O (CPU s, best of N): Engine.plan() and its phases")
+    for column in ("size", "input MB", "floor json.loads", "policy", "read", "decide", "diff+guard", "other",
+                   "cycle", "cycle/floor"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        for i, (name, p) in enumerate(row["policies"].items()):
+            diff = (p.get("diff_s") or 0.0) + (p.get("guardrails_s") or 0.0)
+            table.add_row(
+                row["size"] if i == 0 else "", f"{row['input_mb']:.1f}" if i == 0 else "",
+                f"{row['floor_s']:.3f}" if i == 0 else "", name, f"{p.get('read_s', math.nan):.3f}",
+                f"{p.get('decide_s', math.nan):.3f}", f"{diff:.3f}", f"{p['other_s']:.3f}", f"{p['cycle_s']:.3f}",
+                f"{p['ratio_to_floor']:.1f}x",
+            )
+    console.print(table)
+
+
+def replay_table(rows: list[dict], console: Console) -> None:
+    table = Table(title="Replay on 1,000 nodes x 8 GPUs (CPU s; one fresh process per run)")
+    for column in ("trace jobs", "policy", "jobs", "events", "replay s", "decide s", "events/s", "jobs/s",
+                   "floor s", "replay/floor", "peak MB", "jobs/decide", "read s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        if "timed_out_after_s" in row:
+            done = row.get("jobs_finished", 0)
+            table.add_row(
+                str(row["size"]), row["policy"], f"{done}/{row.get('jobs_replayed', '?')}", "",
+                f">{row['timed_out_after_s']:.0f} (stopped)", f"{row.get('decide_s', math.nan):.1f}", "",
+                f"{done / row['replay_s']:.0f}" if row.get("replay_s") else "", "", "",
+                f"{row.get('peak_rss_mb', math.nan):.0f}", "", f"{row.get('read_s', math.nan):.1f}",
+            )
+            continue
+        table.add_row(
+            str(row["size"]), row["policy"], str(row["jobs"]), str(row["events"]), f"{row['replay_s']:.1f}",
+            f"{row['decide_s']:.1f}", f"{row['events_per_s']:.0f}", f"{row['jobs_per_s']:.0f}",
+            f"{row['floor_s']:.3f}", f"{row['ratio_to_floor']:.0f}x", f"{row['peak_rss_mb']:.0f}",
+            f"{row['mean_jobs_per_decide']:.0f}", f"{row['read_s']:.1f}",
+        )
+    console.print(table)
+
+
+def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -> dict:
+    exponents: dict = {}
+    if cycle_rows:
+        pending = [r["pending"] for r in cycle_rows]
+        names = list(cycle_rows[0]["policies"])
+        exponents["cycle"] = loglog(
+            RESULTS / "cycle.png", "Engine cycle (no Slurm I/O) vs pending jobs", "pending jobs", "CPU seconds",
+            {n: (pending, [r["policies"][n]["cycle_s"] for r in cycle_rows]) for n in names},
+            (pending, [r["floor_s"] for r in cycle_rows]), "floor: json.loads",
+        )
+        exponents["decide"] = loglog(
+            RESULTS / "decide.png", "Policy decide() inside the cycle vs pending jobs", "pending jobs", "CPU seconds",
+            {n: (pending, [r["policies"][n]["decide_s"] for r in cycle_rows]) for n in names},
+        )
+        exponents["phases"] = {
+            phase: fitted_exponent(pending, [r["policies"][names[-1]].get(f"{phase}_s") for r in cycle_rows])
+            for phase in ("read", "diff", "other")
+        }
+    done = [r for r in replay_rows if "timed_out_after_s" not in r]
+    if done:
+        names = sorted({r["policy"] for r in done}, key=lambda n: REPLAY_POLICIES.index(n) if n in REPLAY_POLICIES else 99)
+        series = {}
+        for name in names:
+            mine = sorted((r for r in done if r["policy"] == name), key=lambda r: r["size"])
+            series[name] = ([r["size"] for r in mine], [r["replay_s"] for r in mine])
+        floor_rows = sorted((r for r in done if r["policy"] == names[0]), key=lambda r: r["size"])
+        exponents["replay"] = loglog(
+            RESULTS / "replay.png", "Replay CPU time vs trace size (1,000 nodes)", "jobs in trace", "CPU seconds",
+            series, ([r["size"] for r in floor_rows], [r["floor_s"] for r in floor_rows]), "floor: bare heapq loop",
+        )
+    table = Table(title="Fitted exponents (log-log slope of time against size)")
+    table.add_column("what")
+    table.add_column("exponent", justify="right")
+    table.add_column("note")
+    for group in ("cycle", "decide", "phases", "replay"):
+        for name, value in exponents.get(group, {}).items():
+            note = ""
+            if group == "decide" and value is not None:
+                note = "ok (<= n log n)" if value <= NLOGN_SLACK else "WORSE THAN n log n: a bug"
+            table.add_row(f"{group}: {name}", "-" if value is None else f"{value:.2f}", note)
+    console.print(table)
+    return exponents
+
+
+def targets(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -> list[str]:
+    lines = []
+    big = next((r for r in cycle_rows if r["pending"] >= 50_000), None)
+    if big:
+        for name, p in big["policies"].items():
+            lines.append(f"cycle at {big['size']}, {name}: {p['cycle_s']:.2f} s (target < 1 s: "
+                         f"{'met' if p['cycle_s'] < 1 else 'MISSED'}), {p['ratio_to_floor']:.1f}x floor "
+                         f"(target <= 3x: {'met' if p['ratio_to_floor'] <= 3 else 'MISSED'})")
+    for row in replay_rows:
+        if row["size"] == 100_000:
+            seconds = row.get("replay_s")
+            stopped = "timed_out_after_s" in row
+            lines.append(f"replay 100k, {row['policy']}: {'>' if stopped else ''}{seconds or row.get('timed_out_after_s'):.0f} s "
+                         f"(target < 60 s: {'met' if not stopped and seconds < 60 else 'MISSED'})")
+        if row["size"] >= 1_000_000:
+            peak = row.get("peak_rss_mb")
+            if peak is not None:
+                lines.append(f"replay 1M, {row['policy']}: peak {peak:.0f} MB{' (so far; stopped)' if 'timed_out_after_s' in row else ''} "
+                             f"(target < 2048 MB: {'met' if peak < 2048 else 'MISSED'})")
+    for line in lines:
+        console.print(line, highlight=False)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="also replay 100k and 1M-job traces (long)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per cycle figure (2 at 50k pending)")
+    parser.add_argument("--cycle-sizes", default="0,1,2", help="indexes into synthetic.SIZES; empty: skip")
+    parser.add_argument("--cycle-policies", default=",".join(POLICIES))
+    parser.add_argument("--replay-sizes", default=None, help="jobs per trace, comma-separated; empty: skip")
+    parser.add_argument("--replay-policies", default=",".join(REPLAY_POLICIES))
+    parser.add_argument("--million-policies", default=",".join(MILLION_POLICIES), help="policies replayed at 1M jobs")
+    parser.add_argument("--replay-timeout", type=float, default=1800.0, help="seconds per replay of 100k jobs or more")
+    parser.add_argument("--out", type=Path, default=RESULTS / "run_all.json")
+    args = parser.parse_args(argv)
+    console = Console(width=160)
+    began, began_cpu = time.time(), time.process_time()
+    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_at_start": os.getloadavg(),
+               "platform": platform.platform()}
+    console.print(f"dike-slurm benchmarks: Python {machine['python']}, {machine['cpus']} CPUs, "
+                  f"load {machine['load_at_start'][0]:.1f} at start (shared machine: CPU time, best of N)", highlight=False)
+    random.seed(0)
+
+    cycle_rows: list[dict] = []
+    if args.cycle_sizes:
+        policies = tuple(args.cycle_policies.split(","))
+        with tempfile.TemporaryDirectory(prefix="dike-bench-") as folder:
+            for index in args.cycle_sizes.split(","):
+                size = SIZES[int(index)]
+                repeat = args.repeat if size.pending < 50_000 else min(args.repeat, 2)
+                cycle_rows.append(cycle_size(size, policies, repeat, Path(folder), console))
+        cycle_tables(cycle_rows, console)
+
+    replay_rows: list[dict] = []
+    if args.replay_sizes is None:
+        sizes = list(QUICK_REPLAY_SIZES) + (list(FULL_REPLAY_SIZES) if args.full else [])
+    else:
+        sizes = [int(s) for s in args.replay_sizes.split(",") if s]
+    for size in sizes:
+        trace = trace_for(size)
+        names = args.million_policies if size >= 1_000_000 else args.replay_policies
+        for policy in names.split(","):
+            row = run_one(trace, policy, args.replay_timeout if size >= 100_000 else None)
+            row["size"] = size
+            replay_rows.append(row)
+            if "timed_out_after_s" in row:
+                console.print(f"  replay {size} {policy}: stopped after {args.replay_timeout:.0f} s, "
+                              f"{row.get('jobs_finished', 0)} jobs done", highlight=False)
+            else:
+                console.print(f"  replay {size} {policy}: {row['replay_s']:.1f} s, {row['ratio_to_floor']:.0f}x floor, "
+                              f"{row['peak_rss_mb']:.0f} MB", highlight=False)
+    if replay_rows:
+        replay_table(replay_rows, console)
+
+    exponents = plots_and_exponents(cycle_rows, replay_rows, console)
+    target_lines = targets(cycle_rows, replay_rows, console)
+    machine["load_at_end"] = os.getloadavg()
+    document = {
+        "machine": machine,
+        "wall_s": time.time() - began,
+        "cpu_s_this_process": time.process_time() - began_cpu,
+        "cycle": cycle_rows,
+        "replay": replay_rows,
+        "exponents": exponents,
+        "targets": target_lines,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    console.print(f"written: {args.out} and {RESULTS}/cycle.png, decide.png, replay.png "
+                  f"({document['wall_s']:.0f} s wall)", highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
