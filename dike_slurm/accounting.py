@@ -21,6 +21,7 @@ escape it).
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections import Counter
@@ -411,6 +412,8 @@ def _json_int(value: Any, what: str, *, zero_is_none: bool = False) -> int | Non
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _RowError(f"bad {what}")
+    if isinstance(value, float) and not math.isfinite(value):  # json.loads accepts NaN and Infinity
+        raise _RowError(f"bad {what}: {value}")
     number = int(value)
     return None if zero_is_none and number == 0 else number
 

@@ -317,3 +317,12 @@ def test_file_reader_sniffs_the_format_and_names_the_file(tmp_path: Path):
     assert read_sacct_file(latin).records[0].name == "tr\ufffdin"
     with pytest.raises(InputError, match="missing.txt: no such file"):
         read_sacct_file(tmp_path / "missing.txt")
+
+
+def test_sacct_json_nan_and_infinity_are_skipped_rows_not_crashes():
+    from dike_slurm.accounting import read_sacct_json
+
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        result = read_sacct_json('{"jobs": [{"job_id": %s}]}' % literal, "dump.json")
+        assert result.records == ()
+        assert sum(result.skipped.values()) == 1
