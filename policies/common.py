@@ -114,6 +114,23 @@ def leaf_gpu_capacity(snapshot: Snapshot) -> dict[str, int]:
     return capacity
 
 
+def leaf_capacity_and_free(snapshot: Snapshot) -> tuple[dict[str, int], dict[str, int]]:
+    """(`leaf_gpu_capacity`, `leaf_free_gpus`) from one pass over the nodes."""
+    leaf_of = snapshot.topology.leaf_of
+    capacity: dict[str, int] = {}
+    free_by_leaf: dict[str, int] = {}
+    for node in snapshot.nodes:
+        leaf = leaf_of(node.name)
+        free = 0
+        if node.available:
+            capacity[leaf] = capacity.get(leaf, 0) + node.gpus
+            free = node.gpus - node.gpus_alloc
+            if free < 0:
+                free = 0
+        free_by_leaf[leaf] = free_by_leaf.get(leaf, 0) + free
+    return capacity, free_by_leaf
+
+
 def leaf_free_gpus(snapshot: Snapshot) -> dict[str, int]:
     free: dict[str, int] = {}
     for node in snapshot.nodes:

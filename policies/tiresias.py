@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from dike_slurm.decisions import Decisions, SetPriority
 from dike_slurm.model import JobState, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.common import Consolidator, leaf_free_gpus, leaf_gpu_capacity, split_active
+from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active
 from dike_slurm.policies.dike import levels_with_promotion
 from dike_slurm.policies.fifo import submit_order
 
@@ -73,9 +73,8 @@ class TiresiasPolicy(Policy):
         placements = []
         large = [job for job in pending if job.gpus >= params.consolidate_gpus]
         if large:
-            consolidator = Consolidator(
-                leaf_gpu_capacity(snapshot), leaf_free_gpus(snapshot), params.consolidation_wait_s, "switches", ""
-            )
+            capacity, free_by_leaf = leaf_capacity_and_free(snapshot)
+            consolidator = Consolidator(capacity, free_by_leaf, params.consolidation_wait_s, "switches", "")
             reasons: dict[int, str] = {}
             for job in large:
                 reason = reasons.get(job.gpus)
