@@ -108,8 +108,8 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def child(trace: Path, policy: str, record: Path | None, result: Path) -> None:
-    """One replay in this process; its figures go to `result` as JSON."""
+def child(trace: Path, policy: str, record: Path | None, result: Path, comm_penalty: float | None = None) -> None:
+    """One replay in this process; its figures go to `result` as JSON (penalty None: the config's)."""
     baseline_kb = peak_rss_kb()
     from dike_slurm.config import Config
     from dike_slurm.registry import default_registry
@@ -122,7 +122,7 @@ def child(trace: Path, policy: str, record: Path | None, result: Path) -> None:
     read_s = time.process_time() - started
     read_kb = peak_rss_kb()
     config = Config()
-    settings = sim_settings(config, replay_input.conf)
+    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty)
     policy_class = default_registry().get(policy)
     decide = policy_class.decide
     seen = {"decide_s": 0.0, "jobs": 0, "largest": 0}
@@ -161,6 +161,7 @@ def child(trace: Path, policy: str, record: Path | None, result: Path) -> None:
     kb = 1024.0
     figures = {
         "policy": policy,
+        "comm_penalty": settings.comm_penalty,
         "jobs_replayed": len(replay_input.trace.jobs),
         "jobs": summary["jobs"],
         "read_s": read_s,
@@ -192,19 +193,21 @@ def trace_for(jobs: int, root: Path = RESULTS / "traces") -> Path:
     return trace_folder(jobs, NODES, LOAD, SEED, root)
 
 
-def run_one(trace: Path, policy: str, timeout_s: float | None = None) -> dict:
+def run_one(trace: Path, policy: str, timeout_s: float | None = None, comm_penalty: float | None = None) -> dict:
     """A replay in a fresh interpreter, then its floor here; a replay over the timeout is reported as such."""
     with tempfile.TemporaryDirectory(prefix="dike-replay-") as scratch:
         folder = Path(scratch)
         result = folder / "result.json"
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", str(trace), policy, str(folder), str(result)]
+        if comm_penalty is not None:
+            argv.append(repr(float(comm_penalty)))
         env = dict(os.environ, PYTHONHASHSEED="0")
         try:
             subprocess.run(argv, check=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
             progress = folder / "progress.json"
             row = json.loads(progress.read_text(encoding="utf-8")) if progress.is_file() else {}
-            row.update(policy=policy, timed_out_after_s=timeout_s)
+            row.update(policy=policy, timed_out_after_s=timeout_s, comm_penalty=comm_penalty)
             return row
         row = json.loads(result.read_text(encoding="utf-8"))
         floor, popped = floor_seconds(folder)
@@ -217,20 +220,21 @@ def run_one(trace: Path, policy: str, timeout_s: float | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--child":
-        _, trace, policy, folder, result = args
-        child(Path(trace), policy, Path(folder), Path(result))
+        trace, policy, folder, result = args[1:5]
+        child(Path(trace), policy, Path(folder), Path(result), float(args[5]) if len(args) > 5 else None)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,30000")
     parser.add_argument("--policies", default="fifo,tiresias,dike")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per replay")
+    parser.add_argument("--comm-penalty", type=float, default=None, help="default: the configuration's (1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "replay.json")
     options = parser.parse_args(args)
     rows = []
     for size in (int(s) for s in options.sizes.split(",")):
         trace = trace_for(size)
         for policy in options.policies.split(","):
-            row = run_one(trace, policy, options.timeout)
+            row = run_one(trace, policy, options.timeout, options.comm_penalty)
             row["size"] = size
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -1,7 +1,7 @@
 """Every benchmark of issue 6 in one run (`make bench`): engine cycle, replay, log-log plots.
 
-    .venv/bin/python bench/run_all.py            # cycle at 1k/10k/50k pending, replay of 10k and 30k jobs
-    .venv/bin/python bench/run_all.py --full     # also the 100k and 1M-job replays (long: see docs/benchmarks.md)
+    .venv/bin/python bench/run_all.py            # cycle at 1k/10k/50k pending, replays of 10k and 100k jobs
+    .venv/bin/python bench/run_all.py --full     # also 1M jobs, and 100k at comm penalty 1 (long: docs/benchmarks.md)
 
 Prints tables, writes bench/results/run_all.json and bench/results/{cycle,decide,replay}.png.
 All times are CPU seconds of the process doing the work (best of --repeat for the cycle), as the
@@ -39,9 +39,9 @@ from dike_slurm.state import StateStore  # noqa: E402
 
 RESULTS = HERE / "results"
 REPLAY_POLICIES = ("fifo", "tiresias", "dike")
-QUICK_REPLAY_SIZES = (10_000, 30_000)
-FULL_REPLAY_SIZES = (100_000, 1_000_000)
+QUICK_REPLAY_SIZES = (10_000, 100_000)  # at communication penalty 0: the cluster keeps up
 MILLION_POLICIES = ("fifo", "dike")
+CONGESTED_PENALTY = 1.0  # the configuration's default: the 100k trace's queue grows to thousands
 NLOGN_SLACK = 1.2  # n log n over 1k..50k has a log-log slope of about 1.1
 
 
@@ -117,21 +117,22 @@ def cycle_tables(rows: list[dict], console: Console) -> None:
 
 def replay_table(rows: list[dict], console: Console) -> None:
     table = Table(title="Replay on 1,000 nodes x 8 GPUs (CPU s; one fresh process per run)")
-    for column in ("trace jobs", "policy", "jobs", "events", "replay s", "decide s", "events/s", "jobs/s",
+    for column in ("trace jobs", "penalty", "policy", "jobs", "events", "replay s", "decide s", "events/s", "jobs/s",
                    "floor s", "replay/floor", "peak MB", "jobs/decide", "read s"):
         table.add_column(column, justify="right")
     for row in rows:
         if "timed_out_after_s" in row:
             done = row.get("jobs_finished", 0)
             table.add_row(
-                str(row["size"]), row["policy"], f"{done}/{row.get('jobs_replayed', '?')}", "",
+                str(row["size"]), f"{row.get('comm_penalty', 0):g}", row["policy"], f"{done}/{row.get('jobs_replayed', '?')}", "",
                 f">{row['timed_out_after_s']:.0f} (stopped)", f"{row.get('decide_s', math.nan):.1f}", "",
                 f"{done / row['replay_s']:.0f}" if row.get("replay_s") else "", "", "",
                 f"{row.get('peak_rss_mb', math.nan):.0f}", "", f"{row.get('read_s', math.nan):.1f}",
             )
             continue
         table.add_row(
-            str(row["size"]), row["policy"], str(row["jobs"]), str(row["events"]), f"{row['replay_s']:.1f}",
+            str(row["size"]), f"{row['comm_penalty']:g}", row["policy"], str(row["jobs"]), str(row["events"]),
+            f"{row['replay_s']:.1f}",
             f"{row['decide_s']:.1f}", f"{row['events_per_s']:.0f}", f"{row['jobs_per_s']:.0f}",
             f"{row['floor_s']:.3f}", f"{row['ratio_to_floor']:.0f}x", f"{row['peak_rss_mb']:.0f}",
             f"{row['mean_jobs_per_decide']:.0f}", f"{row['read_s']:.1f}",
@@ -157,7 +158,8 @@ def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console
             phase: fitted_exponent(pending, [r["policies"][names[-1]].get(f"{phase}_s") for r in cycle_rows])
             for phase in ("read", "diff", "other")
         }
-    done = [r for r in replay_rows if "timed_out_after_s" not in r]
+    main_penalty = replay_rows[0].get("comm_penalty") if replay_rows else None
+    done = [r for r in replay_rows if "timed_out_after_s" not in r and r.get("comm_penalty") == main_penalty]
     if done:
         names = sorted({r["policy"] for r in done}, key=lambda n: REPLAY_POLICIES.index(n) if n in REPLAY_POLICIES else 99)
         series = {}
@@ -166,7 +168,8 @@ def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console
             series[name] = ([r["size"] for r in mine], [r["replay_s"] for r in mine])
         floor_rows = sorted((r for r in done if r["policy"] == names[0]), key=lambda r: r["size"])
         exponents["replay"] = loglog(
-            RESULTS / "replay.png", "Replay CPU time vs trace size (1,000 nodes)", "jobs in trace", "CPU seconds",
+            RESULTS / "replay.png", f"Replay CPU time vs trace size (1,000 nodes, comm penalty {main_penalty:g})",
+            "jobs in trace", "CPU seconds",
             series, ([r["size"] for r in floor_rows], [r["floor_s"] for r in floor_rows]), "floor: bare heapq loop",
         )
     table = Table(title="Fitted exponents (log-log slope of time against size)")
@@ -195,7 +198,8 @@ def targets(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -
         if row["size"] == 100_000:
             seconds = row.get("replay_s")
             stopped = "timed_out_after_s" in row
-            lines.append(f"replay 100k, {row['policy']}: {'>' if stopped else ''}{seconds or row.get('timed_out_after_s'):.0f} s "
+            lines.append(f"replay 100k, {row['policy']}, penalty {row.get('comm_penalty', 0):g}: "
+                         f"{'>' if stopped else ''}{seconds or row.get('timed_out_after_s'):.0f} s "
                          f"(target < 60 s: {'met' if not stopped and seconds < 60 else 'MISSED'})")
         if row["size"] >= 1_000_000:
             peak = row.get("peak_rss_mb")
@@ -209,7 +213,8 @@ def targets(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="also replay 100k and 1M-job traces (long)")
+    parser.add_argument("--full", action="store_true",
+                        help="also replay 1M jobs, and 100k jobs at communication penalty 1 (long)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per cycle figure (2 at 50k pending)")
     parser.add_argument("--cycle-sizes", default="0,1,2", help="indexes into synthetic.SIZES; empty: skip")
     parser.add_argument("--cycle-policies", default=",".join(POLICIES))
@@ -217,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-policies", default=",".join(REPLAY_POLICIES))
     parser.add_argument("--million-policies", default=",".join(MILLION_POLICIES), help="policies replayed at 1M jobs")
     parser.add_argument("--replay-timeout", type=float, default=1800.0, help="seconds per replay of 100k jobs or more")
+    parser.add_argument("--comm-penalty", type=float, default=0.0,
+                        help="of the replays (0: the cluster keeps up; --full adds 100k at the default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "run_all.json")
     args = parser.parse_args(argv)
     console = Console(width=160)
@@ -238,22 +245,25 @@ def main(argv: list[str] | None = None) -> int:
         cycle_tables(cycle_rows, console)
 
     replay_rows: list[dict] = []
-    if args.replay_sizes is None:
-        sizes = list(QUICK_REPLAY_SIZES) + (list(FULL_REPLAY_SIZES) if args.full else [])
-    else:
-        sizes = [int(s) for s in args.replay_sizes.split(",") if s]
-    for size in sizes:
+    replay_policies = args.replay_policies.split(",")
+    sizes = [int(s) for s in (args.replay_sizes or "").split(",") if s] if args.replay_sizes is not None \
+        else list(QUICK_REPLAY_SIZES)
+    runs = [(size, args.comm_penalty, replay_policies) for size in sizes]
+    if args.full:
+        runs.append((1_000_000, args.comm_penalty, args.million_policies.split(",")))
+        runs.append((100_000, CONGESTED_PENALTY, replay_policies))
+    for size, penalty, names in runs:
         trace = trace_for(size)
-        names = args.million_policies if size >= 1_000_000 else args.replay_policies
-        for policy in names.split(","):
-            row = run_one(trace, policy, args.replay_timeout if size >= 100_000 else None)
+        for policy in names:
+            row = run_one(trace, policy, args.replay_timeout if size >= 100_000 else None, penalty)
             row["size"] = size
             replay_rows.append(row)
+            label = f"  replay {size} {policy} (penalty {penalty:g})"
             if "timed_out_after_s" in row:
-                console.print(f"  replay {size} {policy}: stopped after {args.replay_timeout:.0f} s, "
+                console.print(f"{label}: stopped after {args.replay_timeout:.0f} s, "
                               f"{row.get('jobs_finished', 0)} jobs done", highlight=False)
             else:
-                console.print(f"  replay {size} {policy}: {row['replay_s']:.1f} s, {row['ratio_to_floor']:.0f}x floor, "
+                console.print(f"{label}: {row['replay_s']:.1f} s, {row['ratio_to_floor']:.0f}x floor, "
                               f"{row['peak_rss_mb']:.0f} MB", highlight=False)
     if replay_rows:
         replay_table(replay_rows, console)
