@@ -8,6 +8,7 @@ value it replaced and the command that undoes it, in the state store.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
 from dike_slurm.backends.base import (
     PLACEMENT_FIELDS,
+    PLACEMENT_ORDER,
     Backend,
     ClusterState,
     FieldValue,
@@ -32,6 +34,7 @@ from dike_slurm.backends.base import (
 from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import PolicyError, SlurmError
+from dike_slurm.gcpause import paused_gc
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy
 from dike_slurm.registry import default_registry
@@ -72,9 +75,9 @@ class PlannedWrite:
     reason: str
     rank: int  # position of the job in the policy order; guardrails keep the first ones
 
-    @property
+    @functools.cached_property  # a sort key of the guardrails, over every write of the cycle
     def kind(self) -> str:
-        return "placement" if any(f.is_placement for f in self.update.fields) else "priority"
+        return "placement" if any(f in PLACEMENT_FIELDS for f, _ in self.update.values) else "priority"
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class RevertPlan:
     released: tuple[tuple[int, JobField, str], ...]  # (job, field, why) let go without a write
 
 
-@dataclass
+@dataclass(slots=True)
 class _JobContext:
     """One job while a cycle is diffed (mutable: the order pass may decide it needs a write)."""
 
@@ -278,6 +281,10 @@ class Engine:
 
     def plan(self) -> CyclePlan:
         """Read the cluster and accounting, decide, and diff; writes nothing anywhere."""
+        with paused_gc():
+            return self._plan()
+
+    def _plan(self) -> CyclePlan:
         calls_before = self.backend.calls
         cluster = self.backend.read_cluster()
         now = cluster.time
@@ -327,6 +334,8 @@ class Engine:
         """The engine's own check of the policy's requeues: managed running jobs that opted in
         (requeueable), not younger than min_runtime_s, preempted fewer than max_preemptions times,
         and at most engine.max_requeues_per_cycle of them."""
+        if not wanted:
+            return (), []
         running = {p.job.job_id: p.job for p in plans if p.managed and p.job.state is JobState.RUNNING}
         min_runtime = float(getattr(self.params, "min_runtime_s", 0.0) or 0.0)
         max_preemptions = getattr(self.params, "max_preemptions", None)
@@ -390,8 +399,7 @@ class Engine:
         site_factor = cluster.site_factors.get(job.job_id)
         if site_factor is None and JobField.SITE_FACTOR in owned.get(job.job_id, {}):
             site_factor = owned[job.job_id][JobField.SITE_FACTOR].written  # type: ignore[assignment]
-        return replace(
-            job,
+        return job.with_changes(
             attained_gpu_s=got.attained_gpu_s,
             attained_at_promotion_gpu_s=min(
                 remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
@@ -490,7 +498,7 @@ class Engine:
                 writes.append(placement_write)
             plans.append(
                 JobPlan(managed=True, note=context.hands_off_reason, writes=tuple(writes),
-                        hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)),
+                        hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else (),
                         hands_off_reason=context.hands_off_reason, **common)
             )
         return plans, notes
@@ -499,8 +507,10 @@ class Engine:
         self, job: Job, owned: Mapping[JobField, OwnedField], already: set[JobField]
     ) -> tuple[set[JobField], str] | None:
         """Fields a user changed after the engine set them: placement (pending jobs) and Nice."""
+        if not owned:
+            return None
         if job.state is JobState.PENDING:
-            for key in sorted(PLACEMENT_FIELDS, key=lambda f: f.value):
+            for key in PLACEMENT_ORDER:
                 mine = owned.get(key)
                 if mine is None or key in already:
                     continue
@@ -618,10 +628,12 @@ class Engine:
         if job.state is not JobState.PENDING:
             return None
         wanted = placement_fields(decision.placement) if isinstance(decision, SetPlacement) else {}
+        if not wanted and not any(key in owned for key in PLACEMENT_ORDER):
+            return None  # nothing wanted, nothing of ours to put back
         values: dict[JobField, FieldValue] = {}
         originals: dict[JobField, FieldValue] = {}
         restores: list[JobField] = []
-        for key in sorted(PLACEMENT_FIELDS, key=lambda f: f.value):
+        for key in PLACEMENT_ORDER:
             if key in hands_off:
                 continue
             current = current_placement_value(job, key)
@@ -675,9 +687,9 @@ class Engine:
             )
             return (), tuple(candidates), notes
         limit = engine.max_changes_per_cycle
-        kept = [w for w in candidates if w.update.values][:limit]
+        changing = [w for w in candidates if w.update.values]
         releases_only = [w for w in candidates if not w.update.values]
-        held = [w for w in candidates if w.update.values][limit:]
+        kept, held = changing[:limit], changing[limit:]
         if held:
             notes.append(f"max_changes_per_cycle={limit}: {len(held)} write(s) left for the next cycle")
         return tuple(kept + releases_only), tuple(held), notes

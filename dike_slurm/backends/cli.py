@@ -39,7 +39,7 @@ from dike_slurm.backends.base import (
 )
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
-from dike_slurm.model import Job, JobState, Node, Placement, Topology
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Topology
 from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
@@ -54,6 +54,7 @@ SACCT_FORMAT = (
 SWITCH_FORMAT = "JobID:|,ReqSwitch:|,Wait4Switch:|"
 SPRIO_FORMAT = "%i|%S|%Y"
 _NO_TIME_LIMIT = 0xFFFFFFFE  # Slurm's INFINITE (NO_VAL is one more)
+_NO_SWITCHES = SwitchRequest(0)
 
 # stderr of scontrol when the job ended or started meanwhile: not an engine failure
 _JOB_GONE = ("Invalid job id specified", "Job has already finished", "no longer pending")
@@ -110,6 +111,8 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
 
 def _number(value: Any) -> int | None:
     """An integer as squeue/sinfo JSON prints it (plain, or {"set", "infinite", "number"} in newer plugins)."""
+    if type(value) is int:  # the common case first: called ~10 times per job
+        return value
     if isinstance(value, dict):
         if value.get("infinite") or not value.get("set", True):
             return None
@@ -142,6 +145,18 @@ def _hosts(value: Any) -> tuple[str, ...]:
         return ()
 
 
+def _placement(switch: SwitchRequest, features: str | None, exclude_nodes: tuple[str, ...]) -> Placement:
+    """What a pending job carries; most carry nothing and share one object."""
+    if not switch.count and features is None and not exclude_nodes:
+        return NO_PLACEMENT
+    return Placement(
+        max_switches=switch.count or None,
+        switches_wait_s=switch.wait_s if switch.count else None,
+        features=features,
+        exclude_nodes=exclude_nodes,
+    )
+
+
 def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchRequest]) -> Job:
     """One job of `squeue --json` (openapi v0.0.38) as the domain Job."""
     job_id = _number(entry.get("job_id"))
@@ -157,8 +172,8 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         per_job = parse_gres_gpus(_text(entry.get("tres_per_job")))
         gpus = per_job or parse_gres_gpus(_text(entry.get("tres_per_node"))) * node_count
     limit_min = _number(entry.get("time_limit"))
-    switch = switches.get(job_id, SwitchRequest(0))
-    return Job(
+    switch = switches.get(job_id, _NO_SWITCHES)
+    return Job.build(
         job_id=job_id,
         user=_text(entry.get("user_name")) or str(_number(entry.get("user_id"))),
         state=state,
@@ -177,12 +192,7 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         start_time=_epoch(entry.get("start_time")) if state is JobState.RUNNING else None,
         time_limit_s=None if limit_min is None or limit_min >= _NO_TIME_LIMIT else limit_min * 60,
         nodes=_hosts(entry.get("nodes")) if state is JobState.RUNNING else (),
-        placement=Placement(
-            max_switches=switch.count or None,
-            switches_wait_s=switch.wait_s if switch.count else None,
-            features=_text(entry.get("features")) or None,
-            exclude_nodes=_hosts(entry.get("excluded_nodes")),
-        ),
+        placement=_placement(switch, _text(entry.get("features")) or None, _hosts(entry.get("excluded_nodes"))),
         priority=_number(entry.get("priority")),
         nice=_signed32(_number(entry.get("nice")) or 0),
         requeueable=bool(entry.get("requeue")),

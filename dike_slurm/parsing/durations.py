@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime, timezone
 
@@ -17,6 +18,7 @@ _DURATION = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # every pending job's Wait4Switch, mostly the same few strings
 def parse_duration(text: str) -> int | None:
     """Seconds for a Slurm duration; None for UNLIMITED / Partition_Limit / INFINITE."""
     raw = text.strip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dike_slurm.errors import InputError
@@ -20,6 +21,7 @@ class Tres:
     gpu_types: tuple[tuple[str, int], ...] = ()  # (type, count), e.g. (("a100", 4),)
 
 
+@functools.lru_cache(maxsize=4096)  # a queue repeats a few dozen distinct strings across 50k jobs
 def parse_tres(text: str) -> Tres:
     """Parse a TRES string; the typeless `gres/gpu` count wins, typed counts are summed otherwise."""
     raw = (text or "").strip()
@@ -76,6 +78,7 @@ def _parse_mem(value: str, text: str) -> int:
         raise InputError(f"bad mem value {value!r} in TRES {text!r}") from None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_gres_gpus(text: str) -> int:
     """GPUs in a Gres / tres_per_node string: `gpu:a100:8`, `gpu:8`, `gres/gpu:4`, `gpu:a100:8(S:0-1)`."""
     total = 0
