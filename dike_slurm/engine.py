@@ -607,10 +607,12 @@ class Engine:
                     originals[JobField.ADMIN_COMMENT] = mine.original if mine is not None else comment_now
         if not values:
             return None
+        # Both dicts hold the strategy field before AdminComment: already JobField order, so the
+        # updates are built directly (JobUpdate.of would sort them, for every pending job).
         return PlannedWrite(
             job.job_id,
-            JobUpdate.of(job.job_id, values),
-            JobUpdate.of(job.job_id, originals),
+            JobUpdate(job.job_id, tuple(values.items())),
+            JobUpdate(job.job_id, tuple(originals.items())),
             tuple(originals.items()),
             (),
             decision.reason,
