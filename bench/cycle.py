@@ -21,6 +21,7 @@ the machine is shared):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -32,9 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dike_slurm.backends.base import JobField, SwitchRequest  # noqa: E402
 from dike_slurm.backends.cli import CommandResult, SlurmCliBackend  # noqa: E402
 from dike_slurm.config import Config, SlurmSettings  # noqa: E402
-from dike_slurm.engine import Engine  # noqa: E402
+from dike_slurm.engine import CyclePlan, Engine  # noqa: E402
+from dike_slurm.gcpause import paused_gc  # noqa: E402
+from dike_slurm.parsing.durations import format_duration  # noqa: E402
+from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
 from dike_slurm.state import StateStore  # noqa: E402
 from synthetic import BASE_TIME, SIZES, Size, slurm_json, topology  # noqa: E402
 
@@ -96,8 +101,43 @@ class SlurmText:
         return SlurmCliBackend(settings, runner=self.runner, clock=lambda: float(BASE_TIME), environ={})
 
     def floor(self) -> None:
-        json.loads(self.squeue)
-        json.loads(self.sinfo)
+        """json.loads of squeue and sinfo, under the same paused collector as Engine.plan."""
+        with paused_gc():
+            json.loads(self.squeue)
+            json.loads(self.sinfo)
+
+    def holding(self, plan: CyclePlan) -> SlurmText:
+        """The same cluster after every write of `plan` (the held-back ones too) took effect:
+        what the engine reads in the cycles that follow, when the queue has not moved."""
+        written: dict[int, dict[JobField, object]] = {}
+        for write in (*plan.writes, *plan.held_back):
+            written.setdefault(write.job_id, {}).update(write.update.values)
+        document = json.loads(self.squeue)
+        for entry in document["jobs"]:
+            values = written.get(entry["job_id"], {})
+            if JobField.ADMIN_COMMENT in values:
+                entry["admin_comment"] = values[JobField.ADMIN_COMMENT]
+            if JobField.FEATURES in values:
+                entry["features"] = values[JobField.FEATURES]
+            if JobField.EXCLUDED_NODES in values:
+                entry["excluded_nodes"] = compress_hostlist(values[JobField.EXCLUDED_NODES])
+        after = copy.copy(self)
+        after.squeue = json.dumps(document)
+        lines = []
+        for line in self.switches.splitlines():
+            job_id = int(line.split("|", 1)[0])
+            request = written.get(job_id, {}).get(JobField.SWITCHES)
+            if isinstance(request, SwitchRequest) and request.count:
+                line = f"{job_id}|{request.count}|{format_duration(request.wait_s or 0)}|"
+            lines.append(line + "\n")
+        after.switches = "".join(lines)
+        lines = []
+        for line in self.sprio.splitlines():
+            job_id, factor, priority = line.split("|")
+            factor = written.get(int(job_id), {}).get(JobField.SITE_FACTOR, factor)
+            lines.append(f"{job_id}|{factor}|{priority}\n")
+        after.sprio = "".join(lines)
+        return after
 
 
 def measure_size(size: Size, policies: tuple[str, ...], repeat: int, folder: Path, log=print) -> dict:

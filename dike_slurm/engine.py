@@ -567,19 +567,20 @@ class Engine:
             value = context.wanted if context.needed else (context.value_now or 0)
             return sign * int(value)  # type: ignore[arg-type]
 
-        changed = True
-        while changed:
-            changed = False
-            for first, second in zip(chain, chain[1:]):
-                assert first.decision is not None and second.decision is not None
-                if first.decision.score <= second.decision.score or effective(first) > effective(second):
-                    continue
-                candidates = [c for c in (first, second) if not c.needed]
-                if not candidates:
-                    continue  # both at their wanted values: rounding made them equal
-                pick = max(candidates, key=lambda c: abs(int(c.wanted) - int(c.value_now or 0)))  # type: ignore[arg-type]
-                pick.needed = True
-                changed = True
+        # One walk: a rewrite changes one job's value, so only its two pairs need another look;
+        # step back one pair and go on. Each job is rewritten at most once: O(n) steps in all.
+        index = 0
+        while index < len(chain) - 1:
+            first, second = chain[index], chain[index + 1]
+            assert first.decision is not None and second.decision is not None
+            in_order = first.decision.score <= second.decision.score or effective(first) > effective(second)
+            candidates = [] if in_order else [c for c in (first, second) if not c.needed]
+            if not candidates:  # in order, or both at their wanted values (rounding made them equal)
+                index += 1
+                continue
+            pick = max(candidates, key=lambda c: abs(int(c.wanted) - int(c.value_now or 0)))  # type: ignore[arg-type]
+            pick.needed = True
+            index = max(index - 1, 0)
 
     def _priority_write(
         self, context: _JobContext, cluster: ClusterState, rank: Mapping[int, int]

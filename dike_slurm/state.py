@@ -9,6 +9,7 @@ its record; the file survives restarts.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import sqlite3
@@ -124,6 +125,13 @@ def encode_value(value: FieldValue) -> str:
 
 def decode_value(field: JobField, text: str) -> FieldValue:
     """The inverse of encode_value for this field's type."""
+    if field in _INTEGER_FIELDS and text != "null":
+        return int(text)  # what json.dumps wrote for an int; read for every owned field every cycle
+    return _decode_json(field, text)
+
+
+@functools.lru_cache(maxsize=8192)  # comments and constraints repeat across thousands of jobs
+def _decode_json(field: JobField, text: str) -> FieldValue:
     data = json.loads(text)
     if field is JobField.SWITCHES:
         return SwitchRequest(int(data["count"]), data["wait_s"])
@@ -132,6 +140,10 @@ def decode_value(field: JobField, text: str) -> FieldValue:
     if field in (JobField.ADMIN_COMMENT, JobField.FEATURES):
         return str(data)
     return None if data is None else int(data)
+
+
+_INTEGER_FIELDS = frozenset({JobField.SITE_FACTOR, JobField.PRIORITY, JobField.NICE})
+_FIELD_BY_NAME = {f.value: f for f in JobField}
 
 
 class StateStore:
@@ -236,11 +248,15 @@ class StateStore:
     # ---------------------------------------------------------------- jobs
 
     def jobs(self) -> dict[int, JobMemory]:
-        rows = self._db.execute("SELECT * FROM jobs").fetchall()
-        return {row["job_id"]: _job_memory(row) for row in rows}
+        cursor = self._db.cursor()
+        cursor.row_factory = None  # plain tuples, in _JOB_COLUMNS order: read every cycle
+        cursor.execute(f"SELECT {_JOB_COLUMNS} FROM jobs")
+        return {row[0]: _job_memory(row) for row in cursor}
 
     def job(self, job_id: int) -> JobMemory | None:
-        row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        cursor = self._db.cursor()
+        cursor.row_factory = None
+        row = cursor.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         return None if row is None else _job_memory(row)
 
     def remember(self, memories: Iterable[JobMemory]) -> None:
@@ -267,11 +283,13 @@ class StateStore:
 
     def owned(self) -> dict[int, dict[JobField, OwnedField]]:
         result: dict[int, dict[JobField, OwnedField]] = {}
-        for row in self._db.execute("SELECT * FROM owned ORDER BY job_id").fetchall():
-            field = JobField(row["field"])
-            result.setdefault(row["job_id"], {})[field] = OwnedField(
-                row["job_id"], field, decode_value(field, row["original"]),
-                decode_value(field, row["written"]), row["written_at"],
+        cursor = self._db.cursor()
+        cursor.row_factory = None  # plain tuples: this reads every owned field of every job, every cycle
+        cursor.execute("SELECT job_id, field, original, written, written_at FROM owned ORDER BY job_id")
+        for job_id, name, original, written, written_at in cursor:
+            field = _FIELD_BY_NAME[name]
+            result.setdefault(job_id, {})[field] = OwnedField(
+                job_id, field, decode_value(field, original), decode_value(field, written), written_at
             )
         return result
 
@@ -343,12 +361,14 @@ class StateStore:
         ]
 
 
-def _job_memory(row: sqlite3.Row) -> JobMemory:
-    return JobMemory(
-        row["job_id"], row["last_seen"], row["level"], row["written_level"], row["attained_gpu_s"],
-        row["attained_at_promotion_gpu_s"], row["promotions"], row["requeues"],
-        tuple(JobField(f) for f in row["hands_off"].split(",") if f), row["hands_off_reason"], row["reason"],
-    )
+_JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attained_at_promotion_gpu_s, promotions,"
+                " requeues, hands_off, hands_off_reason, reason")  # JobMemory's field order
+
+
+def _job_memory(row: tuple) -> JobMemory:
+    hands_off = row[8]
+    return JobMemory(*row[:8], tuple(_FIELD_BY_NAME[f] for f in hands_off.split(",") if f) if hands_off else (),
+                     *row[9:])
 
 
 @contextmanager

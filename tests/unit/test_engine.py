@@ -288,3 +288,27 @@ def test_preemption_requeues_a_low_level_job_and_remembers_it(tmp_path):
     assert StateStore(cfg.engine.state_db).job(1).requeues == 1
     entry = StateStore(cfg.engine.state_db).audit_log(1)[-1]
     assert entry.action == "requeue" and entry.undo.startswith("none")
+
+
+def test_stale_values_inside_the_tolerance_are_rewritten_until_they_follow_the_policy_order(tmp_path):
+    # 41 jobs whose wanted values differ by less than the tolerance; Slurm holds them reversed
+    jobs = [pending(i, "alice", waited=60.0 + 10 * i) for i in range(1, 42)]
+    backend = cluster(*jobs)
+    cfg = config(tmp_path, engine={"max_changes_per_cycle": 1000, "breaker_change_fraction": 1.0})
+    first = engine(cfg, backend).plan()
+    wanted = {p.job.job_id: p.value_wanted for p in first.jobs}
+    span = max(wanted.values()) - min(wanted.values())
+    assert 0 < span < cfg.engine.priority_tolerance * cfg.engine.priority_span
+    by_rank = sorted(wanted, key=lambda j: -wanted[j])
+    backend.site_factors.update({job: wanted[other] for job, other in zip(by_rank, reversed(by_rank))})
+    plan = engine(cfg, backend).plan()
+    held = {}
+    for job_plan in plan.jobs:
+        written = [dict(w.update.values) for w in job_plan.writes]
+        held[job_plan.job.job_id] = next(
+            (v[JobField.SITE_FACTOR] for v in written if JobField.SITE_FACTOR in v), job_plan.value_now
+        )
+    assert [held[j] for j in by_rank] == sorted(held.values(), reverse=True)  # the policy's order
+    assert len(set(held.values())) == len(held)  # strictly: no ties between differently ranked jobs
+    rewritten = sum(1 for p in plan.jobs for w in p.writes if JobField.SITE_FACTOR in dict(w.update.values))
+    assert rewritten == len(jobs) - 1  # a full reversal: all but the middle job, whose value is right

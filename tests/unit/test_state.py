@@ -26,9 +26,11 @@ def test_everything_survives_a_restart(tmp_path):
     with store.transaction():
         store.add_runs([Run(5, "alice", "research", 8, 100.0, 700.0, False), Run(6, "bob", "x", 1, 0.0, None, False)])
         store.set_last_sync(1234.5)
-        store.remember([JobMemory(5, 800.0, level=1, written_level=1, attained_gpu_s=4800.0,
-                                  attained_at_promotion_gpu_s=100.0, promotions=1, requeues=2,
-                                  hands_off=(JobField.FEATURES, JobField.SWITCHES), hands_off_reason="user")])
+        remembered = JobMemory(5, 800.0, level=1, written_level=1, attained_gpu_s=4800.0,
+                               attained_at_promotion_gpu_s=100.0, promotions=1, requeues=2,
+                               hands_off=(JobField.FEATURES, JobField.SWITCHES), hands_off_reason="user",
+                               reason="level 1: attained 1.3 GPU-h")
+        store.remember([remembered])
         store.record_write(5, JobField.SITE_FACTOR, 0, 500, 800.0)
         store.audit(AuditEntry(800.0, 1, 5, "update", "SiteFactor 0 -> 500", "scontrol update JobId=5 SiteFactor=500",
                                "scontrol update JobId=5 SiteFactor=0", True))
@@ -37,8 +39,7 @@ def test_everything_survives_a_restart(tmp_path):
     again = StateStore(path)
     assert again.runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, False)]  # running runs are not stored
     assert again.last_sync() == 1234.5
-    memory = again.job(5)
-    assert memory.hands_off == (JobField.FEATURES, JobField.SWITCHES) and memory.requeues == 2
+    assert again.job(5) == remembered and again.jobs() == {5: remembered}  # every field, in its place
     assert again.owned()[5][JobField.SITE_FACTOR].written == 500
     assert again.audit_log(5)[0].undo == "scontrol update JobId=5 SiteFactor=0"
     assert again.cycles()[0].slurm_calls == 7 and again.next_cycle() == 2
