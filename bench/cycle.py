@@ -1,32 +1,19 @@
-"""The live engine's cycle without Slurm I/O, at the synthetic queue sizes, against its floor.
-
-    .venv/bin/python bench/cycle.py [--sizes 0,1,2] [--policies fifo,multifactor,tiresias,dike] [--repeat 3]
+"""The engine cycle's input without a Slurm: synthetic command output behind the CLI backend.
 
 The CLI backend is driven by a fake runner that hands it the synthetic `squeue --json`,
 `squeue -O` (Switches), `sprio` and `sinfo --json` text, and the topology comes from a
 topology.conf file, so the backend's own parsing builds the cluster state, and `Engine.plan`
 (read, accounting, enrich, decide, diff, guardrails; nothing written) runs exactly as live.
 The floor is `json.loads` of the same squeue and sinfo text: no cycle can be faster than
-reading its input.
-
-Figures (CPU seconds of this process, best of --repeat; CPU time rather than wall time because
-the machine is shared):
-- floor: json.loads(squeue) + json.loads(sinfo)
-- read: backend.read_cluster() (JSON, job/node conversion, Switches and sprio text, topology)
-- decide: the policy's decide() on the snapshot the engine built
-- diff: Engine._diff + Engine._guardrails on that snapshot and those decisions
-- cycle: the whole Engine.plan(); ratio = cycle / floor
+reading its input. bench/run_all.py times it (CPU seconds, best of N).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
-import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,13 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dike_slurm.backends.base import JobField, SwitchRequest  # noqa: E402
 from dike_slurm.backends.cli import CommandResult, SlurmCliBackend  # noqa: E402
-from dike_slurm.config import Config, SlurmSettings  # noqa: E402
-from dike_slurm.engine import CyclePlan, Engine  # noqa: E402
+from dike_slurm.config import SlurmSettings  # noqa: E402
+from dike_slurm.engine import CyclePlan  # noqa: E402
 from dike_slurm.gcpause import paused_gc  # noqa: E402
 from dike_slurm.parsing.durations import format_duration  # noqa: E402
 from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
-from dike_slurm.state import StateStore  # noqa: E402
-from synthetic import BASE_TIME, SIZES, Size, slurm_json, topology  # noqa: E402
+from synthetic import BASE_TIME, Size, slurm_json, topology  # noqa: E402
 
 POLICIES = ("fifo", "multifactor", "tiresias", "dike")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -138,80 +124,3 @@ class SlurmText:
             lines.append(f"{job_id}|{factor}|{priority}\n")
         after.sprio = "".join(lines)
         return after
-
-
-def measure_size(size: Size, policies: tuple[str, ...], repeat: int, folder: Path, log=print) -> dict:
-    """Every figure of one size (see the module docstring)."""
-    text = SlurmText(size, folder)
-    row: dict = {
-        "size": size.label, "pending": size.pending, "running": size.running, "nodes": size.nodes,
-        "input_mb": round(text.megabytes, 1),
-    }
-    backend = text.backend()
-    row["floor_s"] = best_of(repeat, text.floor)
-    row["read_s"] = best_of(repeat, backend.read_cluster)
-    row["policies"] = {}
-    for name in policies:
-        config = Config.model_validate({"engine": {"policy": name}})
-        engine = Engine(config, backend, StateStore(None))
-        seen: dict = {}
-        decide = engine.policy.decide
-
-        def capture(snapshot, params, rng, _decide=decide, _seen=seen):
-            _seen["snapshot"] = snapshot
-            _seen["decisions"] = _decide(snapshot, params, rng)
-            return _seen["decisions"]
-
-        engine.policy.decide = capture  # instance attribute: the class is untouched
-        plan = engine.plan()
-        engine.policy.decide = decide
-        cycle = best_of(repeat, engine.plan)
-        snapshot, decisions = seen["snapshot"], seen["decisions"]
-        decide_s = best_of(repeat, lambda: decide(snapshot, engine.params, random.Random(0)))
-        cluster = backend.read_cluster()
-        memory, owned = engine.store.jobs(), engine.store.owned()
-
-        def diff() -> None:
-            plans, _ = engine._diff(snapshot, decisions, cluster, memory, owned)
-            engine._guardrails(plans, owned)
-
-        try:
-            diff_s: float | None = best_of(repeat, diff)
-        except (AttributeError, TypeError):  # the engine's private methods changed: only the total remains
-            diff_s = None
-        figures = {
-            "cycle_s": cycle,
-            "decide_s": decide_s,
-            "diff_s": diff_s,
-            "other_s": max(0.0, cycle - row["read_s"] - decide_s - (diff_s or 0.0)),
-            "ratio_to_floor": cycle / row["floor_s"],
-            "jobs": len(plan.jobs),
-            "writes": len(plan.writes),
-        }
-        row["policies"][name] = figures
-        log(f"  {size.label} {name}: cycle {cycle:.3f} s (read {row['read_s']:.3f}, decide {decide_s:.3f}, "
-            f"diff {diff_s if diff_s is None else round(diff_s, 3)}), floor {row['floor_s']:.3f} s, "
-            f"{figures['ratio_to_floor']:.1f}x")
-    return row
-
-
-def measure(sizes: list[Size], policies: tuple[str, ...], repeat: int, log=print) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="dike-bench-") as folder:
-        return [measure_size(size, policies, repeat, Path(folder), log) for size in sizes]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="0,1,2", help="indexes into synthetic.SIZES")
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS / "cycle.json")
-    args = parser.parse_args(argv)
-    rows = measure([SIZES[int(i)] for i in args.sizes.split(",")], tuple(args.policies.split(",")), args.repeat)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"repeat": args.repeat, "sizes": rows}, indent=2) + "\n", encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

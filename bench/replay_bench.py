@@ -5,8 +5,9 @@
 Each replay runs in a fresh interpreter (`--child`), so its peak RSS (ru_maxrss) is its own:
 nothing of the parent (the engine-cycle benchmark's 50 MB of JSON, other replays) is counted.
 The child swaps the simulator's `heapq` for a recorder that logs every push (time, kind) and
-every pop to a file; the parent then replays exactly that sequence of pushes and pops through
-heapq with tuples of the same shape: the floor, an event loop that does nothing per event.
+every pop to a file; after the replay (and its peak memory reading) the child pushes and pops
+exactly that sequence through heapq with tuples of the same shape: the floor, an event loop
+that does nothing per event, measured in the same process so that replays can run side by side.
 Recording costs one Python call per heap operation (well under 1% of a replay).
 
 Figures per run (CPU seconds): read (sacct dump, slurm.conf, topology), replay (the simulator,
@@ -157,6 +158,7 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
     finally:
         if recorder is not None:
             recorder.close()
+    peak_kb = peak_rss_kb()  # before the floor below loads the recorded events
     stats, summary = run.stats, run.metrics.summary
     kb = 1024.0
     figures = {
@@ -175,7 +177,7 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
         "cycles_due": stats.cycles,
         "mean_jobs_per_decide": seen["jobs"] / max(stats.decide_calls, 1),
         "largest_decide": seen["largest"],
-        "peak_rss_mb": peak_rss_kb() / kb,
+        "peak_rss_mb": peak_kb / kb,
         "rss_after_imports_mb": imported_kb / kb,
         "rss_after_read_mb": read_kb / kb,
         "rss_interpreter_mb": baseline_kb / kb,
@@ -183,6 +185,9 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
         "avg_jct_h": summary["avg_jct_s"] / 3600.0,
         "gpu_utilization": summary["gpu_utilization"],
     }
+    if record is not None:  # the floor in this process too, so that replays can run side by side
+        floor, popped = floor_seconds(record)
+        figures.update(floor_s=floor, floor_events=popped, ratio_to_floor=run.cpu_s / floor if floor > 0 else None)
     result.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
 
 
@@ -194,7 +199,7 @@ def trace_for(jobs: int, root: Path = RESULTS / "traces") -> Path:
 
 
 def run_one(trace: Path, policy: str, timeout_s: float | None = None, comm_penalty: float | None = None) -> dict:
-    """A replay in a fresh interpreter, then its floor here; a replay over the timeout is reported as such."""
+    """A replay and its floor in a fresh interpreter; a replay over the timeout is reported as such."""
     with tempfile.TemporaryDirectory(prefix="dike-replay-") as scratch:
         folder = Path(scratch)
         result = folder / "result.json"
@@ -209,12 +214,7 @@ def run_one(trace: Path, policy: str, timeout_s: float | None = None, comm_penal
             row = json.loads(progress.read_text(encoding="utf-8")) if progress.is_file() else {}
             row.update(policy=policy, timed_out_after_s=timeout_s, comm_penalty=comm_penalty)
             return row
-        row = json.loads(result.read_text(encoding="utf-8"))
-        floor, popped = floor_seconds(folder)
-    row["floor_s"] = floor
-    row["floor_events"] = popped
-    row["ratio_to_floor"] = row["replay_s"] / floor if floor > 0 else None
-    return row
+        return json.loads(result.read_text(encoding="utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Synthetic clusters and queues for the benchmarks, as Slurm 22.05 JSON text and as Snapshots.
+"""Synthetic clusters and queues for the benchmarks, as Slurm 22.05 JSON text.
 
 Sizes are (pending jobs, running jobs, nodes); nodes have 8 GPUs and sit under a switch tree of
 up to 4 levels (leaf: 16 nodes, spine: 8 leaves, pod: 4 spines, one top switch).
@@ -10,7 +10,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from dike_slurm.model import Job, JobState, Node, Snapshot, Switch, Topology
+from dike_slurm.model import Switch, Topology
 
 GPUS_PER_NODE = 8
 NODES_PER_LEAF = 16
@@ -131,32 +131,3 @@ def slurm_json(size: Size, seed: int = 0) -> tuple[str, str]:
         )
     meta = {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}, "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}}
     return json.dumps({"meta": meta, "errors": [], "jobs": jobs}), json.dumps({"meta": meta, "errors": [], "nodes": nodes})
-
-
-def snapshot(size: Size, seed: int = 0) -> Snapshot:
-    """The same queue as `slurm_json`, built directly as a Snapshot (with usage and history)."""
-    rng = random.Random(seed)
-    records = _jobs(size, rng)
-    alloc: dict[str, int] = {}
-    jobs = []
-    for r in records:
-        per_node = -(-r["gpus"] // r["nodes"])
-        for node in r["allocated"]:
-            alloc[node] = min(GPUS_PER_NODE, alloc.get(node, 0) + per_node)
-        ran = BASE_TIME - r["start"] if r["running"] else 0
-        jobs.append(
-            Job(
-                job_id=r["job_id"], user=r["user"], state=JobState.RUNNING if r["running"] else JobState.PENDING,
-                submit_time=float(r["submit"]), gpus=r["gpus"], num_nodes=r["nodes"], cpus=r["gpus"] * 4,
-                account=r["account"], partition="gpu", name=r["name"], start_time=float(r["start"]) if r["start"] else None,
-                time_limit_s=r["limit_min"] * 60, attained_gpu_s=float(ran * r["gpus"]), run_count=1 if r["running"] else 0,
-                last_run_s=float(ran), nodes=r["allocated"], requeueable=True, true_duration_s=float(r["limit_min"] * 30),
-            )
-        )
-    nodes = tuple(
-        Node(node_name(i), GPUS_PER_NODE, alloc.get(node_name(i), 0), 64, "MIXED" if alloc.get(node_name(i)) else "IDLE", (), ("gpu",))
-        for i in range(size.nodes)
-    )
-    usage = {f"user{u:02d}": float(rng.randint(0, 500) * 3600) for u in range(USERS)}
-    history = tuple(sorted(rng.lognormvariate(8, 2) for _ in range(2000)))
-    return Snapshot(float(BASE_TIME), tuple(jobs), nodes, topology(size.nodes), usage, {}, history)

@@ -25,10 +25,11 @@ import math
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from dike_slurm.errors import InputError
 from dike_slurm.model import JobState
@@ -248,16 +249,25 @@ def _looks_like_header(line: str) -> bool:
 
 def read_sacct_parsable2(text: str, source: str) -> ReadResult:
     """Read a `sacct --parsable2` dump (header row first); see the module docstring for columns."""
-    lines = text.split("\n")
-    header_number = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if header_number is None:
+    return _read_parsable2_lines(iter(text.split("\n")), source)
+
+
+def _read_parsable2_lines(lines: Iterator[str], source: str) -> ReadResult:
+    """The parsable2 reader over lines split at "\n" only (a lone "\r" stays inside its field)."""
+    number = 0
+    header_line = None
+    for line in lines:
+        number += 1
+        if line.strip():
+            header_line = line.lstrip("\ufeff").rstrip("\r")
+            break
+    if header_line is None:
         raise InputError("empty sacct dump", source=source)
-    header_line = lines[header_number].lstrip("\ufeff").rstrip("\r")
     if not _looks_like_header(header_line):
         raise InputError(
             "no sacct header row (JobID|...|State|...): dump with --parsable2 and without --noheader",
             source=source,
-            line=header_number + 1,
+            line=number,
         )
     header = _Header(header_line.split("|"), source)
     caches = _Caches()
@@ -265,8 +275,8 @@ def read_sacct_parsable2(text: str, source: str) -> ReadResult:
     skipped: Counter[str] = Counter()
     first_line: dict[str, int] = {}
     rows = 0
-    for number in range(header_number + 1, len(lines)):
-        line = lines[number]
+    for line in lines:
+        number += 1
         if line.endswith("\r"):
             line = line[:-1]
         if not line.strip():
@@ -279,7 +289,7 @@ def read_sacct_parsable2(text: str, source: str) -> ReadResult:
         except _RowError as exc:
             reason = str(exc)
             skipped[reason] += 1
-            first_line.setdefault(reason, number + 1)
+            first_line.setdefault(reason, number)
             continue
         if record is not None:
             records.append(record)
@@ -518,13 +528,27 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
 
 
 def read_sacct_file(path: Path) -> ReadResult:
-    """Read a dump file, JSON or parsable2 (sniffed from its first character)."""
+    """Read a dump file, JSON or parsable2 (sniffed from its first character).
+
+    A parsable2 dump is read line by line: a year of history (a million rows, 300 MB) is never
+    held in memory as text, only as records.
+    """
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        with path.open("rb") as handle:
+            if _first_character(handle) in ("{", "["):
+                return read_sacct_json(handle.read().decode("utf-8", errors="replace"), str(path))
+            # Binary lines split at b"\n" only, as str.split("\n") does; no UTF-8 sequence
+            # contains that byte, so decoding line by line gives the same text as decoding it whole.
+            lines = (raw.decode("utf-8", errors="replace").removesuffix("\n") for raw in handle)
+            return _read_parsable2_lines(lines, str(path))
     except FileNotFoundError:
         raise InputError("no such file", source=str(path)) from None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
-    if text.lstrip("\ufeff \t\r\n")[:1] in ("{", "["):
-        return read_sacct_json(text, str(path))
-    return read_sacct_parsable2(text, str(path))
+
+
+def _first_character(handle: BinaryIO) -> str:
+    """The first character that is not a BOM or white space (the handle is rewound)."""
+    start = handle.read(4096).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")[:1]
+    handle.seek(0)
+    return start

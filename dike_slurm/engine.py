@@ -304,7 +304,9 @@ class Engine:
             topology=cluster.topology,
             user_usage_gpu_s=usage,
             user_shares=dict(self.config.accounting.user_shares),
-            completed_service_gpu_s=completed_service(runs, now),
+            completed_service_gpu_s=(
+                completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
+            ),
         )
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
         plans, notes = self._diff(snapshot, decisions, cluster, memory, owned)

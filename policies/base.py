@@ -30,6 +30,15 @@ class Policy(ABC):
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         """Decisions for the managed jobs of this snapshot."""
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        """Whether `decide` reads `snapshot.completed_service_gpu_s` with these parameters.
+
+        When it does not, the engine and the simulator leave that field empty instead of
+        building it every cycle (a sorted copy of every job finished in the window: the largest
+        cost of a million-job replay). The safe default for a policy that does not say is True.
+        """
+        return True
+
     def score_ceiling(self, params: PolicyParams) -> float | None:
         """An upper bound of the scores `decide` returns, if it has a fixed one; None: unbounded.
 

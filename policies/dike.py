@@ -201,6 +201,10 @@ class DikePolicy(Policy):
         requeues = self._preemptions(snapshot, params, level_by_job, pending, running) if params.preemption else []
         return Decisions(tuple(priorities), tuple(placements), tuple(requeues))
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        assert isinstance(params, DikeParams)
+        return params.thresholds_gpuh is None  # derived thresholds: quantiles of finished jobs' service
+
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, DikeParams)
         return float(params.levels)  # level l scores in [levels-1-l, levels-l)

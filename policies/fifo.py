@@ -33,6 +33,9 @@ class FifoPolicy(Policy):
     description = "Submit order (Slurm's priority/basic)."
     Params = FifoParams
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        return False
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         active = submit_order([j for j in snapshot.jobs if j.state in ACTIVE])
         count = len(active)

@@ -28,6 +28,9 @@ class MultifactorPolicy(Policy):
     description = "Slurm-like priority/multifactor: age + fair-share + job size."
     Params = MultifactorParams
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        return False
+
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, MultifactorParams)
         total = params.weight_age + params.weight_fairshare + params.weight_job_size

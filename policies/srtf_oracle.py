@@ -20,6 +20,9 @@ class SrtfOraclePolicy(Policy):
     Params = SrtfOracleParams
     live = False
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        return False
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         active = snapshot.pending + snapshot.running
         missing = [j.display_id for j in active if j.true_duration_s is None]

@@ -36,6 +36,9 @@ class TiresiasPolicy(Policy):
     description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, consolidate large jobs."
     Params = TiresiasParams
 
+    def reads_completed_service(self, params: PolicyParams) -> bool:
+        return False
+
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, TiresiasParams)
         return float(len(params.thresholds_gpu_s) + 1)

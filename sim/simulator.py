@@ -262,6 +262,8 @@ class Simulator:
         # Usage is kept per owner as the live engine keeps it: by account when the policy's
         # fairness is by account.
         self.usage_by_account = getattr(params, "fairness_by", "user") == "account"
+        # Finished jobs' GPU service for the snapshot, kept only for a policy that reads it.
+        self.keeps_history = policy.reads_completed_service(params)
         self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
         self.history_sorted: list[float] = []
         self.history_view: tuple[float, ...] = ()
@@ -471,6 +473,8 @@ class Simulator:
         self._enter_pending(job)
 
     def _remember_service(self, gpu_seconds: float) -> None:
+        if not self.keeps_history:
+            return
         self.history.append((self.now, gpu_seconds))
         bisect.insort(self.history_sorted, gpu_seconds)
         self.history_view = ()

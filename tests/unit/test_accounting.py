@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dike_slurm.accounting import (
     SKIP_FIELD_COUNT,
@@ -326,3 +329,24 @@ def test_sacct_json_nan_and_infinity_are_skipped_rows_not_crashes():
         result = read_sacct_json('{"jobs": [{"job_id": %s}]}' % literal, "dump.json")
         assert result.records == ()
         assert sum(result.skipped.values()) == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(st.sampled_from(ROWS) | st.binary(max_size=60).map(lambda b: b.decode("latin-1")), max_size=12),
+    newline=st.sampled_from(["\n", "\r\n"]),
+    odd=st.sampled_from([b"", b"\xef\xbb\xbf", b"\n\n", b"\r"]),
+    junk=st.sampled_from([b"", b"\xff", b"\xe4\n", b"a\rb"]),
+)
+def test_the_file_is_streamed_with_the_same_result_as_reading_its_text(tmp_path: Path, rows, newline, odd, junk):
+    # BOM, blank lines, CRLF, lone CR inside a field, bytes that are not UTF-8: one record each way
+    data = odd + dump(rows, newline=newline).encode("utf-8", errors="surrogateescape") + junk
+    path = tmp_path / "sacct.txt"
+    path.write_bytes(data)
+    try:
+        expected = read_sacct_parsable2(data.decode("utf-8", errors="replace"), str(path))
+    except InputError as error:
+        with pytest.raises(InputError, match=re.escape(str(error))):
+            read_sacct_file(path)
+        return
+    assert read_sacct_file(path) == expected

@@ -232,3 +232,22 @@ def test_policies_are_deterministic_and_do_not_mutate(policy):
     assert first == second
     assert snap.jobs == tuple(jobs)
     assert set(first.order()) == {j.job_id for j in jobs}
+
+
+def test_only_a_policy_that_reads_finished_jobs_service_is_handed_it():
+    from dataclasses import replace
+
+    from dike_slurm.policies.base import Policy
+
+    for policy in (FifoPolicy(), MultifactorPolicy(), TiresiasPolicy(), SrtfOraclePolicy()):
+        assert not policy.reads_completed_service(policy.Params())
+    dike = DikePolicy()
+    assert dike.reads_completed_service(DikeParams())  # derived thresholds: quantiles of that history
+    configured = DikeParams(thresholds_gpuh=[1.0, 8.0])
+    assert not dike.reads_completed_service(configured)
+    assert Policy.reads_completed_service(dike, configured)  # a policy that does not say gets it
+    # and with configured thresholds the history changes nothing in Dike's decisions
+    snap = snapshot([pending(1, "alice"), running(2, "bob", attained_gpu_s=7200.0)])
+    with_history = replace(snap, completed_service_gpu_s=tuple(float(i) for i in range(100)))
+    rng = random.Random
+    assert dike.decide(snap, configured, rng(0)) == dike.decide(with_history, configured, rng(0))

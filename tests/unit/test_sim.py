@@ -285,6 +285,19 @@ def test_snapshot_contents():
     assert all(j.true_duration_s is not None for j in late.jobs)
 
 
+def test_a_policy_that_does_not_read_finished_jobs_service_is_not_handed_it():
+    class NoHistory(LeastServedPreempting):
+        def reads_completed_service(self, params):
+            return False
+
+    policy = NoHistory()
+    trace = [job(1, 0, 2, 500), job(2, 0, 8, 5000, user="bob"), job(3, 10, 8, 100, user="carol")]
+    two_nodes = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n"
+    _, simulator = simulate(trace, policy, PreemptParams(min_runtime_s=1e9), conf=two_nodes)
+    assert len(policy.snapshots) > 5 and all(s.completed_service_gpu_s == () for s in policy.snapshots)
+    assert not simulator.history and not simulator.history_sorted  # nothing kept for it either
+
+
 def test_determinism_of_two_runs():
     rng = random.Random(5)
     trace = [
