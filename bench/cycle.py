@@ -30,7 +30,6 @@ from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
 from synthetic import BASE_TIME, Size, slurm_json, topology  # noqa: E402
 
 POLICIES = ("fifo", "multifactor", "tiresias", "dike")
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def best_of(repeat: int, action: Callable[[], object]) -> float:

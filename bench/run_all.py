@@ -1,11 +1,14 @@
-"""Every benchmark of issue 6 in one run (`make bench`): engine cycle, replay, log-log plots.
+"""Every benchmark in one run (`make bench`, under 10 minutes here): engine cycle, replay, plots.
 
-    .venv/bin/python bench/run_all.py            # cycle at 1k/10k/50k pending, replays of 10k and 100k jobs
-    .venv/bin/python bench/run_all.py --full     # also 1M jobs, and 100k at comm penalty 1 (long: docs/benchmarks.md)
+    .venv/bin/python bench/run_all.py          # cycle at 1k/10k/50k pending; replays of 10k and 100k jobs
+                                               # (fifo, tiresias, dike) and of 1M jobs (fifo)
+    .venv/bin/python bench/run_all.py --full   # 1M jobs for every replay policy too, and the congested
+                                               # 100k at communication penalty 1 (about an hour)
 
-Prints tables, writes bench/results/run_all.json and bench/results/{cycle,decide,replay}.png.
-All times are CPU seconds of the process doing the work (best of --repeat for the cycle), as the
-machine is shared; every figure also comes as a ratio to its floor measured in the same run.
+Prints tables, writes RESULTS/run_all.json and RESULTS/{cycle,decide,replay}.png (--results,
+default bench/results; generated traces are kept in RESULTS/traces and reused). All times are
+CPU seconds of the process doing the work (best of --repeat for the cycle), as the machine is
+shared; every figure also comes as a ratio to its floor measured in the same run.
 docs/benchmarks.md explains each figure.
 """
 
@@ -41,7 +44,7 @@ from dike_slurm.state import StateStore  # noqa: E402
 RESULTS = HERE / "results"
 REPLAY_POLICIES = ("fifo", "tiresias", "dike")
 QUICK_REPLAY_SIZES = (10_000, 100_000)  # at communication penalty 0: the cluster keeps up
-MILLION_POLICIES = ("fifo", "dike")
+MILLION_POLICIES = ("fifo",)  # --full: every replay policy
 CONGESTED_PENALTY = 1.0  # the configuration's default: the 100k trace's queue grows to thousands
 NLOGN_SLACK = 1.2  # n log n over 1k..50k has a log-log slope of about 1.1
 
@@ -164,7 +167,7 @@ def replay_table(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
-def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -> dict:
+def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console: Console, results: Path) -> dict:
     exponents: dict = {}
     if cycle_rows:
         pending = [r["pending"] for r in cycle_rows]
@@ -174,11 +177,11 @@ def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console
             series[f"{n} first"] = (pending, [r["policies"][n]["cycle_s"] for r in cycle_rows])
             series[f"{n} steady"] = (pending, [r["policies"][n]["steady"]["cycle_s"] for r in cycle_rows])
         exponents["cycle"] = loglog(
-            RESULTS / "cycle.png", "Engine cycle (no Slurm I/O) vs pending jobs", "pending jobs", "CPU seconds",
+            results / "cycle.png", "Engine cycle (no Slurm I/O) vs pending jobs", "pending jobs", "CPU seconds",
             series, (pending, [r["floor_s"] for r in cycle_rows]), "floor: json.loads",
         )
         exponents["decide"] = loglog(
-            RESULTS / "decide.png", "Policy decide() inside the cycle vs pending jobs", "pending jobs", "CPU seconds",
+            results / "decide.png", "Policy decide() inside the cycle vs pending jobs", "pending jobs", "CPU seconds",
             {n: (pending, [r["policies"][n]["decide_s"] for r in cycle_rows]) for n in names},
         )
         exponents["phases"] = {
@@ -195,7 +198,7 @@ def plots_and_exponents(cycle_rows: list[dict], replay_rows: list[dict], console
             series[name] = ([r["size"] for r in mine], [r["replay_s"] for r in mine])
         floor_rows = sorted((r for r in done if r["policy"] == names[0]), key=lambda r: r["size"])
         exponents["replay"] = loglog(
-            RESULTS / "replay.png", f"Replay CPU time vs trace size (1,000 nodes, comm penalty {main_penalty:g})",
+            results / "replay.png", f"Replay CPU time vs trace size (1,000 nodes, comm penalty {main_penalty:g})",
             "jobs in trace", "CPU seconds",
             series, ([r["size"] for r in floor_rows], [r["floor_s"] for r in floor_rows]), "floor: bare heapq loop",
         )
@@ -242,19 +245,22 @@ def targets(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true",
-                        help="also replay 1M jobs, and 100k jobs at communication penalty 1 (long)")
+                        help="1M jobs under every replay policy, and 100k jobs at communication penalty 1 (long)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per cycle figure (2 at 50k pending)")
     parser.add_argument("--cycle-sizes", default="0,1,2", help="indexes into synthetic.SIZES; empty: skip")
     parser.add_argument("--cycle-policies", default=",".join(POLICIES))
-    parser.add_argument("--replay-sizes", default=None, help="jobs per trace, comma-separated; empty: skip")
+    parser.add_argument("--replay-sizes", default=None,
+                        help="jobs per trace, comma-separated (default 10k, 100k and 1M); empty: skip")
     parser.add_argument("--replay-policies", default=",".join(REPLAY_POLICIES))
-    parser.add_argument("--million-policies", default=",".join(MILLION_POLICIES), help="policies replayed at 1M jobs")
+    parser.add_argument("--million-policies", default=",".join(MILLION_POLICIES),
+                        help="policies replayed at 1M jobs (--full: every replay policy)")
     parser.add_argument("--replay-timeout", type=float, default=1800.0, help="seconds per replay of 100k jobs or more")
     parser.add_argument("--comm-penalty", type=float, default=0.0,
                         help="of the replays (0: the cluster keeps up; --full adds 100k at the default 1)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="replays run side by side (each in its own process, timed by its own CPU clock)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "run_all.json")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="folder of run_all.json, the plots and the generated traces (made once, then reused)")
     args = parser.parse_args(argv)
     console = Console(width=160)
     began, began_cpu = time.time(), time.process_time()
@@ -278,11 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in (args.replay_sizes or "").split(",") if s] if args.replay_sizes is not None \
         else list(QUICK_REPLAY_SIZES)
     runs = [(size, args.comm_penalty, replay_policies) for size in sizes]
+    if args.replay_sizes is None:
+        runs.append((1_000_000, args.comm_penalty, replay_policies if args.full else args.million_policies.split(",")))
     if args.full:
-        runs.append((1_000_000, args.comm_penalty, args.million_policies.split(",")))
         runs.append((100_000, CONGESTED_PENALTY, replay_policies))
     jobs = [(size, penalty, policy) for size, penalty, names in runs for policy in names]
-    traces = {size: trace_for(size) for size in sorted({size for size, _, _ in jobs})}
+    traces = {size: trace_for(size, args.results / "traces") for size in sorted({size for size, _, _ in jobs})}
 
     def replay(job: tuple[int, float, str]) -> dict:
         size, penalty, policy = job
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if replay_rows:
         replay_table(replay_rows, console)
 
-    exponents = plots_and_exponents(cycle_rows, replay_rows, console)
+    exponents = plots_and_exponents(cycle_rows, replay_rows, console, args.results)
     target_lines = targets(cycle_rows, replay_rows, console)
     machine["load_at_end"] = os.getloadavg()
     document = {
@@ -318,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         "exponents": exponents,
         "targets": target_lines,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    console.print(f"written: {args.out} and {RESULTS}/cycle.png, decide.png, replay.png "
+    out = args.results / "run_all.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    console.print(f"written: {out} and the plots cycle.png, decide.png, replay.png beside it "
                   f"({document['wall_s']:.0f} s wall)", highlight=False)
     return 0
 
