@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 
@@ -279,7 +279,9 @@ class Snapshot:
     topology: Topology = field(default_factory=Topology)
     user_usage_gpu_s: Mapping[str, float] = field(default_factory=dict)  # decayed GPU-seconds
     user_shares: Mapping[str, float] = field(default_factory=dict)  # missing user: share 1
-    completed_service_gpu_s: tuple[float, ...] = ()  # sorted GPU service of recent finished jobs
+    # ascending GPU service of recently finished jobs: a tuple from the engine, an immutable
+    # block view (dike_slurm.sim.history) from the simulator
+    completed_service_gpu_s: Sequence[float] = ()
 
     @property
     def pending(self) -> tuple[Job, ...]:

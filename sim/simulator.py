@@ -9,7 +9,6 @@ the simplifications.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import random
@@ -26,6 +25,7 @@ from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snaps
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import CommRule, is_comm_heavy
 from dike_slurm.sim.cluster import SimCluster
+from dike_slurm.sim.history import SortedBlocks
 from dike_slurm.sim.trace import TraceJob
 from dike_slurm.sim.usage import DecayedUsage
 
@@ -265,8 +265,7 @@ class Simulator:
         # Finished jobs' GPU service for the snapshot, kept only for a policy that reads it.
         self.keeps_history = policy.reads_completed_service(params)
         self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
-        self.history_sorted: list[float] = []
-        self.history_view: tuple[float, ...] = ()
+        self.history_sorted = SortedBlocks()
         self.node_views: list[Node] = list(cluster.nodes)
         self.dirty_nodes: set[int] = set()
         self.slots = self._slot_table()
@@ -476,16 +475,14 @@ class Simulator:
         if not self.keeps_history:
             return
         self.history.append((self.now, gpu_seconds))
-        bisect.insort(self.history_sorted, gpu_seconds)
-        self.history_view = ()
+        self.history_sorted.add(gpu_seconds)
 
     def _forget_old_history(self, now: float) -> None:
         """Jobs that ended more than the history window ago leave the snapshot's history."""
         horizon = now - self.settings.history_window_s
         while self.history and self.history[0][0] < horizon:
             _, oldest = self.history.popleft()
-            del self.history_sorted[bisect.bisect_left(self.history_sorted, oldest)]
-            self.history_view = ()
+            self.history_sorted.remove(oldest)
 
     # ------------------------------------------------------------------ GPU slots (for planning)
 
@@ -589,8 +586,6 @@ class Simulator:
             self.node_views[node] = self._node_view(node)
         self.dirty_nodes.clear()
         self._forget_old_history(at)
-        if not self.history_view and self.history_sorted:
-            self.history_view = tuple(self.history_sorted)
         snapshot = Snapshot(
             time=at,
             jobs=tuple(views.values()),
@@ -598,7 +593,7 @@ class Simulator:
             topology=self.cluster.topology,
             user_usage_gpu_s=self.usage.snapshot(at),
             user_shares=self.shares,
-            completed_service_gpu_s=self.history_view,
+            completed_service_gpu_s=self.history_sorted.view(),
         )
         return snapshot, views
 
