@@ -27,7 +27,7 @@ from dike_slurm.engine import CyclePlan  # noqa: E402
 from dike_slurm.gcpause import paused_gc  # noqa: E402
 from dike_slurm.parsing.durations import format_duration  # noqa: E402
 from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
-from synthetic import BASE_TIME, Size, slurm_json, topology  # noqa: E402
+from synthetic import BASE_TIME, Size, slurm_json, slurm_text, topology  # noqa: E402
 
 POLICIES = ("fifo", "multifactor", "tiresias", "dike")
 
@@ -107,7 +107,7 @@ class SlurmText:
             if JobField.EXCLUDED_NODES in values:
                 entry["excluded_nodes"] = compress_hostlist(values[JobField.EXCLUDED_NODES])
         after = copy.copy(self)
-        after.squeue = json.dumps(document)
+        after.squeue = slurm_text(document)
         lines = []
         for line in self.switches.splitlines():
             job_id = int(line.split("|", 1)[0])

@@ -55,6 +55,176 @@ def topology(nodes: int) -> Topology:
     return Topology.from_switches(switches)
 
 
+# Every key Slurm 22.05's `squeue --json` prints for a job (110) and `sinfo --json` for a node (45),
+# with the values the lab printed (scripts/slurm-lab, a held 1-GPU job and an idle node); the
+# synthetic values below are laid over them. Slurm prints the JSON indented by two spaces with
+# "/" escaped: about 3.2 KB per job, which is what the engine parses every cycle.
+_SQUEUE_JOB = {
+    "account": "",
+    "accrue_time": 0,
+    "admin_comment": "",
+    "array_job_id": 0,
+    "array_task_id": None,
+    "array_max_tasks": 0,
+    "array_task_string": "",
+    "association_id": 2,
+    "batch_features": "",
+    "batch_flag": True,
+    "batch_host": "",
+    "flags": [],
+    "burst_buffer": "",
+    "burst_buffer_state": "",
+    "cluster": "bench",
+    "cluster_features": "",
+    "command": "",
+    "comment": "",
+    "container": "",
+    "contiguous": False,
+    "core_spec": None,
+    "thread_spec": None,
+    "cores_per_socket": None,
+    "billable_tres": None,
+    "cpus_per_task": None,
+    "cpu_frequency_minimum": None,
+    "cpu_frequency_maximum": None,
+    "cpu_frequency_governor": None,
+    "cpus_per_tres": "",
+    "deadline": 0,
+    "delay_boot": 0,
+    "dependency": "",
+    "derived_exit_code": 0,
+    "eligible_time": 0,
+    "end_time": 0,
+    "excluded_nodes": "",
+    "exit_code": 0,
+    "features": "",
+    "federation_origin": "",
+    "federation_siblings_active": "",
+    "federation_siblings_viable": "",
+    "gres_detail": [],
+    "group_id": 0,
+    "group_name": "users",
+    "job_id": 0,
+    "job_state": "PENDING",
+    "last_sched_evaluation": 0,
+    "licenses": "",
+    "max_cpus": 0,
+    "max_nodes": 0,
+    "mcs_label": "",
+    "memory_per_tres": "",
+    "name": "",
+    "nodes": "",
+    "nice": None,
+    "tasks_per_core": None,
+    "tasks_per_node": 0,
+    "tasks_per_socket": None,
+    "tasks_per_board": 0,
+    "cpus": 1,
+    "node_count": 1,
+    "tasks": 1,
+    "het_job_id": 0,
+    "het_job_id_set": "",
+    "het_job_offset": 0,
+    "partition": "gpu",
+    "prefer": "",
+    "memory_per_node": None,
+    "memory_per_cpu": 2000,
+    "minimum_cpus_per_node": 1,
+    "minimum_tmp_disk_per_node": 0,
+    "preempt_time": 0,
+    "pre_sus_time": 0,
+    "priority": 0,
+    "profile": None,
+    "qos": "normal",
+    "reboot": False,
+    "required_nodes": "",
+    "requeue": True,
+    "resize_time": 0,
+    "restart_cnt": 0,
+    "resv_name": "",
+    "shared": None,
+    "show_flags": ["SHOW_ALL", "SHOW_DETAIL", "SHOW_LOCAL"],
+    "sockets_per_board": 0,
+    "sockets_per_node": None,
+    "start_time": 0,
+    "state_description": "",
+    "state_reason": "Priority",
+    "standard_error": "",
+    "standard_input": "/dev/null",
+    "standard_output": "",
+    "submit_time": 0,
+    "suspend_time": 0,
+    "system_comment": "",
+    "time_limit": None,
+    "time_minimum": 0,
+    "threads_per_core": None,
+    "tres_bind": "",
+    "tres_freq": "",
+    "tres_per_job": "",
+    "tres_per_node": "gres:gpu:1",
+    "tres_per_socket": "",
+    "tres_per_task": "",
+    "tres_req_str": "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=1",
+    "tres_alloc_str": "",
+    "user_id": 0,
+    "user_name": "",
+    "wckey": "",
+    "current_working_directory": "/home",
+}
+_SINFO_NODE = {
+    "architecture": "x86_64",
+    "burstbuffer_network_address": "",
+    "boards": 1,
+    "boot_time": 0,
+    "comment": "",
+    "cores": 8,
+    "cpu_binding": 0,
+    "cpu_load": 133,
+    "extra": "",
+    "free_memory": 16380,
+    "cpus": 16,
+    "last_busy": 0,
+    "features": "leaf_s1",
+    "active_features": "leaf_s1",
+    "gres": "gpu:8",
+    "gres_drained": "N/A",
+    "gres_used": "gpu:0",
+    "mcs_label": "",
+    "name": "",
+    "next_state_after_reboot": "invalid",
+    "address": "",
+    "hostname": "",
+    "state": "idle",
+    "state_flags": [],
+    "next_state_after_reboot_flags": [],
+    "operating_system": "Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC",
+    "owner": None,
+    "partitions": ["gpu"],
+    "port": 6818,
+    "real_memory": 64000,
+    "reason": "",
+    "reason_changed_at": 0,
+    "reason_set_by_user": None,
+    "slurmd_start_time": 0,
+    "sockets": 2,
+    "threads": 1,
+    "temporary_disk": 0,
+    "weight": 1,
+    "tres": "cpu=16,mem=62.50G,billing=16,gres/gpu=8",
+    "slurmd_version": "22.05.8",
+    "alloc_memory": 0,
+    "alloc_cpus": 0,
+    "idle_cpus": 16,
+    "tres_used": None,
+    "tres_weighted": 0.0,
+}
+
+
+def slurm_text(document: dict) -> str:
+    """JSON laid out as Slurm 22.05 prints it (indent 2, `\\/` for `/`)."""
+    return json.dumps(document, indent=2).replace("/", "\\/")
+
+
 def _jobs(size: Size, rng: random.Random) -> list[dict]:
     """Plain job records shared by the JSON and the Snapshot forms."""
     records = []
@@ -89,7 +259,7 @@ def _jobs(size: Size, rng: random.Random) -> list[dict]:
 
 
 def slurm_json(size: Size, seed: int = 0) -> tuple[str, str]:
-    """(`squeue --json`, `sinfo --json`) text shaped like Slurm 22.05's openapi v0.0.38 output."""
+    """(`squeue --json`, `sinfo --json`) text as Slurm 22.05 (openapi v0.0.38) prints it."""
     rng = random.Random(seed)
     jobs = []
     alloc_by_node: dict[str, int] = {}
@@ -100,6 +270,7 @@ def slurm_json(size: Size, seed: int = 0) -> tuple[str, str]:
         tres = f"cpu={r['gpus'] * 4},mem={r['gpus'] * 16000}M,node={r['nodes']},billing={r['gpus'] * 4},gres/gpu={r['gpus']}"
         jobs.append(
             {
+                **_SQUEUE_JOB,
                 "account": r["account"], "accrue_time": r["submit"], "admin_comment": "", "array_job_id": 0,
                 "array_task_id": None, "batch_flag": True, "batch_host": r["allocated"][0] if r["allocated"] else "",
                 "cluster": "bench", "comment": "", "cpus": r["gpus"] * 4, "eligible_time": r["submit"],
@@ -121,6 +292,7 @@ def slurm_json(size: Size, seed: int = 0) -> tuple[str, str]:
         used = alloc_by_node.get(name, 0)
         nodes.append(
             {
+                **_SINFO_NODE,
                 "architecture": "x86_64", "boards": 1, "cores": 32, "cpus": 64, "features": "", "active_features": "",
                 "gres": f"gpu:a100:{GPUS_PER_NODE}", "gres_drained": "N/A", "gres_used": f"gpu:a100:{used}(IDX:0-{max(used - 1, 0)})",
                 "name": name, "hostname": name, "state": "mixed" if used else "idle", "state_flags": [],
@@ -130,4 +302,4 @@ def slurm_json(size: Size, seed: int = 0) -> tuple[str, str]:
             }
         )
     meta = {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}, "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}}
-    return json.dumps({"meta": meta, "errors": [], "jobs": jobs}), json.dumps({"meta": meta, "errors": [], "nodes": nodes})
+    return slurm_text({"meta": meta, "errors": [], "jobs": jobs}), slurm_text({"meta": meta, "errors": [], "nodes": nodes})
