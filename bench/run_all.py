@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--comm-penalty", type=float, default=0.0,
                         help="of the replays (0: the cluster keeps up; --full adds 100k at the default 1)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="replays run side by side (each in its own process, timed by its own CPU clock)")
+                        help="tasks side by side: the cycle benchmark and the replays (each replay in its own process)")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="folder of run_all.json, the plots and the generated traces (made once, then reused)")
     args = parser.parse_args(argv)
@@ -275,15 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"load {machine['load_at_start'][0]:.1f} at start (shared machine: CPU time, best of N)", highlight=False)
     random.seed(0)
 
-    cycle_rows: list[dict] = []
-    if args.cycle_sizes:
+    def cycles() -> list[dict]:
+        rows: list[dict] = []
+        if not args.cycle_sizes:
+            return rows
         policies = tuple(args.cycle_policies.split(","))
         with tempfile.TemporaryDirectory(prefix="dike-bench-") as folder:
             for index in args.cycle_sizes.split(","):
                 size = SIZES[int(index)]
                 repeat = args.repeat if size.pending < 50_000 else min(args.repeat, 2)
-                cycle_rows.append(cycle_size(size, policies, repeat, Path(folder), console))
-        cycle_tables(cycle_rows, console)
+                rows.append(cycle_size(size, policies, repeat, Path(folder), console))
+        return rows
 
     replay_policies = args.replay_policies.split(",")
     sizes = [int(s) for s in (args.replay_sizes or "").split(",") if s] if args.replay_sizes is not None \
@@ -309,12 +311,20 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row['peak_rss_mb']:.0f} MB", highlight=False)
         return row
 
-    # Each replay is a child process timed by its own CPU clock: --workers of them side by side
-    # (threads here only wait for the children). The longest runs start first.
+    # --workers tasks side by side: the cycle benchmark (in this process; it is the only task
+    # that computes here) and the replays (each a child process timed by its own CPU clock,
+    # its thread here only waits). The 1M-job replays start first, the cycles next to them.
+    ordered = sorted(jobs, key=lambda job: -job[0])
+    longest = [job for job in ordered if job[0] >= 1_000_000]
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        ordered = sorted(jobs, key=lambda job: -job[0])
-        done = dict(zip(ordered, pool.map(replay, ordered)))
+        futures = {job: pool.submit(replay, job) for job in longest}
+        cycle_future = pool.submit(cycles)
+        futures.update({job: pool.submit(replay, job) for job in ordered if job not in futures})
+        done = {job: future.result() for job, future in futures.items()}
+        cycle_rows = cycle_future.result()
     replay_rows = [done[job] for job in jobs]
+    if cycle_rows:
+        cycle_tables(cycle_rows, console)
     if replay_rows:
         replay_table(replay_rows, console)
 
