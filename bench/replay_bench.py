@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from array import array
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -192,10 +193,15 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
 
 
 def trace_for(jobs: int, root: Path = RESULTS / "traces") -> Path:
-    """The generated trace of `jobs` jobs on the 1,000-node cluster (made once, then reused)."""
-    from replay_scale import trace_folder
+    """The generated trace of `jobs` jobs on 1,000 nodes (leaves of 20, fan-out 5), 200 users,
+    offered load 0.7, seed 11 (made once, then reused)."""
+    from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
 
-    return trace_folder(jobs, NODES, LOAD, SEED, root)
+    folder = root / f"trace-{jobs}-{NODES}-{LOAD:g}-{SEED}"
+    if not (folder / "sacct.txt").is_file():
+        cluster = ClusterSpec(nodes=NODES, nodes_per_leaf=20, switch_fanout=5)
+        generate_sample(folder, jobs, cluster, replace(WorkloadModel(), n_users=200, target_load=LOAD), SEED)
+    return folder
 
 
 def run_one(trace: Path, policy: str, timeout_s: float | None = None, comm_penalty: float | None = None) -> dict:
