@@ -41,7 +41,9 @@ class EngineSettings(_Section):
     )
     breaker_min_jobs: int = Field(20, ge=0, description="the fraction check applies from this many managed jobs")
     breaker_max_errors: int = Field(5, ge=0, description="stop writing after this many failed writes in a cycle")
-    cycle_deadline_s: float = Field(45.0, gt=0)
+    cycle_deadline_s: float = Field(
+        45.0, gt=0, description="the whole cycle's budget: reads share it, writes stop once it has passed"
+    )
     max_requeues_per_cycle: int = Field(
         2, ge=0, description="preemption rate limit: at most this many requeues per cycle, whatever the policy asks"
     )

@@ -870,7 +870,11 @@ class Engine:
     def cycle(self, *, apply: bool) -> CycleReport:
         """One whole cycle; without `apply` only the plan (nothing is written anywhere)."""
         started = self.clock()
-        plan = self.plan()
+        self.backend.limit_reads(self.config.engine.cycle_deadline_s)  # slow reads count against it too
+        try:
+            plan = self.plan()
+        finally:
+            self.backend.limit_reads(None)
         if apply:
             return self.apply(plan, started)
         return CycleReport(plan, False, (), (), 0, self.clock() - started, plan.read_calls, 0)

@@ -120,6 +120,10 @@ class Backend(ABC):
         """Nothing is left to manage (a simulation at the end of its trace); a real cluster never is."""
         return False
 
+    def limit_reads(self, seconds: float | None) -> None:
+        """Bound all reads from now on by `seconds` in total, on top of each call's own timeout
+        (the cycle deadline); None lifts the bound. Backends without slow reads ignore it."""
+
     @abstractmethod
     def read_cluster(self) -> ClusterState:
         """Active jobs, nodes, topology and what Slurm holds for each job now."""

@@ -97,7 +97,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a child left the group and holds the pipes: give up on them
             proc.kill()
-        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:g}s") from None
+        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:.3g}s") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -288,16 +288,33 @@ class SlurmCliBackend(Backend):
                 raise ConfigError(f"slurm.slurm_conf: no such file {settings.slurm_conf}")
             env["SLURM_CONF"] = str(settings.slurm_conf)
         self.env = MappingProxyType(env)
+        self._reads_until: float | None = None  # monotonic time: see limit_reads
 
     def _command(self, name: str) -> str:
         return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
 
-    def _run(self, *argv: str) -> CommandResult:
+    def limit_reads(self, seconds: float | None) -> None:
+        self._reads_until = None if seconds is None else time.monotonic() + seconds
+
+    def _run(self, *argv: str, timeout: float | None = None) -> CommandResult:
         self.calls += 1
-        return self.runner(argv, self.env, self.settings.command_timeout_s)
+        return self.runner(argv, self.env, self.settings.command_timeout_s if timeout is None else timeout)
 
     def _read(self, *argv: str) -> str:
-        result = self._run(*argv)
+        # Reads also stop at the cycle deadline (limit_reads); writes keep their whole timeout,
+        # as a write cut short leaves Slurm's state unknown.
+        timeout = self.settings.command_timeout_s
+        if self._reads_until is not None:
+            left = self._reads_until - time.monotonic()
+            if left <= 0:
+                raise SlurmError(f"{shlex.join(argv)} not started: the cycle deadline has passed")
+            timeout = min(timeout, left)
+        try:
+            result = self._run(*argv, timeout=timeout)
+        except SlurmError as exc:
+            if timeout < self.settings.command_timeout_s:
+                raise SlurmError(f"{exc}: what was left of the cycle deadline") from None
+            raise
         if result.returncode != 0:
             detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
             raise SlurmError(f"{shlex.join(argv)} failed (exit {result.returncode}): {detail}")

@@ -344,6 +344,22 @@ def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engin
     print(f"FIGURES hanging squeue: cycle ended after {took:.1f}s (timeout 2 s)")
 
 
+def test_slow_reads_share_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
+    # every squeue answers, but only after 3 s: each read is within its 20 s timeout, the reads
+    # together are not within the 4 s cycle deadline
+    bin_dir = wrapper_bin(tmp_path, squeue='sleep 3\nexec /usr/bin/squeue "$@"\n')
+    t0 = time.monotonic()
+    proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="20",
+                  DIKE_ENGINE__CYCLE_DEADLINE_S="4", timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1
+    error = one_line_error(proc)
+    assert "squeue -h -a -t PD" in error and "what was left of the cycle deadline" in error, error
+    assert took < 9, took  # 4 s of reads plus start-up, not 2 x 3 s of squeue and the rest
+    assert not engine.state_db.exists() or not engine.audit()  # nothing written
+    print(f"FIGURES slow reads: cycle ended after {took:.1f}s (deadline 4 s, each squeue 3 s, timeout 20 s): {error}")
+
+
 def test_hanging_scontrol_update_hits_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     fill_queue(slurm_lab, 6)
     bin_dir = wrapper_bin(tmp_path, scontrol='if [ "$1" = update ]; then sleep 300; fi\nexec /usr/bin/scontrol "$@"\n')

@@ -7,6 +7,7 @@ own output (squeue/sinfo --json are openapi v0.0.38, checked against the lab clu
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,23 @@ def test_describe_quotes_for_a_shell_reader():
     cli = backend(Recorder())
     text = cli.describe(JobUpdate.of(7, {JobField.SITE_FACTOR: 0, JobField.ADMIN_COMMENT: "ticket 42"}))
     assert text == "scontrol update JobId=7 SiteFactor=0 'AdminComment=ticket 42'"
+
+
+def test_reads_share_what_is_left_of_the_cycle_deadline_and_writes_keep_their_timeout():
+    class SlowRecorder(Recorder):
+        def __call__(self, argv, env, timeout):  # every read takes 0.2 s of the budget
+            time.sleep(0.2)
+            return super().__call__(argv, env, timeout)
+
+    recorder = SlowRecorder(reads())
+    cli = backend(recorder, command_timeout_s=30)
+    cli.limit_reads(0.5)
+    with pytest.raises(SlurmError, match="^sinfo --json not started: the cycle deadline has passed$"):
+        cli.read_cluster()
+    first, second = recorder.calls[0][2], recorder.calls[1][2]
+    assert 0.4 < first <= 0.5 and 0.1 < second <= 0.3 < first  # each read gets what is left, not 30 s
+    cli.apply(JobUpdate.of(63, {JobField.SITE_FACTOR: 5}))
+    assert recorder.calls[-1][0][:2] == ["scontrol", "update"] and recorder.calls[-1][2] == 30  # writes: whole
+    cli.limit_reads(None)
+    cli.read_cluster()
+    assert all(timeout == 30 for _, _, timeout in recorder.calls[-5:])

@@ -312,3 +312,19 @@ def test_stale_values_inside_the_tolerance_are_rewritten_until_they_follow_the_p
     assert len(set(held.values())) == len(held)  # strictly: no ties between differently ranked jobs
     rewritten = sum(1 for p in plan.jobs for w in p.writes if JobField.SITE_FACTOR in dict(w.update.values))
     assert rewritten == len(jobs) - 1  # a full reversal: all but the middle job, whose value is right
+
+
+def test_a_cycle_bounds_its_reads_by_the_cycle_deadline_and_lifts_the_bound_after(tmp_path):
+    class Spy(FakeBackend):
+        limits: list = []
+
+        def limit_reads(self, seconds):
+            self.limits.append(seconds)
+
+        def read_cluster(self):
+            assert self.limits[-1] == 7.0  # the reads of the cycle run under the bound
+            return super().read_cluster()
+
+    spy = Spy([pending(1, "alice")], nodes(), TOPOLOGY, time=NOW)
+    engine(config(tmp_path, engine={"cycle_deadline_s": 7.0}), spy).cycle(apply=True)
+    assert spy.limits == [7.0, None]
