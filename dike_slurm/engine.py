@@ -77,7 +77,7 @@ class PlannedWrite:
 
     @functools.cached_property  # a sort key of the guardrails, over every write of the cycle
     def kind(self) -> str:
-        return "placement" if any(f in PLACEMENT_FIELDS for f, _ in self.update.values) else "priority"
+        return "placement" if any(f.is_placement for f in self.update.fields) else "priority"
 
 
 @dataclass(frozen=True)
@@ -610,12 +610,10 @@ class Engine:
                     originals[JobField.ADMIN_COMMENT] = mine.original if mine is not None else comment_now
         if not values:
             return None
-        # Both dicts hold the strategy field before AdminComment: already JobField order, so the
-        # updates are built directly (JobUpdate.of would sort them, for every pending job).
         return PlannedWrite(
             job.job_id,
-            JobUpdate(job.job_id, tuple(values.items())),
-            JobUpdate(job.job_id, tuple(originals.items())),
+            JobUpdate.of(job.job_id, values),
+            JobUpdate.of(job.job_id, originals),
             tuple(originals.items()),
             (),
             decision.reason,

@@ -67,9 +67,11 @@ class JobUpdate:
 
     @classmethod
     def of(cls, job_id: int, values: Mapping[JobField, FieldValue]) -> JobUpdate:
-        if len(values) == 1:
-            return cls(job_id, tuple(values.items()))
-        return cls(job_id, tuple(sorted(values.items(), key=lambda item: _FIELD_RANK[item[0]])))
+        items = tuple(values.items())
+        # built for every pending job each cycle, almost always already in order: check, do not sort
+        if all(_FIELD_RANK[a] < _FIELD_RANK[b] for (a, _), (b, _) in zip(items, items[1:])):
+            return cls(job_id, items)
+        return cls(job_id, tuple(sorted(items, key=lambda item: _FIELD_RANK[item[0]])))
 
     @property
     def fields(self) -> tuple[JobField, ...]:
