@@ -162,16 +162,6 @@ def test_max_changes_per_cycle_keeps_the_first_jobs_in_policy_order(tmp_path):
     assert order == [w.job_id for w in report.plan.writes]
 
 
-def test_breaker_stops_a_mass_rewrite(tmp_path):
-    jobs = [pending(i, "alice") for i in range(1, 31)]
-    backend = cluster(*jobs)
-    cfg = config(tmp_path, engine={"breaker_min_jobs": 20})
-    engine(cfg, backend).cycle(apply=True)
-    backend.site_factors = {i: 1 for i in backend.site_factors}  # someone reset every value
-    report = engine(cfg, backend).cycle(apply=True)
-    assert report.plan.writes == () and any("circuit breaker" in n for n in report.plan.notes)
-
-
 def test_failed_writes_stop_after_breaker_max_errors(tmp_path):
     backend = cluster(*[pending(i, f"u{i}") for i in range(1, 11)])
     backend.failing_jobs = set(range(1, 11))

@@ -47,7 +47,8 @@ def test_mass_rewrite_breaker_latches(tmp_path):
     cfg = config(tmp_path, engine={"breaker_min_jobs": 20})
     engine(cfg, backend).cycle(apply=True)
     backend.site_factors = {i: 1 for i in backend.site_factors}  # someone reset every value
-    engine(cfg, backend).cycle(apply=True)
+    stopped = engine(cfg, backend).cycle(apply=True)
+    assert stopped.plan.writes == () and any("circuit breaker" in n for n in stopped.plan.notes)
     assert "would change" in (StateStore(cfg.engine.state_db).breaker() or "")
     backend.applied.clear()
     report = engine(cfg, backend).cycle(apply=True)
