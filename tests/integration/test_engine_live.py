@@ -10,41 +10,24 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_engine import LabEngine
 
 SlurmLab = Any  # the slurm_lab fixture's class lives in conftest.py (not importable by name)
 LEAVES = ({"n1", "n2"}, {"n3", "n4"})
 
 
-class LiveEngine:
+class LiveEngine(LabEngine):
     """Runs dike-slurm against the lab with a private state file."""
 
-    def __init__(self, lab: SlurmLab, state_dir: Path) -> None:
-        self.lab = lab
-        self.state_db = state_dir / "state.sqlite"
-        self.started = time.time()
-        self.env = dict(lab.env)
-        self.env.update({
-            "DIKE_ENGINE__STATE_DB": str(self.state_db),
-            "DIKE_ENGINE__METRICS_FILE": str(state_dir / "metrics.prom"),
-            "COLUMNS": "250",
-        })
-
     def __call__(self, *args: str, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess[str]:
-        env = dict(self.env)
-        # usage and history only from this test's own jobs
-        env["DIKE_ACCOUNTING__LOOKBACK_DAYS"] = repr((time.time() - self.started + 30) / 86400)
-        env.update(extra_env)
-        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=env, capture_output=True,
-                              text=True, timeout=120, cwd="/tmp")
+        proc = self.run(*args, timeout=120, **extra_env)
         if check and proc.returncode != 0:
             raise AssertionError(f"dike-slurm {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-        assert "Traceback" not in proc.stderr, proc.stderr
         return proc
 
     def cycle(self, **extra_env: str) -> dict[str, int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from lab_engine import LabEngine
 
 SlurmLab = Any
 SLURM_COMMANDS = ("squeue", "sinfo", "sprio", "sacct", "scontrol")
@@ -108,31 +109,12 @@ def wrapper_bin(tmp: Path, **scripts: str) -> Path:
     return bin_dir
 
 
-class Engine:
+class Engine(LabEngine):
     def __init__(self, lab: SlurmLab, state_dir: Path) -> None:
-        self.lab = lab
-        self.dir = state_dir
-        self.state_db = state_dir / "state.sqlite"
-        self.started = time.time()
-        self.env = dict(lab.env)
-        self.env.update({
-            "DIKE_ENGINE__STATE_DB": str(self.state_db),
-            "DIKE_ENGINE__METRICS_FILE": str(state_dir / "metrics.prom"),
-            "DIKE_SLURM__COMMAND_TIMEOUT_S": "15",
-            "COLUMNS": "250",
-        })
-
-    def environ(self, **extra: str) -> dict[str, str]:
-        env = dict(self.env)
-        env["DIKE_ACCOUNTING__LOOKBACK_DAYS"] = repr((time.time() - self.started + 30) / 86400)
-        env.update(extra)
-        return env
+        super().__init__(lab, state_dir, DIKE_SLURM__COMMAND_TIMEOUT_S="15")
 
     def __call__(self, *args: str, timeout: float = 180, **extra: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=self.environ(**extra),
-                              capture_output=True, text=True, timeout=timeout, cwd="/tmp")
-        assert "Traceback" not in proc.stderr, proc.stderr
-        return proc
+        return self.run(*args, timeout=timeout, **extra)
 
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
         log = open(self.dir / "service.log", "w")
