@@ -6,13 +6,14 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jinja2 import Environment, FunctionLoader, StrictUndefined
-
-from dike_slurm.config import Config
 from dike_slurm.errors import InputError
-from dike_slurm.parsing.hostlists import compress_hostlist
-from dike_slurm.parsing.slurm_conf import parse_topology_conf
+
+if TYPE_CHECKING:  # jinja2 and the parsers load when a file is rendered, not with the CLI
+    from jinja2 import Environment
+
+    from dike_slurm.config import Config
 
 RENDER_KINDS = ("systemd", "timer", "cron", "slurm-conf")
 _TEMPLATE_OF = {
@@ -32,6 +33,8 @@ def _load_template(name: str) -> str:
 
 
 def _environment() -> Environment:
+    from jinja2 import Environment, FunctionLoader, StrictUndefined
+
     return Environment(
         loader=FunctionLoader(_load_template),
         undefined=StrictUndefined,
@@ -59,6 +62,9 @@ def consolidation_wait_s(config: Config) -> int:
 
 
 def _leaves(config: Config) -> list[dict[str, str]]:
+    from dike_slurm.parsing.hostlists import compress_hostlist
+    from dike_slurm.parsing.slurm_conf import parse_topology_conf
+
     path = config.slurm.topology_conf
     if path is None and config.slurm.slurm_conf is not None:
         beside = config.slurm.slurm_conf.parent / "topology.conf"

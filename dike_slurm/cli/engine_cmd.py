@@ -5,24 +5,23 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sqlite3
 import sys
 import time
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from dike_slurm.backends import open_backend
 from dike_slurm.cli import app, console, err_console
-from dike_slurm.config import Config, load_config
-from dike_slurm.engine import CyclePlan, CycleReport, Engine, describe_value, write_metrics
 from dike_slurm.errors import DikeError, InputError
-from dike_slurm.render import RENDER_KINDS, render
-from dike_slurm.state import AuditEntry, StateError, StateStore, exclusive_lock
+from dike_slurm.render import RENDER_KINDS
+
+if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` need none of them
+    from dike_slurm.config import Config
+    from dike_slurm.engine import CyclePlan, CycleReport, Engine
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
 _CONTROL = {c: " " for c in range(32)} | {127: " "}
@@ -52,12 +51,24 @@ def _setup_logging(config: Config, verbose: bool) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+def _config(path: Optional[Path]) -> Config:
+    from dike_slurm.config import load_config
+
+    return load_config(path)
+
+
 def _open(config: Config, *, writing: bool) -> Engine:
+    from dike_slurm.backends import open_backend
+    from dike_slurm.engine import Engine
+    from dike_slurm.state import StateStore
+
     store = StateStore(config.engine.state_db, read_only=not writing)
     return Engine(config, open_backend(config), store)
 
 
 def _lock(config: Config):
+    from dike_slurm.state import exclusive_lock
+
     return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
 
 
@@ -66,6 +77,8 @@ def _gpuh(seconds: float) -> str:
 
 
 def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
+    from dike_slurm.engine import describe_value
+
     outcome = {id(w): o for w, o in report.outcomes} if report else {}
     table = Table(title=f"{'changes written' if report and report.applied else 'plan (dry run)'}: "
                         f"policy {plan.policy}, strategy {plan.strategy}")
@@ -123,7 +136,12 @@ def run_command(
     finishes (each write is atomic with its audit row) and the loop stops. SIGHUP: the
     configuration is read again before the next cycle (a bad file keeps the old one).
     """
-    config = load_config(config_path)
+    import sqlite3
+
+    from dike_slurm.engine import write_metrics
+    from dike_slurm.state import StateError
+
+    config = _config(config_path)
     _setup_logging(config, verbose or not once)
     log = logging.getLogger("dike_slurm.run")
     stopping: list[int] = []
@@ -185,8 +203,11 @@ RETRY_BASE_S = 5.0
 
 def _reload(engine: Engine, config: Config, config_path: Optional[Path], log: logging.Logger):
     """SIGHUP: the new configuration, or the old one when the new one is invalid."""
+    from dike_slurm.backends import open_backend
+    from dike_slurm.engine import Engine
+
     try:
-        new_config = load_config(config_path)
+        new_config = _config(config_path)
         new_engine = Engine(new_config, open_backend(new_config), engine.store)
     except DikeError as exc:
         log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", exc)
@@ -216,7 +237,7 @@ def _print_simulation_summary(engine: Engine) -> None:
 @app.command("status")
 def status_command(config_path: Optional[Path] = CONFIG_OPTION) -> None:
     """The managed queue: level, attained GPU-hours, priority now and as planned, constraint."""
-    config = load_config(config_path)
+    config = _config(config_path)
     engine = _open(config, writing=False)
     plan = engine.plan()
     table = Table(title=f"dike-slurm status: policy {plan.policy}; now/planned: {engine.strategy_field.value}")
@@ -265,7 +286,9 @@ def explain_command(
     config_path: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Why this job has its level, priority and constraint, and what the engine changed on it."""
-    config = load_config(config_path)
+    from dike_slurm.engine import describe_value
+
+    config = _config(config_path)
     engine = _open(config, writing=False)
     plan = engine.plan()
     found = next((p for p in plan.jobs if job in (str(p.job.job_id), p.job.display_id)), None)
@@ -293,6 +316,8 @@ def explain_command(
 
 
 def _explain_job(job_plan, priority_field: str) -> None:
+    from dike_slurm.engine import describe_value
+
     job = job_plan.job
     lines = [
         f"job {job.display_id}: user {job.user}, account {job.account}, partition {job.partition}, "
@@ -323,7 +348,9 @@ def revert_command(
     config_path: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Undo every change the engine made to active jobs (SiteFactor, Priority, Nice, comment, constraints)."""
-    config = load_config(config_path)
+    from dike_slurm.engine import describe_value
+
+    config = _config(config_path)
     with _lock(config) if apply else nullcontext():
         engine = _open(config, writing=apply)
         plan = engine.revert_plan()
@@ -355,7 +382,9 @@ def breaker_command(
     """The circuit breaker: why it tripped, or `reset` to let the engine write again (audited)."""
     if action not in ("status", "reset"):
         raise InputError(f"breaker: unknown action {action!r} (status or reset)")
-    config = load_config(config_path)
+    from dike_slurm.state import AuditEntry, StateStore
+
+    config = _config(config_path)
     if action == "status":
         store = StateStore(config.engine.state_db, read_only=True)
         reason = store.breaker()
@@ -386,7 +415,9 @@ def render_command(
     oneshot: bool = typer.Option(False, "--oneshot", help="systemd: the one-cycle service a timer starts"),
 ) -> None:
     """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines."""
-    config = load_config(config_path)
+    from dike_slurm.render import render
+
+    config = _config(config_path)
     text = render(kind, config, config_path.resolve(), user=user, oneshot=oneshot)
     if out is None:
         sys.stdout.write(text)

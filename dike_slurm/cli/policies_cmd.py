@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.table import Table
 
 from dike_slurm.cli import app, console, err_console
-from dike_slurm.registry import default_registry
 
 
 def _default_text(field) -> str:
@@ -17,6 +16,8 @@ def _default_text(field) -> str:
 @app.command("policies")
 def policies_command() -> None:
     """List every registered policy, its description and its parameters with defaults."""
+    from dike_slurm.registry import default_registry
+
     registry = default_registry()
     table = Table(title="policies", show_lines=True)
     table.add_column("name", style="bold")
