@@ -12,8 +12,12 @@ QUANTILES = (0.1, 0.5, 0.9, 0.99)
 TOP_USERS = 10
 
 
-def trace_stats(read: ReadResult) -> dict:
-    """Jobs, GPU jobs, users, GPU-hours, size and duration distributions, skipped rows (JSON-able)."""
+def trace_stats(read: ReadResult, total_gpus: int | None = None) -> dict:
+    """Jobs, GPU jobs, users, GPU-hours, size and duration distributions, skipped rows (JSON-able).
+
+    With the cluster's `total_gpus`, also the offered load: GPU-hours over the GPU-hours of the
+    submission window (first to last submit).
+    """
     runs: dict[int, list[AccountingRecord]] = defaultdict(list)
     for record in read.records:
         runs[record.job_id].append(record)
@@ -24,8 +28,9 @@ def trace_stats(read: ReadResult) -> dict:
     services: list[float] = []
     users: set[str] = set()
     accounts: set[str] = set()
-    never_started = cpu_only = requeued = array_tasks = 0
-    first_submit = last_end = None
+    never_started = cpu_only = requeued = array_tasks = one_gpu = 0
+    multi_node_gpu_s = 0.0
+    first_submit = last_submit = last_end = None
     for job_runs in runs.values():
         last = job_runs[-1]
         states[last.state.value] += 1
@@ -36,6 +41,8 @@ def trace_stats(read: ReadResult) -> dict:
         for record in job_runs:
             if record.submit is not None and (first_submit is None or record.submit < first_submit):
                 first_submit = record.submit
+            if record.submit is not None and (last_submit is None or record.submit > last_submit):
+                last_submit = record.submit
             if record.end is not None and (last_end is None or record.end > last_end):
                 last_end = record.end
         started = [r for r in job_runs if r.start is not None]
@@ -49,6 +56,8 @@ def trace_stats(read: ReadResult) -> dict:
             cpu_only += 1
             continue
         service = float(sum(r.gpus * r.elapsed_s for r in started))
+        multi_node_gpu_s += sum(r.gpus * r.elapsed_s for r in started if r.num_nodes > 1)
+        one_gpu += gpus == 1
         durations.append(float(sum(r.elapsed_s for r in started)))
         services.append(service)
         user_gpu_s[last.user] += service
@@ -59,6 +68,7 @@ def trace_stats(read: ReadResult) -> dict:
     durations.sort()
     services.sort()
     total_gpu_s = sum(services)
+    submit_span_s = last_submit - first_submit if first_submit is not None and last_submit is not None else 0.0
     return {
         "source": read.source,
         "rows": read.rows,
@@ -74,6 +84,10 @@ def trace_stats(read: ReadResult) -> dict:
         "accounts": len(accounts),
         "gpu_hours": round(total_gpu_s / 3600.0, 1),
         "span_days": round((last_end - first_submit) / 86400.0, 2) if first_submit is not None and last_end is not None else 0.0,
+        "submit_span_days": round(submit_span_s / 86400.0, 2),
+        "one_gpu_job_share": round(one_gpu / len(services), 3) if services else 0.0,
+        "multi_node_gpu_hour_share": round(multi_node_gpu_s / total_gpu_s, 3) if total_gpu_s else 0.0,
+        "offered_load": round(total_gpu_s / (total_gpus * submit_span_s), 3) if total_gpus and submit_span_s else None,
         "final_states": dict(states.most_common()),
         "gpus_per_job": {label: sizes[label] for label in (size_label(lo, hi) for lo, hi in SIZE_BUCKETS) if sizes[label]},
         "run_time_hours": _quantiles(durations, 3600.0),

@@ -8,36 +8,32 @@ hand to the replay simulator:
 * the matching ``slurm.conf`` fragment and ``topology.conf``
   (:func:`write_slurm_conf`, :func:`write_topology_conf`).
 
-Everything is pure standard library plus ``python-hostlist`` (for Slurm hostlist
-compression), and deterministic: the same arguments and seed give byte-identical
-output.  Generation is streaming (one submission at a time), so a million jobs
-need bounded memory.
+It is deterministic: the same arguments and seed give byte-identical output.
+Generation is streaming (one submission at a time), so a million jobs need
+bounded memory.  Durations and hostlists are formatted by ``dike_slurm.parsing``;
+the dumps are read back by the replay's own reader (``dike_slurm.accounting``).
 
 The workload model and where each of its shapes comes from is documented in
 ``docs/workload.md``; the sacct output-format decisions (with their sources in the
 Slurm code) are listed in the docstring of :func:`write_sacct_parsable2`.
 
-Command line::
-
-    python -m dike_slurm.sim.tracegen --jobs 2500 --nodes 16 --seed 7 --out DIR
-
+Command line: ``dike-slurm trace generate --jobs 2500 --nodes 16 --seed 7 --out DIR``
 writes ``DIR/sacct.txt``, ``DIR/slurm.conf`` and ``DIR/topology.conf``.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import functools
 import math
 import random
-import sys
 from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence, TextIO
 
-import hostlist  # python-hostlist: Slurm-style hostlist compression
+from dike_slurm.parsing.durations import format_duration
+from dike_slurm.parsing.hostlists import compress_hostlist
 
 __all__ = [
     "SACCT_FIELDS",
@@ -52,11 +48,8 @@ __all__ = [
     "write_slurm_conf",
     "write_topology_conf",
     "generate_sample",
-    "describe_sacct",
-    "format_elapsed",
     "format_timelimit",
     "format_mem",
-    "main",
 ]
 
 #: The columns, in order, of the generated ``sacct.txt`` (``--format=`` list).
@@ -183,7 +176,7 @@ class ClusterSpec:
 
     def node_hostlist(self) -> str:
         """All nodes as one compressed Slurm hostlist (``n[001-016]``)."""
-        return _compress([self.node_name(i) for i in range(self.nodes)])
+        return compress_hostlist([self.node_name(i) for i in range(self.nodes)])
 
     def leaf_of(self, node_index: int) -> int:
         return node_index // self.nodes_per_leaf
@@ -466,19 +459,11 @@ _HMS: list[str] = []
 
 
 def _hms_table() -> list[str]:
-    """``HH:MM:SS`` for every second of a day (built once, ~5 MB)."""
+    """``HH:MM:SS`` for every second of a day (built once, ~5 MB): timestamps in bulk."""
     if not _HMS:
         _HMS.extend(f"{h:02d}:{m:02d}:{s:02d}"
                     for h in range(24) for m in range(60) for s in range(60))
     return _HMS
-
-
-def format_elapsed(seconds: int) -> str:
-    """Slurm's ``secs2time_str``: ``[D-]HH:MM:SS``."""
-    days, rem = divmod(int(seconds), _DAY)
-    if days:
-        return f"{days}-{_hms_table()[rem]}"
-    return _hms_table()[rem]
 
 
 def format_timelimit(minutes: int) -> str:
@@ -490,7 +475,7 @@ def format_timelimit(minutes: int) -> str:
         return "Partition_Limit"
     if minutes <= 0:
         return ""
-    return format_elapsed(minutes * 60)
+    return format_duration(minutes * 60)
 
 
 def format_mem(mb: int) -> str:
@@ -518,12 +503,6 @@ def _tres(cpus: int, mem_mb: int, nodes: int, gpus: int, gpu_type: str | None) -
             items.append(f"gres/gpu:{gpu_type}={gpus}")
     items.sort()
     return ",".join(items)
-
-
-def _compress(names: Sequence[str]) -> str:
-    if len(names) == 1:
-        return names[0]
-    return hostlist.collect_hostlist(list(names))
 
 
 def _parse_local_time(text: str) -> int:
@@ -915,7 +894,7 @@ def _place(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec, nnode
     else:
         first = rng.randrange(cluster.nodes - nnodes + 1)
         idx = range(first, first + nnodes)
-    return _compress([cluster.node_name(i) for i in idx])
+    return compress_hostlist([cluster.node_name(i) for i in idx])
 
 
 def _wait(rng: random.Random, model: WorkloadModel, gpus: int) -> int:
@@ -1068,7 +1047,7 @@ def write_sacct_parsable2(records: Iterable[SacctRecord], fh: TextIO) -> int:
         buf.append("|".join((
             r.job_id, str(r.job_id_raw), r.job_name, r.user, r.account, r.partition,
             r.qos, r.state, fmt_time(r.submit), fmt_time(r.eligible), fmt_time(r.start),
-            fmt_time(r.end), format_elapsed(r.elapsed), str(r.elapsed),
+            fmt_time(r.end), format_duration(r.elapsed), str(r.elapsed),
             format_timelimit(r.timelimit_min), str(r.nnodes), str(r.ncpus), r.nodelist,
             r.req_tres, r.alloc_tres, str(r.priority), r.flags,
         )))
@@ -1115,7 +1094,7 @@ def write_topology_conf(cluster: ClusterSpec, fh: TextIO) -> None:
     for lvl, level in enumerate(levels):
         key = "Nodes" if lvl == 0 else "Switches"
         for name, children in level:
-            fh.write(f"SwitchName={name} {key}={_compress(children)}\n")
+            fh.write(f"SwitchName={name} {key}={compress_hostlist(children)}\n")
 
 
 def generate_sample(out_dir: str | Path, n_jobs: int, cluster: ClusterSpec,
@@ -1130,163 +1109,3 @@ def generate_sample(out_dir: str | Path, n_jobs: int, cluster: ClusterSpec,
         write_slurm_conf(cluster, fh)
     with open(out / "topology.conf", "w", encoding="utf-8", newline="\n") as fh:
         write_topology_conf(cluster, fh)
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = (len(sorted_values) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
-
-
-def _tres_count(tres: str, key: str) -> int:
-    for item in tres.split(","):
-        name, _, value = item.partition("=")
-        if name == key:
-            return int(value)
-    return 0
-
-
-def describe_sacct(lines: Iterable[str], total_gpus: int | None = None) -> dict:
-    """Summary statistics of a ``--parsable2`` dump (header row first).
-
-    Reads the text only (not generator internals).  GPU-hours count every
-    run, requeued ones included (``gres/gpu`` of AllocTRES x ElapsedRaw).
-    A job is *multi-node* when NNodes > 1.  Run-time percentiles are over the
-    final run of every GPU job that started.  With ``total_gpus``, the
-    offered load is GPU-hours / (total_gpus x hours from first to last submit).
-    """
-    it = iter(lines)
-    header = next(it).rstrip("\n").split("|")
-    col = {name: i for i, name in enumerate(header)}
-    rows = 0
-    jobs: set[str] = set()
-    gpu_jobs: set[str] = set()
-    users: set[str] = set()
-    one_gpu = 0
-    gpu_final = 0
-    gpu_hours = 0.0
-    multi_node_hours = 0.0
-    states: dict[str, int] = {}
-    runtimes: list[int] = []
-    first_submit = last_submit = last_end = None
-    for line in it:
-        f = line.rstrip("\n").split("|")
-        rows += 1
-        raw = f[col["JobIDRaw"]]
-        jobs.add(raw)
-        users.add(f[col["User"]])
-        state = f[col["State"]].split(" ")[0]
-        states[state] = states.get(state, 0) + 1
-        elapsed = int(f[col["ElapsedRaw"]])
-        gpus = _tres_count(f[col["AllocTRES"]], "gres/gpu") or \
-            _tres_count(f[col["ReqTRES"]], "gres/gpu")
-        nnodes = int(f[col["NNodes"]])
-        alloc_gpus = _tres_count(f[col["AllocTRES"]], "gres/gpu")
-        hours = alloc_gpus * elapsed / 3600.0
-        gpu_hours += hours
-        if nnodes > 1:
-            multi_node_hours += hours
-        submit = f[col["Submit"]]
-        end = f[col["End"]]
-        if first_submit is None or submit < first_submit:
-            first_submit = submit
-        if last_submit is None or submit > last_submit:
-            last_submit = submit
-        if end != "Unknown" and (last_end is None or end > last_end):
-            last_end = end
-        if gpus and state != "REQUEUED":
-            gpu_jobs.add(raw)
-            gpu_final += 1
-            if gpus == 1:
-                one_gpu += 1
-            if f[col["AllocTRES"]]:
-                runtimes.append(elapsed)
-    runtimes.sort()
-    span_days = submit_days = offered_load = None
-    if first_submit and last_end:
-        span = datetime.fromisoformat(last_end) - datetime.fromisoformat(first_submit)
-        span_days = span.total_seconds() / _DAY
-        submit_days = (datetime.fromisoformat(last_submit)
-                       - datetime.fromisoformat(first_submit)).total_seconds() / _DAY
-        if total_gpus and submit_days > 0:
-            offered_load = gpu_hours / (total_gpus * submit_days * 24.0)
-    return {
-        "records": rows,
-        "jobs": len(jobs),
-        "gpu_jobs": len(gpu_jobs),
-        "users": len(users),
-        "gpu_hours": gpu_hours,
-        "one_gpu_job_fraction": one_gpu / gpu_final if gpu_final else 0.0,
-        "multi_node_gpu_hour_fraction": multi_node_hours / gpu_hours if gpu_hours else 0.0,
-        "runtime_p50_s": _percentile(runtimes, 0.50),
-        "runtime_p90_s": _percentile(runtimes, 0.90),
-        "runtime_p99_s": _percentile(runtimes, 0.99),
-        "runtime_max_s": runtimes[-1] if runtimes else float("nan"),
-        "states": dict(sorted(states.items())),
-        "first_submit": first_submit,
-        "last_submit": last_submit,
-        "last_end": last_end,
-        "submit_span_days": submit_days,
-        "span_days": span_days,
-        "offered_load": offered_load,
-    }
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    d = ClusterSpec()
-    m = WorkloadModel()
-    p = argparse.ArgumentParser(
-        prog="python -m dike_slurm.sim.tracegen",
-        description="Generate a synthetic deep-learning Slurm workload: sacct.txt "
-                    "(sacct --parsable2 output), slurm.conf and topology.conf.")
-    p.add_argument("--jobs", type=int, default=2500, help="number of jobs (default 2500)")
-    p.add_argument("--nodes", type=int, default=d.nodes, help=f"nodes (default {d.nodes})")
-    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
-    p.add_argument("--cpus-per-node", type=int, default=d.cpus_per_node)
-    p.add_argument("--mem-per-node", type=int, default=d.real_memory_mb,
-                   help="RealMemory in MB")
-    p.add_argument("--gpu-type", default=d.gpu_type)
-    p.add_argument("--nodes-per-leaf", type=int, default=d.nodes_per_leaf)
-    p.add_argument("--switch-fanout", type=int, default=d.switch_fanout)
-    p.add_argument("--switch-levels", type=int, default=None,
-                   help="total switch levels (default: as many as the fan-out needs)")
-    p.add_argument("--users", type=int, default=m.n_users)
-    p.add_argument("--load", type=float, default=m.target_load,
-                   help="offered GPU load as a fraction of the cluster's GPUs")
-    p.add_argument("--start", default="2026-01-05T00:00:00",
-                   help="first possible submit time (naive local time)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--stats", action="store_true",
-                   help="print statistics of the written sacct.txt")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    cluster = ClusterSpec(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
-        real_memory_mb=args.mem_per_node, gpu_type=args.gpu_type,
-        nodes_per_leaf=args.nodes_per_leaf, switch_fanout=args.switch_fanout,
-        switch_levels=args.switch_levels)
-    model = replace(WorkloadModel(), n_users=args.users, target_load=args.load)
-    generate_sample(args.out, args.jobs, cluster, model, args.seed, start=args.start)
-    if args.stats:
-        with open(Path(args.out) / "sacct.txt", encoding="utf-8", newline="\n") as fh:
-            stats = describe_sacct(fh, total_gpus=cluster.total_gpus)
-        for key, value in stats.items():
-            print(f"{key}: {value}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

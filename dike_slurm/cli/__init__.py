@@ -33,5 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-# Command modules register themselves on `app`.
+# Command modules register themselves on `app`; each imports what a command needs when it runs,
+# so that `--help`, `status` and `breaker status` start fast (bench/cli_start.py).
 from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd, replay_cmd  # noqa: E402,F401
+from dike_slurm.cli import trace_cmd  # noqa: E402,F401  (after replay_cmd: its `trace` group wins)

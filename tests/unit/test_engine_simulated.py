@@ -21,7 +21,7 @@ from dike_slurm.state import StateStore
 def small_trace(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trace")
     subprocess.run(
-        [sys.executable, "-m", "dike_slurm.sim.tracegen", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
+        [sys.executable, "-m", "dike_slurm", "trace", "generate", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
          "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out)],
         check=True, capture_output=True, timeout=120,
     )

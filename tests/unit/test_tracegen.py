@@ -1,17 +1,23 @@
-"""Tests of the synthetic workload generator (dike_slurm.sim.tracegen)."""
+"""Tests of the synthetic workload generator (dike_slurm.sim.tracegen), read back by the replay's reader."""
 
 from __future__ import annotations
 
 import io
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import hostlist
 import pytest
 
+from dike_slurm.accounting import read_sacct_file, read_sacct_parsable2
+from dike_slurm.model import JobState
+from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
 from dike_slurm.sim import tracegen
+from dike_slurm.sim.stats import trace_stats
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "examples" / "sample"
@@ -31,6 +37,13 @@ def _dump(n_jobs: int, seed: int, cluster: tracegen.ClusterSpec | None = None,
         tracegen.generate_jobs(model or tracegen.WorkloadModel(), n_jobs,
                                cluster or tracegen.ClusterSpec(), seed), buf)
     return buf.getvalue()
+
+
+def _stats(text: str, total_gpus: int | None = None) -> dict:
+    """The statistics `dike-slurm trace stats` prints, through the replay's reader."""
+    read = read_sacct_parsable2(text, "generated")
+    assert read.skipped == {} and read.rows == len(read.records)
+    return trace_stats(read, total_gpus=total_gpus)
 
 
 def _rows(text: str) -> list[dict[str, str]]:
@@ -87,7 +100,7 @@ def test_field_formats(rows5k):
             assert TIME_RE.match(r[col]), (col, r[col])
         assert r["Submit"] <= r["Eligible"] <= r["Start"] <= r["End"]
         assert ELAPSED_RE.match(r["Elapsed"]), r["Elapsed"]
-        assert tracegen.format_elapsed(int(r["ElapsedRaw"])) == r["Elapsed"]
+        assert format_duration(int(r["ElapsedRaw"])) == r["Elapsed"]
         assert STATE_RE.match(r["State"]), r["State"]
         assert r["Timelimit"] in ("UNLIMITED", "Partition_Limit") or ELAPSED_RE.match(
             r["Timelimit"])
@@ -127,9 +140,6 @@ def test_tres_strings_are_sorted_and_typed(rows5k):
 
 
 def test_examples_of_the_documented_format():
-    assert tracegen.format_elapsed(0) == "00:00:00"
-    assert tracegen.format_elapsed(3661) == "01:01:01"
-    assert tracegen.format_elapsed(2 * 86400 + 5) == "2-00:00:05"
     assert tracegen.format_timelimit(60) == "01:00:00"
     assert tracegen.format_timelimit(1440) == "1-00:00:00"
     assert tracegen.format_timelimit(tracegen.TIMELIMIT_UNLIMITED) == "UNLIMITED"
@@ -230,12 +240,29 @@ def test_cpu_only_jobs_and_hostile_names(rows5k):
 # ----------------------------------------------------------------------------- workload shape
 
 
+def test_the_replay_reader_reads_every_row_as_written(dump5k, rows5k):
+    read = read_sacct_parsable2(dump5k, "generated")
+    assert read.skipped == {} and read.rows == len(rows5k) == len(read.records)
+    for record, row in zip(read.records, rows5k):
+        assert record.job_id == int(row["JobIDRaw"]) and record.display_id == row["JobID"]
+        assert (record.name, record.user, record.account) == (row["JobName"], row["User"], row["Account"])
+        assert record.state_text == row["State"] and record.state is not JobState.OTHER
+        assert record.submit == parse_timestamp(row["Submit"]) and record.end == parse_timestamp(row["End"])
+        assert record.elapsed_s == int(row["ElapsedRaw"])
+        assert record.time_limit_s == parse_duration(row["Timelimit"])
+        assert record.num_nodes == int(row["NNodes"])
+        assert record.nodes == tuple(hostlist.expand_hostlist(row["NodeList"])) or row["NodeList"] == "None assigned"
+        assert record.ran == bool(row["AllocTRES"])
+        gpus = re.search(r"gres/gpu=(\d+)", row["AllocTRES"] or row["ReqTRES"])
+        assert record.gpus == (int(gpus.group(1)) if gpus else 0)
+
+
 def test_gpu_size_mix_and_heavy_tail(dump5k, rows5k):
-    stats = tracegen.describe_sacct(io.StringIO(dump5k), total_gpus=128)
+    stats = _stats(dump5k, total_gpus=128)
     assert stats["jobs"] == 5000
-    assert stats["one_gpu_job_fraction"] > 0.5
-    assert stats["multi_node_gpu_hour_fraction"] > 0.35
-    assert stats["runtime_p99_s"] > 20 * stats["runtime_p50_s"]
+    assert stats["one_gpu_job_share"] > 0.5
+    assert stats["multi_node_gpu_hour_share"] > 0.35
+    assert stats["run_time_hours"]["p99"] > 20 * stats["run_time_hours"]["p50"]
     assert stats["users"] >= 20
     sizes = {}
     for r in rows5k:
@@ -265,16 +292,12 @@ def test_offered_load_follows_target():
     cluster = tracegen.ClusterSpec()
     loads = []
     for seed in (1, 2, 3, 4):
-        stats = tracegen.describe_sacct(io.StringIO(_dump(4000, seed, cluster)),
-                                        total_gpus=cluster.total_gpus)
-        loads.append(stats["offered_load"])
+        loads.append(_stats(_dump(4000, seed, cluster), total_gpus=cluster.total_gpus)["offered_load"])
     mean = sum(loads) / len(loads)
     assert 0.75 < mean < 1.3, loads
     half = replace(tracegen.WorkloadModel(), target_load=0.5)
-    stats = tracegen.describe_sacct(io.StringIO(_dump(4000, 1, cluster, half)),
-                                    total_gpus=cluster.total_gpus)
-    assert stats["submit_span_days"] > 1.5 * tracegen.describe_sacct(
-        io.StringIO(_dump(4000, 1, cluster)), cluster.total_gpus)["submit_span_days"]
+    stats = _stats(_dump(4000, 1, cluster, half), total_gpus=cluster.total_gpus)
+    assert stats["submit_span_days"] > 1.5 * _stats(_dump(4000, 1, cluster))["submit_span_days"]
 
 
 # ----------------------------------------------------------------------------- cluster files
@@ -385,9 +408,9 @@ def test_jobs_never_exceed_the_cluster(cluster):
 def _documented_command() -> list[str]:
     readme = (SAMPLE / "README.md").read_text(encoding="utf-8")
     lines = [l.strip() for l in readme.splitlines()
-             if l.strip().startswith("python -m dike_slurm.sim.tracegen")]
+             if l.strip().startswith("dike-slurm trace generate ")]
     assert len(lines) == 1, "README.md must give exactly one regeneration command"
-    argv = shlex.split(lines[0])[3:]
+    argv = shlex.split(lines[0])[1:]
     assert "--out" in argv
     return argv
 
@@ -395,14 +418,16 @@ def _documented_command() -> list[str]:
 def test_bundled_sample_is_what_the_documented_command_writes(tmp_path):
     argv = _documented_command()
     argv[argv.index("--out") + 1] = str(tmp_path)
-    assert tracegen.main(argv) == 0
+    result = subprocess.run([sys.executable, "-m", "dike_slurm", *argv], capture_output=True, text=True,
+                            cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
     for name in ("sacct.txt", "slurm.conf", "topology.conf"):
         assert (tmp_path / name).read_bytes() == (SAMPLE / name).read_bytes(), name
 
 
 def test_bundled_sample_shape():
-    with open(SAMPLE / "sacct.txt", encoding="utf-8", newline="\n") as fh:
-        stats = tracegen.describe_sacct(fh, total_gpus=128)
+    stats = trace_stats(read_sacct_file(SAMPLE / "sacct.txt"), total_gpus=128)
+    assert stats["skipped_rows"] == {}
     assert 2000 <= stats["jobs"] <= 3000
     assert 7 <= stats["submit_span_days"] <= 10
     assert 0.9 <= stats["offered_load"] <= 1.1
