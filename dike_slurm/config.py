@@ -47,6 +47,11 @@ class EngineSettings(_Section):
     max_requeues_per_cycle: int = Field(
         2, ge=0, description="preemption rate limit: at most this many requeues per cycle, whatever the policy asks"
     )
+    preemptible_tag: str = Field(
+        "dike:preemptible", min_length=1, description="live preemption is opt-in: jobs whose comment holds this tag"
+    )
+    preemptible_partitions: list[str] = Field(default_factory=list, description="... or that run in these partitions")
+    preemptible_qos: list[str] = Field(default_factory=list, description="... or that run under these QOS")
     state_db: Path = Field(Path("/var/lib/dike-slurm/state.sqlite"))
     lock_file: Path | None = Field(None, description="default: state_db + '.lock'")
     seed: int = 0
@@ -91,7 +96,13 @@ class ReplaySettings(_Section):
     comm_penalty: float = Field(
         1.0, ge=0, description="a heavy job spread over s leaves runs 1 + penalty x (s-1) times longer"
     )
-    restart_cost_s: float = Field(60.0, ge=0, description="time lost by each preempted run on restart")
+    restart_cost_s: float = Field(120.0, ge=0, description="time a requeued job spends restarting before it makes progress")
+    checkpoint_interval_s: float = Field(
+        1800.0, ge=0, description="jobs checkpoint every this many seconds of work; a requeue loses the work since; 0: nothing lost"
+    )
+    preemptible: float = Field(
+        1.0, ge=0, le=1, description="share of jobs that may be preempted (1: all, 0: none; drawn per job from the seed)"
+    )
     seed: int = 0
     max_switch_wait_s: int | None = Field(
         None, ge=0, description="cap on Switches=N@wait; unset: slurm.conf SchedulerParameters max_switch_wait, else 300"

@@ -38,10 +38,15 @@ class ClearPlacement:
 
 @dataclass(frozen=True)
 class Requeue:
-    """Preempt a running job by requeueing it."""
+    """Preempt a running job by requeueing it, to make room for the pending job `for_job`.
+
+    The requeues of one `for_job` are a group: a guard keeps all of them or none (half of the
+    room a blocked job needs frees nothing it can use).
+    """
 
     job_id: int
     reason: str
+    for_job: int | None = None
 
 
 Decision = Union[SetPriority, SetPlacement, ClearPlacement, Requeue]

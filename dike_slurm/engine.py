@@ -38,6 +38,7 @@ from dike_slurm.gcpause import paused_gc
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy
 from dike_slurm.registry import default_registry
+from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField, StateStore
 from dike_slurm.usage import (
     JobService,
@@ -175,6 +176,16 @@ def is_exempt(job: Job, config: Config) -> bool:
     return config.scope.exempt_tag in (job.comment or "")
 
 
+def opted_in_to_preemption(job: Job, config: Config) -> bool:
+    """The site's opt-in rule for live preemption: the job's comment tag, its partition or its QOS."""
+    engine = config.engine
+    return (
+        engine.preemptible_tag in (job.comment or "")
+        or bool(set(job.partition.split(",")) & set(engine.preemptible_partitions))
+        or job.qos in engine.preemptible_qos
+    )
+
+
 def score_ceiling(decisions: Decisions, declared: float | None) -> float:
     """What scores are mapped against: the policy's own bound, else a power of two above them all.
 
@@ -294,7 +305,7 @@ class Engine:
         active_in_scope = [j for j in cluster.jobs if in_scope(j, self.config)]
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope))
         service = job_service(runs, now)
-        fairness_by = getattr(self.params, "fairness_by", "user")
+        fairness_by = self.policy.usage_owner(self.params)
         usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
         jobs = tuple(self._enrich(j, service, memory, owned, cluster) for j in active_in_scope)
         snapshot = Snapshot(
@@ -309,12 +320,18 @@ class Engine:
             ),
         )
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
+        decisions, requeue_notes = guard_requeues(
+            decisions,
+            {j.job_id: j for j in jobs if j.state is JobState.RUNNING and not is_exempt(j, self.config)},
+            now,
+            requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
+        )
         plans, notes = self._diff(snapshot, decisions, cluster, memory, owned)
         writes, held_back, guard_notes = self._guardrails(plans, owned)
         if accounting_note:
             notes.insert(0, accounting_note)
-        requeues, requeue_notes = self._requeue_guard(plans, decisions.requeues, snapshot.time)
         notes.extend(requeue_notes)
+        requeues = decisions.requeues
         return CyclePlan(
             time=now,
             policy=self.policy.name,
@@ -331,35 +348,6 @@ class Engine:
             accounting_ok=accounting_note is None,
             breaker=next((n for n in guard_notes if n.startswith("circuit breaker")), ""),
         )
-
-    def _requeue_guard(self, plans: list[JobPlan], wanted, now: float) -> tuple[tuple[Requeue, ...], list[str]]:
-        """The engine's own check of the policy's requeues: managed running jobs that opted in
-        (requeueable), not younger than min_runtime_s, preempted fewer than max_preemptions times,
-        and at most engine.max_requeues_per_cycle of them."""
-        if not wanted:
-            return (), []
-        running = {p.job.job_id: p.job for p in plans if p.managed and p.job.state is JobState.RUNNING}
-        min_runtime = float(getattr(self.params, "min_runtime_s", 0.0) or 0.0)
-        max_preemptions = getattr(self.params, "max_preemptions", None)
-        kept: list[Requeue] = []
-        refused: list[str] = []
-        for requeue in wanted:
-            job = running.get(requeue.job_id)
-            if job is None:
-                why = "not a managed running job"
-            elif not job.requeueable:
-                why = "did not opt in (not requeueable)"
-            elif job.start_time is None or now - job.start_time < min_runtime:
-                why = f"ran less than min_runtime_s={min_runtime:g}"
-            elif max_preemptions is not None and job.preemptions >= max_preemptions:
-                why = f"already preempted {job.preemptions} time(s) (max_preemptions={max_preemptions})"
-            elif len(kept) >= self.config.engine.max_requeues_per_cycle:
-                why = f"max_requeues_per_cycle={self.config.engine.max_requeues_per_cycle} reached"
-            else:
-                kept.append(requeue)
-                continue
-            refused.append(f"requeue of job {requeue.job_id} refused: {why}")
-        return tuple(kept), refused
 
     def _read_accounting(self, now: float):
         lookback_start = now - self.config.accounting.lookback_days * 86400.0
@@ -410,6 +398,7 @@ class Engine:
             last_run_s=got.last_run_s,
             preemptions=remembered.requeues if remembered else 0,
             pending_since=pending_since,
+            requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
             site_factor=site_factor,
         )
 

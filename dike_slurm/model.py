@@ -55,6 +55,7 @@ class Placement:
     switches_wait_s: int | None = None  # Slurm Switches=COUNT@WAIT
     features: str | None = None  # Slurm Features= (e.g. a leaf feature)
     exclude_nodes: tuple[str, ...] = ()  # Slurm ExcNodeList=
+    require_nodes: tuple[str, ...] = ()  # Slurm ReqNodeList= (a preempting job pinned to the nodes freed for it)
 
     @property
     def is_empty(self) -> bool:
@@ -62,6 +63,7 @@ class Placement:
             self.max_switches is None
             and self.features is None
             and not self.exclude_nodes
+            and not self.require_nodes
         )
 
 

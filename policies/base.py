@@ -39,6 +39,19 @@ class Policy(ABC):
         """
         return True
 
+    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
+        """None when `decide` never returns requeues with these parameters; otherwise the shortest
+        run (seconds since the job's last start) it may preempt.
+
+        The live engine and the replay both refuse requeues of younger runs with it (one guard,
+        `dike_slurm.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
+        """
+        return None
+
+    def usage_owner(self, params: PolicyParams) -> str:
+        """Whose decayed GPU usage the snapshot's `user_usage_gpu_s` is keyed by: "user" or "account"."""
+        return "user"
+
     def score_ceiling(self, params: PolicyParams) -> float | None:
         """An upper bound of the scores `decide` returns, if it has a fixed one; None: unbounded.
 

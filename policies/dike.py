@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import (
@@ -29,6 +29,7 @@ from dike_slurm.policies.common import (
     split_active,
     usage_fractions,
 )
+from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
 WITHIN_SPAN = 0.999
@@ -63,9 +64,14 @@ class DikeParams(PolicyParams):
     leaf_feature_prefix: str = Field("leaf_", description="leaf_feature mode: node feature = prefix + leaf switch name")
     max_consolidation_wait_s: int = Field(1800, ge=0, description="relax the single-leaf constraint after this wait")
     steer_light_jobs: bool = True
-    preemption: bool = False
-    min_runtime_s: float = Field(600.0, ge=0, description="never preempt a run younger than this")
-    max_preemptions: int = Field(2, ge=0, description="per job")
+    preemption: bool = Field(True, description="requeue running jobs of a worse level so that a blocked job fits")
+    min_runtime_s: float = Field(1800.0, ge=0, description="never preempt a run younger than this (seconds since its start)")
+    preemption_backoff: float = Field(
+        2.0, ge=1, description="a job preempted k times must run min_runtime_s x backoff^k before it is preempted again"
+    )
+    checkpoint_interval_s: float = Field(
+        1800.0, ge=0, description="the site's checkpoint interval, to estimate the work a requeue loses; 0: unknown"
+    )
     max_requeues_per_cycle: int = Field(4, ge=0)
 
     @model_validator(mode="after")
@@ -157,8 +163,6 @@ class DikePolicy(Policy):
 
         priorities: list[SetPriority] = []
         append = priorities.append
-        level_by_job: dict[int, int] = {}  # read by preemption only
-        keep_levels = params.preemption
         pending_state = JobState.PENDING
         zero_service = f"attained={0.0 / 3600:.2f}gpuh"  # most pending jobs never ran
         for job, owner in zip(active, owners):
@@ -184,8 +188,6 @@ class DikePolicy(Policy):
             else:
                 reason = f"attained={service / 3600:.2f}gpuh"
                 wait, wait_text = running_wait, running_wait_text
-            if keep_levels:
-                level_by_job[job.job_id] = level
             weighted_fairness, tail = by_owner[owner]
             mix = (weighted_fairness + wait_weight * wait) / weight_total if weight_total else 0.0
             if mix < 0.0:  # min(max(mix, 0.0), 1.0), NaN kept as it was
@@ -198,12 +200,27 @@ class DikePolicy(Policy):
         placements = (
             self._placements(snapshot, params, pending) if params.consolidate or params.steer_light_jobs else []
         )
-        requeues = self._preemptions(snapshot, params, level_by_job, pending, running) if params.preemption else []
-        return Decisions(tuple(priorities), tuple(placements), tuple(requeues))
+        if not params.preemption:
+            return Decisions(tuple(priorities), tuple(placements))
+        comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
+        plan = self._preemptions(
+            snapshot, params, priorities, pending, running, lambda job: is_comm_heavy(job, comm_gpus, comm_rules)
+        )
+        pinned = plan.pinned
+        placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
+        return Decisions(tuple(priorities), tuple(placements), plan.requeues)
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         assert isinstance(params, DikeParams)
         return params.thresholds_gpuh is None  # derived thresholds: quantiles of finished jobs' service
+
+    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
+        assert isinstance(params, DikeParams)
+        return params.min_runtime_s if params.preemption else None
+
+    def usage_owner(self, params: PolicyParams) -> str:
+        assert isinstance(params, DikeParams)
+        return params.fairness_by
 
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, DikeParams)
@@ -243,49 +260,40 @@ class DikePolicy(Policy):
         self,
         snapshot: Snapshot,
         params: DikeParams,
-        level_by_job: dict[int, int],
-        pending: tuple[Job, ...] | None = None,
-        running: tuple[Job, ...] | None = None,
-    ) -> list[Requeue]:
-        if pending is None or running is None:
-            pending, running = split_active(snapshot)
-        free = sum(n.gpus_free for n in snapshot.nodes)
-        blocked = sorted(
-            (j for j in pending if level_by_job[j.job_id] == 0 and j.gpus > free),
-            key=lambda j: (j.submit_time, j.job_id),
-        )
-        if not blocked:
-            return []
-        victims = sorted(
-            (
-                j
-                for j in running
-                if j.requeueable
-                and level_by_job[j.job_id] > 0
-                and j.start_time is not None
-                and snapshot.time - j.start_time >= params.min_runtime_s
-                and j.preemptions < params.max_preemptions
+        priorities: list[SetPriority],
+        pending: tuple[Job, ...],
+        running: tuple[Job, ...],
+        comm_heavy,
+    ) -> PreemptionPlan:
+        level_of_job = {p.job_id: p.level for p in priorities}
+        score_of_job = {p.job_id: p.score for p in priorities}
+        ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
+        now, min_run, backoff = snapshot.time, params.min_runtime_s, params.preemption_backoff
+        interval = params.checkpoint_interval_s
+
+        def may_preempt(victim: Job) -> bool:
+            # Anti-thrash: a run is never cut before min_runtime_s, and every earlier preemption
+            # of the same job doubles (backoff) the run it needs first, so no job is cut more than
+            # about log2(run time / min_runtime_s) times, and long jobs are never immune.
+            ran = now - victim.start_time if victim.start_time is not None else 0.0
+            return victim.requeueable and ran >= min_run * backoff**victim.preemptions
+
+        def loss(victim: Job) -> float:
+            ran = now - victim.start_time if victim.start_time is not None else 0.0
+            lost = ran % interval if interval > 0 else ran
+            return victim.gpus * lost
+
+        return plan_preemptions(
+            snapshot,
+            ranked,
+            running,
+            outranks=lambda blocked, victim: level_of_job[blocked.job_id] < level_of_job[victim.job_id],
+            may_preempt=may_preempt,
+            loss=loss,
+            one_leaf=comm_heavy if params.consolidate else (lambda job: False),
+            limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle),
+            reason=lambda blocked, victim: (
+                f"level {level_of_job[victim.job_id]} job preempted for level-{level_of_job[blocked.job_id]} "
+                f"job {blocked.job_id}"
             ),
-            # The most-served level first, then the youngest run (least work lost).
-            key=lambda j: (-level_by_job[j.job_id], -(j.start_time or 0.0), j.job_id),
         )
-        requeues: list[Requeue] = []
-        taken: set[int] = set()
-        for job in blocked:
-            needed = job.gpus - free
-            chosen: list[Job] = []
-            freed = 0
-            for victim in victims:
-                if victim.job_id in taken or freed >= needed:
-                    continue
-                chosen.append(victim)
-                freed += victim.gpus
-            if freed < needed or len(requeues) + len(chosen) > params.max_requeues_per_cycle:
-                continue
-            for victim in chosen:
-                taken.add(victim.job_id)
-                requeues.append(
-                    Requeue(victim.job_id, f"level {level_by_job[victim.job_id]} job preempted for level-0 job {job.job_id}")
-                )
-            free = free + freed - job.gpus  # the rest of what was freed stays free
-        return requeues

@@ -88,7 +88,7 @@ class SimCluster:
     # ---------------------------------------------------------------- constraints
 
     def allowed_mask(self, partition: str, placement: Placement) -> np.ndarray:
-        """Nodes a job may use: its partition, its Features= and not its ExcNodeList=.
+        """Nodes a job may use: its partition, its Features=, its ReqNodeList= and not its ExcNodeList=.
 
         A feature no node has is ignored, as Slurm rejects such an update.
         """
@@ -97,6 +97,13 @@ class SimCluster:
             feature_mask = self._feature_expression(placement.features)
             if feature_mask is not None:
                 mask = mask & feature_mask
+        if placement.require_nodes:
+            required = np.zeros(len(self.names), dtype=bool)
+            for name in placement.require_nodes:
+                position = self.index.get(name)
+                if position is not None:
+                    required[position] = True
+            mask = mask & required
         if placement.exclude_nodes:
             mask = mask.copy()
             for name in placement.exclude_nodes:

@@ -33,6 +33,10 @@ METRIC_KEYS = (
     "avg_jct_heavy_s",
     "avg_jct_light_s",
     "worst_user",
+    "preemption_lost_gpu_h",
+    "lost_gpu_fraction",
+    "max_preemptions_per_job",
+    "p99_preemptions_per_job",
 )
 
 JOB_CSV_COLUMNS = (
@@ -66,7 +70,9 @@ class MetricsCollector:
     consolidated: array = field(default_factory=lambda: array("b"))
     users: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
+    preemptions_per_job: array = field(default_factory=lambda: array("l"))
     gpu_seconds: float = 0.0
+    lost_gpu_s: float = 0.0
     _writer: object | None = None
 
     def __post_init__(self) -> None:
@@ -84,7 +90,9 @@ class MetricsCollector:
         self.heavy.append(result.heavy)
         self.consolidated.append(result.consolidated)
         self.preemptions += result.preemptions
+        self.preemptions_per_job.append(result.preemptions)
         self.gpu_seconds += result.gpu_seconds
+        self.lost_gpu_s += result.lost_gpu_s
         if self._writer is not None:
             self._writer.writerow(
                 (
@@ -161,6 +169,12 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         "avg_jct_heavy_s": _round(jct[heavy].mean()) if heavy_count else 0.0,
         "avg_jct_light_s": _round(jct[~heavy].mean()) if count - heavy_count else 0.0,
         "worst_user": worst_user,
+        "preemption_lost_gpu_h": _round(collector.lost_gpu_s / 3600.0),
+        "lost_gpu_fraction": _round(collector.lost_gpu_s / collector.gpu_seconds, 4) if collector.gpu_seconds else 0.0,
+        "max_preemptions_per_job": max(collector.preemptions_per_job, default=0),
+        "p99_preemptions_per_job": (
+            _round(np.percentile(np.array(collector.preemptions_per_job), 99), 2) if count else 0.0
+        ),
     }
     wait_by_size = {}
     for low, high in SIZE_BUCKETS:

@@ -99,7 +99,7 @@ def _int_parameter(parameters: dict[str, str], key: str, default: int, source: s
 
 def sim_settings(
     config: Config, conf: ClusterConf, *, comm_penalty: float | None = None, seed: int | None = None,
-    source: str = "slurm.conf",
+    preemptible: float | None = None, source: str = "slurm.conf",
 ) -> SimSettings:
     """The simulator's settings: the [replay] section, the cluster's slurm.conf, Dike's comm class."""
     replay = config.replay
@@ -113,6 +113,9 @@ def sim_settings(
         interval_s=replay.interval_s,
         comm_penalty=replay.comm_penalty if comm_penalty is None else comm_penalty,
         restart_cost_s=replay.restart_cost_s,
+        checkpoint_interval_s=replay.checkpoint_interval_s,
+        preemptible=replay.preemptible if preemptible is None else preemptible,
+        max_requeues_per_cycle=config.engine.max_requeues_per_cycle,
         seed=replay.seed if seed is None else seed,
         usage_half_life_s=config.accounting.usage_half_life_h * 3600.0,
         user_shares=dict(config.accounting.user_shares),

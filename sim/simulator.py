@@ -24,6 +24,7 @@ from dike_slurm.errors import DikeError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import CommRule, is_comm_heavy
+from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
 from dike_slurm.sim.trace import TraceJob
@@ -51,7 +52,10 @@ class SimSettings:
 
     interval_s: float = 60.0
     comm_penalty: float = 1.0
-    restart_cost_s: float = 60.0
+    restart_cost_s: float = 120.0  # a requeued job's restart (reload, warm-up) before it progresses
+    checkpoint_interval_s: float = 1800.0  # jobs checkpoint every this much work; 0: nothing is lost
+    preemptible: float = 1.0  # share of jobs that may be preempted, drawn per job from the seed
+    max_requeues_per_cycle: int = 2  # engine.max_requeues_per_cycle: the live engine's rate limit
     seed: int = 0
     usage_half_life_s: float = 168 * 3600.0
     user_shares: Mapping[str, float] = field(default_factory=dict)
@@ -86,6 +90,7 @@ class JobResult:
     heavy: bool
     consolidated: bool  # every run within the fewest leaves that can hold the job
     gpu_seconds: float  # GPUs x wall time of every run (restart and slow-down included)
+    lost_gpu_s: float = 0.0  # GPU-seconds of runs whose work was lost to preemption, restarts included
 
 
 @dataclass
@@ -135,6 +140,7 @@ class SimStats:
     postponed_cycles: int = 0  # cycles at which no waiting job could start (evaluated later)
     starts: int = 0
     preemptions: int = 0
+    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
     reservations: int = 0
     first_submit: float = INFINITY
     last_end: float = -INFINITY
@@ -149,11 +155,13 @@ class SimJob:
         "leaves", "slowdown", "planned_end", "finish_token", "score", "level", "order_epoch",
         "placement", "allowed", "switch_wait_start", "pending_view",
         "running_base", "first_start", "pending_total", "all_consolidated", "gpu_seconds",
-        "shape", "fewest_leaves",
+        "shape", "fewest_leaves", "preemptible", "lost_gpu_s",
     )
 
-    def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int) -> None:
+    def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int, preemptible: bool) -> None:
         self.trace = trace
+        self.preemptible = preemptible
+        self.lost_gpu_s = 0.0
         self.heavy = heavy
         self.fewest_leaves = fewest_leaves
         self.state = PENDING
@@ -239,7 +247,8 @@ class Simulator:
         self.on_finish = on_finish
         self.rng = random.Random(settings.seed)
         self.stats = SimStats()
-        self.may_requeue = bool(getattr(params, "preemption", False))
+        self.may_requeue = policy.requeue_min_run_s(params) is not None
+        self.requeue_limits = requeue_limits(policy, params, settings.max_requeues_per_cycle)
         self.single_leaf_possible = bool(cluster.topology.switches) and cluster.leaf_count < len(cluster)
         self.events: list[tuple[float, int, int, SimJob | None]] = []
         self.sequence = 0
@@ -261,7 +270,7 @@ class Simulator:
         self.usage = DecayedUsage(settings.usage_half_life_s)
         # Usage is kept per owner as the live engine keeps it: by account when the policy's
         # fairness is by account.
-        self.usage_by_account = getattr(params, "fairness_by", "user") == "account"
+        self.usage_by_account = policy.usage_owner(params) == "account"
         # Finished jobs' GPU service for the snapshot, kept only for a policy that reads it.
         self.keeps_history = policy.reads_completed_service(params)
         self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
@@ -332,9 +341,19 @@ class Simulator:
 
     def _push_next_submit(self) -> None:
         for trace_job in self.trace:
-            job = SimJob(trace_job, self._is_heavy(trace_job), self.cluster.fewest_leaves(trace_job.gpus))
+            job = SimJob(
+                trace_job, self._is_heavy(trace_job), self.cluster.fewest_leaves(trace_job.gpus),
+                self._is_preemptible(trace_job),
+            )
             self._push(trace_job.submit, SUBMIT, job)
             return
+
+    def _is_preemptible(self, trace_job: TraceJob) -> bool:
+        """`preemptible` as a share: each job's draw depends only on the seed and its id."""
+        share = self.settings.preemptible
+        if share >= 1.0 or share <= 0.0:
+            return share >= 1.0
+        return random.Random(f"{self.settings.seed}/{trace_job.job_id}").random() < share
 
     def _is_heavy(self, trace_job: TraceJob) -> bool:
         probe = Job(
@@ -432,7 +451,9 @@ class Simulator:
         return length
 
     def _finish(self, job: SimJob, now: float) -> None:
-        self._stop_run(job, now)
+        length = self._stop_run(job, now)
+        if job.restart_due:  # the restart of a requeued job produced nothing
+            job.lost_gpu_s += job.trace.gpus * min(length, self.settings.restart_cost_s)
         job.state = DONE
         del self.active[job.trace.job_id]
         self._remember_service(job.attained)
@@ -456,14 +477,20 @@ class Simulator:
                 heavy=job.heavy,
                 consolidated=job.all_consolidated,
                 gpu_seconds=job.gpu_seconds,
+                lost_gpu_s=job.lost_gpu_s,
             )
         )
 
     def _preempt(self, job: SimJob, now: float) -> None:
-        """Requeue a running job: it keeps its attained service and restarts later."""
+        """Requeue a running job: it keeps its attained service and its last checkpoint, loses the
+        work since, and restarts later (paying the restart cost again)."""
         length = self._stop_run(job, now)
         restart = self.settings.restart_cost_s if job.restart_due else 0.0
-        job.work_left = max(0.0, job.work_left - max(0.0, length - restart) / job.slowdown)
+        worked = max(0.0, length - restart) / job.slowdown  # the trace's run time done in this run
+        interval = self.settings.checkpoint_interval_s
+        saved = min(job.work_left, worked if interval <= 0 else math.floor(worked / interval) * interval)
+        job.work_left -= saved
+        job.lost_gpu_s += job.trace.gpus * (length - saved * job.slowdown)
         job.restart_due = True
         job.preemptions += 1
         job.pending_since = now
@@ -605,7 +632,8 @@ class Simulator:
             qos=trace.qos, name=trace.name, comment=trace.comment, array_job_id=trace.array_job_id,
             array_task_id=trace.array_task_id, eligible_time=job.eligible_at, pending_since=job.pending_since,
             time_limit_s=trace.time_limit_s, attained_at_promotion_gpu_s=job.promoted_at,
-            run_count=job.run_count, preemptions=job.preemptions, requeueable=self.settings.requeueable,
+            run_count=job.run_count, preemptions=job.preemptions,
+            requeueable=self.settings.requeueable and job.preemptible,
             # The oracle's "true duration": the work left when this run (or wait) began.
             true_duration_s=job.work_left + (self.settings.restart_cost_s if job.restart_due else 0.0),
         )
@@ -655,6 +683,10 @@ class Simulator:
             if job.state == PENDING:
                 scored.append(job)
         self._set_order(scored)
+        if decisions.requeues:
+            running = {job_id: view for job_id, view in views.items() if view.state is JobState.RUNNING}
+            decisions, refused = guard_requeues(decisions, running, now, self.requeue_limits)
+            self.stats.requeues_refused += len(refused)
         self._apply_placements(decisions, now)
         for requeue in decisions.requeues:
             job = active.get(requeue.job_id)

@@ -1,0 +1,194 @@
+"""Preemption planning shared by the preemptive policies (dike, tiresias, srtf_oracle).
+
+A pending job is *blocked* when it does not fit on nodes now: `num_nodes` nodes with
+`gpus_per_node` free GPUs each (inside one leaf switch for a communication-heavy job), not when the
+cluster's total of free GPUs is too small. For a blocked job the planner looks for running jobs it
+outranks whose requeue makes it fit on particular nodes, picks the cheapest such nodes, and pins
+the blocked job to them (ReqNodeList) so that what is freed goes to it and not to whatever Slurm
+would start next. Pending jobs are walked in the order Slurm will try them; jobs that fit are
+given their nodes first (they start without anybody being preempted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dike_slurm.decisions import Requeue, SetPlacement
+from dike_slurm.model import Job, Placement, Snapshot
+
+
+@dataclass(frozen=True)
+class PreemptionLimits:
+    """How much one cycle may plan."""
+
+    max_requeues: int  # victims per cycle
+    max_blocked: int = 8  # blocked jobs the planner tries to make room for per cycle
+    max_scan: int = 500  # pending jobs walked (as Slurm's bf_max_job_test bounds its passes)
+
+
+@dataclass(frozen=True)
+class PreemptionPlan:
+    """The requeues (grouped by the job they make room for) and the pins of the blocked jobs."""
+
+    requeues: tuple[Requeue, ...] = ()
+    pins: tuple[SetPlacement, ...] = ()
+
+    @property
+    def pinned(self) -> frozenset[int]:
+        return frozenset(p.job_id for p in self.pins)
+
+
+class _Nodes:
+    """Free GPUs per node and the running jobs on each, as the plan goes along."""
+
+    def __init__(self, snapshot: Snapshot, running: Sequence[Job]) -> None:
+        leaf_of = snapshot.topology.leaf_of
+        self.names = [n.name for n in snapshot.nodes]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.free = [n.gpus_free for n in snapshot.nodes]
+        self.gpus = [n.gpus if n.available else 0 for n in snapshot.nodes]
+        self.partitions = [frozenset(n.partitions) for n in snapshot.nodes]
+        self.leaf = [leaf_of(n.name) for n in snapshot.nodes]
+        self.jobs_on: list[list[Job]] = [[] for _ in snapshot.nodes]
+        for job in running:
+            for name in job.nodes:
+                position = self.index.get(name)
+                if position is not None:
+                    self.jobs_on[position].append(job)
+        self.nodes_per_leaf: dict[str, int] = {}
+        for leaf in self.leaf:
+            self.nodes_per_leaf[leaf] = self.nodes_per_leaf.get(leaf, 0) + 1
+
+    def usable(self, job: Job) -> list[int]:
+        """Nodes the job may run on at all (partition, size, its exclusions)."""
+        per_node, partition = job.gpus_per_node, job.partition
+        excluded = set(job.placement.exclude_nodes)
+        return [
+            i for i, total in enumerate(self.gpus)
+            if total >= per_node
+            and (not partition or not self.partitions[i] or partition in self.partitions[i])
+            and self.names[i] not in excluded
+        ]
+
+    def release(self, victim: Job) -> None:
+        per_node = victim.gpus_per_node
+        for name in victim.nodes:
+            position = self.index.get(name)
+            if position is not None:
+                self.free[position] += per_node
+
+    def allocate(self, nodes: Sequence[int], per_node: int) -> None:
+        for node in nodes:
+            self.free[node] -= per_node
+
+
+def _pick(candidates: list[tuple[float, int]], count: int, nodes: _Nodes, one_leaf: bool) -> list[int] | None:
+    """The `count` cheapest (cost, node) candidates, all under one leaf when asked."""
+    if len(candidates) < count:
+        return None
+    if not one_leaf:
+        return [node for _, node in sorted(candidates)[:count]]
+    by_leaf: dict[str, list[tuple[float, int]]] = {}
+    for cost, node in candidates:
+        by_leaf.setdefault(nodes.leaf[node], []).append((cost, node))
+    best: tuple[float, list[int]] | None = None
+    for members in by_leaf.values():
+        if len(members) < count:
+            continue
+        members.sort()
+        total = sum(cost for cost, _ in members[:count])
+        if best is None or total < best[0]:
+            best = (total, [node for _, node in members[:count]])
+    return best[1] if best is not None else None
+
+
+def plan_preemptions(
+    snapshot: Snapshot,
+    ranked_pending: Sequence[Job],
+    running: Sequence[Job],
+    *,
+    outranks: Callable[[Job, Job], bool],
+    may_preempt: Callable[[Job], bool],
+    loss: Callable[[Job], float],
+    one_leaf: Callable[[Job], bool],
+    limits: PreemptionLimits,
+    reason: Callable[[Job, Job], str],
+) -> PreemptionPlan:
+    """Requeues that let blocked jobs start, cheapest loss first, within `limits`.
+
+    `outranks(blocked, victim)`: the policy would rather run the blocked job. `may_preempt(victim)`:
+    the site and the policy's anti-thrash rules allow it now. `loss(victim)`: what requeueing it now
+    costs (GPU-seconds); nodes are chosen to lose the least. `one_leaf(job)`: the job must fit
+    under one leaf switch to count as fitting.
+    """
+    if limits.max_requeues <= 0 or not ranked_pending or not running:
+        return PreemptionPlan()
+    candidates = [v for v in running if v.nodes and may_preempt(v)]
+    if not candidates:
+        return PreemptionPlan()
+    nodes = _Nodes(snapshot, running)
+    preemptible = {v.job_id for v in candidates}
+    taken: set[int] = set()
+    requeues: list[Requeue] = []
+    pins: list[SetPlacement] = []
+    blocked_tried = 0
+    for job in ranked_pending[: limits.max_scan]:
+        if blocked_tried >= limits.max_blocked or len(requeues) >= limits.max_requeues:
+            break
+        per_node, count = job.gpus_per_node, max(job.num_nodes, 1)
+        usable = nodes.usable(job)
+        single = one_leaf(job) and count <= max(nodes.nodes_per_leaf.values(), default=0)
+        free_now = [(0.0, i) for i in usable if nodes.free[i] >= per_node]
+        fitting = _pick(free_now, count, nodes, single)
+        if fitting is not None:
+            nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
+            continue
+        blocked_tried += 1
+        # Per node: the cheapest victims (that this job outranks) whose requeue frees enough.
+        options: list[tuple[float, int]] = []
+        victims_on: dict[int, list[Job]] = {}
+        for node in usable:
+            missing = per_node - nodes.free[node]
+            if missing <= 0:
+                options.append((0.0, node))
+                victims_on[node] = []
+                continue
+            chosen: list[Job] = []
+            cost = 0.0
+            on_node = sorted(
+                (v for v in nodes.jobs_on[node] if v.job_id in preemptible and v.job_id not in taken and outranks(job, v)),
+                key=lambda v: (loss(v), v.job_id),
+            )
+            for victim in on_node:
+                chosen.append(victim)
+                cost += loss(victim)
+                missing -= victim.gpus_per_node
+                if missing <= 0:
+                    break
+            if missing <= 0:
+                options.append((cost, node))
+                victims_on[node] = chosen
+        picked = _pick(options, count, nodes, single)
+        if picked is None:
+            continue
+        victims: dict[int, Job] = {}
+        for node in picked:
+            for victim in victims_on[node]:
+                victims[victim.job_id] = victim
+        if not victims or len(requeues) + len(victims) > limits.max_requeues:
+            continue
+        for victim in victims.values():
+            taken.add(victim.job_id)
+            nodes.release(victim)
+            requeues.append(Requeue(victim.job_id, reason(job, victim), for_job=job.job_id))
+        nodes.allocate(picked, per_node)
+        names = tuple(sorted(nodes.names[n] for n in picked))
+        pins.append(
+            SetPlacement(
+                job.job_id,
+                Placement(require_nodes=names),
+                f"preempting {len(victims)} job(s) to start on {','.join(names)}",
+            )
+        )
+    return PreemptionPlan(tuple(requeues), tuple(pins))
