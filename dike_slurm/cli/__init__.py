@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain click help: typer's rich help loads rich.markdown (0.1 s of --help)
 )
 console = Console()
 err_console = Console(stderr=True)
