@@ -35,6 +35,12 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
+# Every case of examples/corpus plus the sample under every policy (about 30 min on 2 cores):
+# tables, out/eval/eval.json and report.html, and the generated section of docs/results.md.
+.PHONY: eval
+eval: $(STAMP)
+	$(BIN)/dike-slurm eval examples/corpus $(SAMPLE) --out out/eval --workers 2 --results docs/results.md
+
 lab-up:
 	$(LAB) up
 

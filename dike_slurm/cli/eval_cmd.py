@@ -1,0 +1,76 @@
+"""`dike-slurm eval`: replay a corpus of cases under every policy (sim/evaluate.py does the work)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dike_slurm.cli import app, console, err_console
+
+
+@app.command("eval")
+def eval_command(
+    corpus: Optional[List[Path]] = typer.Argument(
+        None, help="corpus folders (one case per sub-folder) or case folders (sacct.txt, slurm.conf, topology.conf)"
+    ),
+    out: Path = typer.Option(Path("out/eval"), "--out", help="folder for eval.json, results.md, report.html (replaced)"),
+    workers: int = typer.Option(2, "--workers", min=1, help="replays run in parallel"),
+    quick: bool = typer.Option(False, "--quick", help="penalty 1, all preemptible, only fifo, srtf_preemptive and dike"),
+    variant: Optional[List[str]] = typer.Option(None, "--variant", help="run only these policies (repeat; fifo always runs)"),
+    config_path: Optional[Path] = typer.Option(None, "--config", help="a config file (default: built-in defaults only)"),
+    results: Optional[Path] = typer.Option(None, "--results", help="also replace the generated section of this file (docs/results.md)"),
+    html: bool = typer.Option(True, "--html/--no-html", help="write report.html with a plot"),
+    as_json: bool = typer.Option(False, "--json", help="print eval.json instead of tables"),
+) -> None:
+    """Replay every case under every policy at penalties 0 and 1; tables, targets, JSON and a report."""
+    from dike_slurm.sim import evaluate
+
+    folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
+    plan = evaluate.make_plan(folders, quick=quick, only=variant or ())
+    config = evaluate.load_config(config_path)
+    if results is not None:
+        evaluate.check_results_file(results)
+    for reason in plan.skipped:
+        err_console.print(f"[yellow]skipped[/] {reason}", highlight=False)
+    err_console.print(f"{len(plan.cases)} cases, {plan.runs()} replays, {workers} workers", highlight=False)
+    command = shlex.join(["dike-slurm", *sys.argv[1:]])
+    result = evaluate.evaluate(plan, config, workers=workers, command=command,
+                               log=lambda line: err_console.print(line, highlight=False, markup=False))
+    table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
+    if as_json:
+        console.print_json(json.dumps(result))
+        return
+    _print_tables(table_list)
+    console.print(evaluate.LEGEND, markup=False, highlight=False)
+    console.print(f"wrote {out}/eval.json, results.md{', report.html' if html else ''}"
+                  f"{f' and {results}' if results else ''} ({result['wall_s'] / 60:.1f} min)", highlight=False)
+
+
+def _print_tables(table_list) -> None:  # noqa: ANN001 - evaluate.Table
+    from rich.table import Table
+
+    for table in table_list:
+        view = Table(title=table.title, title_justify="left")
+        for index, header in enumerate(table.headers):
+            view.add_column(header, justify="left" if index < 2 else "right", overflow="fold")
+        for row in table.rows:
+            view.add_row(*(_colour(cell) for cell in row))
+        console.print(view)
+        for note in table.notes:
+            console.print(note, markup=False, highlight=False)
+
+
+def _colour(cell: str) -> str:
+    from rich.markup import escape
+
+    text = escape(cell)
+    if cell.startswith("PASS"):
+        return f"[green]{text}[/]"
+    if cell.startswith("FAIL"):
+        return f"[bold red]{text}[/]"
+    return text

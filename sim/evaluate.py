@@ -1,0 +1,622 @@
+"""Corpus evaluation (`dike-slurm eval`, `make eval`): every case under every policy, tables, targets.
+
+Pure computation plus the files it writes; the CLI renders the finished tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dike_slurm.errors import InputError
+
+CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
+RESULTS_BEGIN = "<!-- eval:begin (written by `dike-slurm eval --results`; edit above or below, not inside) -->"
+RESULTS_END = "<!-- eval:end -->"
+FIFO = "fifo"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A policy as the evaluation runs it: a label, the registry name, parameter overrides."""
+
+    label: str
+    policy: str
+    params_override: dict | None = None
+    preemptive: bool = False  # also run with half of the jobs preemptible
+
+
+# The policies evaluated, in table order; one line per variant.
+VARIANTS: tuple[Variant, ...] = (
+    Variant("fifo", "fifo"),
+    Variant("multifactor", "multifactor"),
+    Variant("tiresias", "tiresias", preemptive=True),
+    Variant("srtf_oracle", "srtf_oracle"),
+    Variant("srtf_preemptive", "srtf_oracle", {"preemptive": True}, preemptive=True),
+    Variant("dike", "dike", preemptive=True),
+)
+QUICK_VARIANTS = ("fifo", "srtf_preemptive", "dike")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Replay conditions: communication penalty, share of preemptible jobs, seeds (mean reported)."""
+
+    key: str
+    label: str
+    comm_penalty: float
+    preemptible: float
+    seeds: tuple[int, ...] = (0,)
+    preemptive_only: bool = False
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("pen0", "pen 0", 0.0, 1.0),
+    Setting("pen1", "pen 1", 1.0, 1.0),
+    Setting("pen1_half", "pen 1 HALF", 1.0, 0.5, (0, 1), preemptive_only=True),
+)
+QUICK_SETTINGS = ("pen1",)
+TARGET_SETTING = "pen1"
+# Rows of a half-preemptible setting compare with fifo at the same penalty, all preemptible: fifo
+# never preempts, so which jobs may be preempted does not change it.
+BASELINE_SETTING = {"pen1_half": "pen1"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    folder: Path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one evaluation runs."""
+
+    cases: tuple[Case, ...]
+    variants: tuple[Variant, ...]
+    settings: tuple[Setting, ...]
+    skipped: tuple[str, ...] = ()  # variants left out, with why
+
+    def runs(self) -> int:
+        count = 0
+        for setting in self.settings:
+            variants = [v for v in self.variants if v.preemptive or not setting.preemptive_only]
+            count += len(variants) * len(setting.seeds)
+        return count * len(self.cases)
+
+
+# ---------------------------------------------------------------------------------------- input
+
+
+def find_cases(folders: Sequence[Path]) -> tuple[Case, ...]:
+    """Case folders: a folder holding any case file is a case, else each sub-folder is one.
+
+    A corpus's cases.json, when present, gives the order. A missing file is one InputError.
+    """
+    cases: list[Case] = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise InputError("not a folder", source=str(folder))
+        if any((folder / name).exists() for name in CASE_FILES):
+            cases.append(_case(folder))
+            continue
+        subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+        order = _listed_order(folder)
+        subfolders.sort(key=lambda p: (order.get(p.name, len(order)), p.name))
+        for name in order:
+            if not (folder / name).is_dir():
+                raise InputError(f"cases.json lists {name!r} but there is no such folder", source=str(folder))
+        if not subfolders:
+            raise InputError("no case here (neither sacct.txt nor case folders)", source=str(folder))
+        cases.extend(_case(sub) for sub in subfolders)
+    seen: dict[str, Path] = {}
+    for case in cases:
+        if case.name in seen:
+            raise InputError(f"two cases are named {case.name!r} ({seen[case.name]} and {case.folder})")
+        seen[case.name] = case.folder
+    return tuple(cases)
+
+
+def _case(folder: Path) -> Case:
+    missing = [name for name in CASE_FILES if not (folder / name).is_file()]
+    if missing:
+        raise InputError(f"case folder is missing {', '.join(missing)}", source=str(folder))
+    return Case(folder.resolve().name if folder.name in ("", ".") else folder.name, folder)
+
+
+def _listed_order(folder: Path) -> dict[str, int]:
+    listing = folder / "cases.json"
+    if not listing.is_file():
+        return {}
+    try:
+        entries = json.loads(listing.read_text(encoding="utf-8"))
+        return {str(entry["case"]): index for index, entry in enumerate(entries)}
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InputError(f"cannot read the case list: {exc}", source=str(listing)) from None
+
+
+def make_plan(
+    folders: Sequence[Path], *, quick: bool = False, only: Sequence[str] = (),
+) -> Plan:
+    """Cases, variants and settings; variants whose override the policy does not take are skipped."""
+    from dike_slurm.registry import default_registry
+
+    cases = find_cases(folders)
+    registry = default_registry()
+    known = {v.label for v in VARIANTS}
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise InputError(f"unknown variant {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    wanted = set(only) if only else (set(QUICK_VARIANTS) if quick else known)
+    wanted.add(FIFO)  # the baseline of every ratio
+    variants, skipped = [], []
+    for variant in VARIANTS:
+        if variant.label not in wanted:
+            continue
+        fields = registry.get(variant.policy).Params.model_fields
+        absent = [key for key in (variant.params_override or {}) if key not in fields]
+        if absent:
+            skipped.append(f"{variant.label}: policy {variant.policy} has no parameter {absent[0]!r} yet")
+            continue
+        variants.append(variant)
+    settings = tuple(s for s in SETTINGS if not quick or s.key in QUICK_SETTINGS)
+    return Plan(cases, tuple(variants), settings, tuple(skipped))
+
+
+def load_config(path: Path | None):
+    """Config defaults, or the explicit file (never $DIKE_CONFIG nor DIKE_* variables)."""
+    from dike_slurm.config import Config, load_config as load
+
+    return Config() if path is None else load(path, environ={})
+
+
+# ---------------------------------------------------------------------------------------- running
+
+
+def evaluate(
+    plan: Plan,
+    config,
+    *,
+    workers: int = 2,
+    command: str = "",
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Run every replay of the plan and return the whole result (JSON-ready, every number)."""
+    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
+
+    log = log or (lambda _line: None)
+    started = time.perf_counter()
+    inputs = {case.name: load_input(*(case.folder / name for name in CASE_FILES)) for case in plan.cases}
+    case_results = []
+    for case in plan.cases:
+        replay_input = inputs[case.name]
+        case_started = time.perf_counter()
+        runs = []
+        # One settings object per (share preemptible, seed); the penalty is per task.
+        groups: dict[tuple[float, int], list[tuple[Setting, Variant]]] = {}
+        for setting in plan.settings:
+            for seed in setting.seeds:
+                for variant in plan.variants:
+                    if setting.preemptive_only and not variant.preemptive:
+                        continue
+                    groups.setdefault((setting.preemptible, seed), []).append((setting, variant))
+        for (preemptible, seed), members in groups.items():
+            settings = sim_settings(config, replay_input.conf, seed=seed, preemptible=preemptible,
+                                    source=str(case.folder / "slurm.conf"))
+            tasks = [ReplayTask(v.label, v.policy, s.comm_penalty, params_override=v.params_override) for s, v in members]
+            group_started = time.perf_counter()
+            results = run_tasks(tasks, replay_input, config, settings, workers=workers)
+            for (setting, variant), run in zip(members, results):
+                runs.append({
+                    "variant": variant.label, "setting": setting.key, "seed": seed,
+                    "comm_penalty": setting.comm_penalty, "preemptible": preemptible,
+                    "summary": dict(run.metrics.summary), "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+                })
+            log(f"{case.name}: {len(tasks)} replays (preemptible {preemptible:g}, seed {seed}) "
+                f"in {time.perf_counter() - group_started:.0f} s")
+        case_results.append({
+            "name": case.name,
+            "folder": str(case.folder),
+            "input": replay_input.input_summary(),
+            "avg_run_h": _avg_run_h(replay_input),
+            "runs": runs,
+            "rows": _rows(runs, plan),
+            "wall_s": round(time.perf_counter() - case_started, 1),
+        })
+    result = {
+        "command": command,
+        "git": _git_state(),
+        "quick": plan.settings != SETTINGS,
+        "workers": workers,
+        "variants": [asdict(v) for v in plan.variants],
+        "skipped_variants": list(plan.skipped),
+        "settings": [asdict(s) for s in plan.settings],
+        "replay_config": config.replay.model_dump(mode="json"),
+        "policy_params": {v.label: {**config.policy_params(v.policy).model_dump(mode="json"), **(v.params_override or {})}
+                          for v in plan.variants},
+        "cases": case_results,
+    }
+    result["overall"] = overall(result)
+    result["targets"] = targets(result)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _avg_run_h(replay_input) -> float | None:
+    durations = [job.duration_s for job in replay_input.trace.jobs]
+    return sum(durations) / len(durations) / 3600.0 if durations else None
+
+
+def _git_state() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _rows(runs: list[dict], plan: Plan) -> list[dict]:
+    """One row per (setting, variant): the seeds' mean of every numeric metric, and fifo/policy."""
+    rows = []
+    for setting in plan.settings:
+        for variant in plan.variants:
+            mine = [r for r in runs if r["setting"] == setting.key and r["variant"] == variant.label]
+            if not mine:
+                continue
+            rows.append({
+                "setting": setting.key,
+                "variant": variant.label,
+                "metrics": _mean([r["summary"] for r in mine]),
+                "seeds": {str(r["seed"]): r["summary"]["avg_jct_s"] for r in mine},
+            })
+    for row in rows:
+        base = next((r for r in rows if r["variant"] == FIFO
+                     and r["setting"] == BASELINE_SETTING.get(row["setting"], row["setting"])), None)
+        row["fifo_ratio"] = _ratio(base["metrics"]["avg_jct_s"], row["metrics"]["avg_jct_s"]) if base else None
+        row["fifo_ratio_seeds"] = {
+            seed: _ratio(base["metrics"]["avg_jct_s"], value) for seed, value in row["seeds"].items()
+        } if base else {}
+    return rows
+
+
+def _mean(summaries: list[dict]) -> dict:
+    if len(summaries) == 1:
+        return dict(summaries[0])
+    merged = {}
+    for key, value in summaries[0].items():
+        values = [s[key] for s in summaries]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = sum(values) / len(values)
+    return merged
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _row(case: dict, variant: str, setting: str) -> dict | None:
+    return next((r for r in case["rows"] if r["variant"] == variant and r["setting"] == setting), None)
+
+
+def overall(result: dict) -> dict:
+    """Geometric mean over cases of fifo/policy average JCT, per variant and setting."""
+    table = {}
+    for setting in result["settings"]:
+        for variant in result["variants"]:
+            ratios = [row["fifo_ratio"] for case in result["cases"]
+                      if (row := _row(case, variant["label"], setting["key"])) and row["fifo_ratio"]]
+            if ratios:
+                table.setdefault(variant["label"], {})[setting["key"]] = {
+                    "geomean": math.exp(sum(math.log(r) for r in ratios) / len(ratios)),
+                    "min": min(ratios), "max": max(ratios), "cases": len(ratios),
+                }
+    return table
+
+
+# ---------------------------------------------------------------------------------------- targets
+
+# Issue 9's "Done when", checked per case (penalty 1, all preemptible, unless the criterion says).
+CRITERIA = (
+    ("jct", "avg JCT <= 1.01 fifo"),
+    ("capture", "oracle gain captured >= 70%"),
+    ("tiresias", ">= 1.10x tiresias"),
+    ("p95", "p95 JCT <= 1.05 fifo"),
+    ("worst_user", "worst user <= fifo"),
+    ("lost", "lost GPU-h <= 5%"),
+    ("p99_preempt", "p99 preempt/job <= 5"),
+    ("pen0", "pen 0: avg JCT <= 1.01 fifo"),
+    ("half", "half: avg JCT <= 1.01 fifo"),
+)
+ORACLE = "srtf_preemptive"
+ORACLE_GAIN = 1.10
+
+
+def _cell(passed: bool | None, value: str, detail: str = "") -> dict:
+    status = "n/a" if passed is None else ("PASS" if passed else "FAIL")
+    return {"status": status, "value": value, "detail": detail}
+
+
+def _not_run(what: str) -> dict:
+    return {"status": "not run", "value": "", "detail": f"{what} not run"}
+
+
+def targets(result: dict) -> dict:
+    """PASS/FAIL per case and criterion, from the rows' numbers."""
+    cases = []
+    for case in result["cases"]:
+        fifo, dike = _row(case, FIFO, TARGET_SETTING), _row(case, "dike", TARGET_SETTING)
+        cells: dict[str, dict] = {}
+        if fifo is None or dike is None:
+            cells = {key: _not_run("dike or fifo at penalty 1") for key, _ in CRITERIA}
+            cases.append({"case": case["name"], "cells": cells})
+            continue
+        f, d = fifo["metrics"], dike["metrics"]
+        cells["jct"] = _cell(d["avg_jct_s"] <= 1.01 * f["avg_jct_s"], f"{f['avg_jct_s'] / d['avg_jct_s']:.3f}x",
+                             "fifo/dike avg JCT")
+        oracle = _row(case, ORACLE, TARGET_SETTING)
+        gain = oracle["fifo_ratio"] if oracle else None
+        if gain is None:
+            cells["capture"] = _not_run(ORACLE)
+        elif gain < ORACLE_GAIN:
+            cells["capture"] = _cell(None, f"oracle {gain:.3f}x", "oracle gains < 10%: no target")
+        else:
+            share = math.log(f["avg_jct_s"] / d["avg_jct_s"]) / math.log(gain)
+            cells["capture"] = _cell(share >= 0.7, f"{share:.0%}", f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+        tiresias = _row(case, "tiresias", TARGET_SETTING)
+        if gain is not None and gain < ORACLE_GAIN:
+            cells["tiresias"] = _cell(None, "", "oracle gains < 10%: no target")
+        elif tiresias is None or gain is None:
+            cells["tiresias"] = _not_run("tiresias" if tiresias is None else ORACLE)
+        else:
+            over = tiresias["metrics"]["avg_jct_s"] / d["avg_jct_s"]
+            cells["tiresias"] = _cell(over >= 1.10, f"{over:.3f}x", "tiresias/dike avg JCT")
+        cells["p95"] = _cell(d["p95_jct_s"] <= 1.05 * f["p95_jct_s"], f"{d['p95_jct_s'] / f['p95_jct_s']:.3f}x",
+                             "dike/fifo p95 JCT")
+        cells["worst_user"] = _cell(d["worst_user_slowdown"] <= f["worst_user_slowdown"],
+                                    f"{d['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
+                                    "dike vs fifo worst-user slowdown")
+        cells["lost"] = _cell(d["lost_gpu_fraction"] <= 0.05, f"{d['lost_gpu_fraction']:.2%}", "GPU-hours lost / all")
+        cells["p99_preempt"] = _cell(d["p99_preemptions_per_job"] <= 5, f"{d['p99_preemptions_per_job']:g}",
+                                     "p99 preemptions per job")
+        pen0 = _row(case, "dike", "pen0")
+        cells["pen0"] = (_not_run("penalty 0") if pen0 is None or pen0["fifo_ratio"] is None else
+                         _cell(pen0["fifo_ratio"] >= 1 / 1.01, f"{pen0['fifo_ratio']:.3f}x", "fifo/dike avg JCT at penalty 0"))
+        half = _row(case, "dike", "pen1_half")
+        if half is None or not half["fifo_ratio_seeds"]:
+            cells["half"] = _not_run("half preemptible")
+        else:
+            worst = min(half["fifo_ratio_seeds"].values())
+            cells["half"] = _cell(worst >= 1 / 1.01, f"{worst:.3f}x", "worst seed's fifo/dike avg JCT")
+        cases.append({"case": case["name"], "cells": cells})
+    return {"criteria": [{"key": k, "label": label} for k, label in CRITERIA], "cases": cases}
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+CASE_HEADERS = [
+    "setting", "policy", "avg JCT", "p95 JCT", "p99 JCT", "avg wait", "worst user", "Jain",
+    "preempt", "lost GPU-h", "lost", "max/job", "p99/job", "fifo/policy",
+]
+LEGEND = (
+    "Settings: pen 0 / pen 1 = communication penalty 0 / 1 with every job preemptible; pen 1 HALF = penalty 1 "
+    "with half of the jobs preemptible (drawn per job), mean of seeds 0 and 1. Times in hours; worst user = "
+    "worst-user slowdown; Jain = Jain fairness index of the users' mean slowdowns; preempt = preemptions; lost = share of GPU-hours "
+    "lost to preemption; max/job, p99/job = preemptions per job; fifo/policy = fifo avg JCT / policy avg JCT "
+    "(above 1 is better)."
+)
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f}"
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _headroom(case: dict) -> str:
+    fifo = _row(case, FIFO, TARGET_SETTING)
+    if fifo is None or not case["avg_run_h"]:
+        return ""
+    return f"; fifo avg JCT / avg run time at pen 1: {fifo['metrics']['avg_jct_s'] / 3600 / case['avg_run_h']:.2f}"
+
+
+def tables(result: dict) -> list[Table]:
+    """Finished tables (strings) for the terminal, markdown and HTML: cases, overall, targets."""
+    labels = {s["key"]: s["label"] for s in result["settings"]}
+    out = []
+    for case in result["cases"]:
+        rows = []
+        for row in case["rows"]:
+            m = row["metrics"]
+            ratio = _num(row["fifo_ratio"], ".3f")
+            if len(row["fifo_ratio_seeds"]) > 1:
+                ratio += " (" + " / ".join(_num(v, ".3f") for v in row["fifo_ratio_seeds"].values()) + ")"
+            rows.append([
+                labels[row["setting"]], row["variant"], _hours(m["avg_jct_s"]), _hours(m["p95_jct_s"]),
+                _hours(m["p99_jct_s"]), _hours(m["avg_wait_s"]), _num(m["worst_user_slowdown"], ".2f"),
+                _num(m["user_jain_index"], ".3f"), _num(m["preemptions"], ".0f"), _num(m["preemption_lost_gpu_h"], ".1f"),
+                _num(m["lost_gpu_fraction"], ".2%"), _num(m["max_preemptions_per_job"], "g"),
+                _num(m["p99_preemptions_per_job"], "g"), ratio,
+            ])
+        info = case["input"]
+        notes = [f"{info['jobs_replayed']} jobs on {info['gpus']} GPUs ({info['nodes']} nodes, "
+                 f"{info['leaf_switches']} leaf switches), average run time {_num(case['avg_run_h'], '.2f')} h"
+                 f"{_headroom(case)}; replays took {case['wall_s']:.0f} s."]
+        if any(row["setting"] in BASELINE_SETTING for row in case["rows"]):
+            notes.append("HALF rows: mean of seeds 0 and 1 (brackets: each seed's ratio); "
+                         "their fifo is fifo at penalty 1 (fifo never preempts).")
+        out.append(Table(f"case {case['name']}", list(CASE_HEADERS), rows, notes))
+    settings = [s for s in result["settings"]]
+    overall_rows = []
+    for variant in result["variants"]:
+        cells = result["overall"].get(variant["label"], {})
+        overall_rows.append([variant["label"]] + [
+            f"{cells[s['key']]['geomean']:.3f} ({cells[s['key']]['min']:.2f}-{cells[s['key']]['max']:.2f})"
+            if s["key"] in cells else "-" for s in settings
+        ])
+    out.append(Table("overall: geometric mean over cases of fifo/policy avg JCT (min-max)",
+                     ["policy"] + [s["label"] for s in settings], overall_rows,
+                     [f"{len(result['cases'])} cases; above 1 is better than fifo."]))
+    criteria = result["targets"]["criteria"]
+    target_rows = [[entry["case"]] + [f"{entry['cells'][c['key']]['status']} {entry['cells'][c['key']]['value']}".strip()
+                                      for c in criteria] for entry in result["targets"]["cases"]]
+    passed = sum(cell["status"] == "PASS" for e in result["targets"]["cases"] for cell in e["cells"].values())
+    failed = sum(cell["status"] == "FAIL" for e in result["targets"]["cases"] for cell in e["cells"].values())
+    out.append(Table("targets (issue 9): dike at penalty 1, every job preemptible, unless the column says",
+                     ["case"] + [c["label"] for c in criteria], target_rows,
+                     [f"{passed} PASS, {failed} FAIL. Capture and tiresias apply where srtf_preemptive gains >= 10% "
+                      "over fifo (oracle = srtf_preemptive); capture = log(fifo/dike) / log(fifo/oracle); "
+                      "worst user = worst-user slowdown; half = half of the jobs preemptible, every seed must pass."]))
+    if result["skipped_variants"]:
+        out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
+    return out
+
+
+def markdown(result: dict, table_list: Sequence[Table]) -> str:
+    """The generated section of docs/results.md: the command, then every table."""
+    git = result["git"]
+    commit = (git["commit"] or "unknown")[:12] + (" (with uncommitted changes)" if git["dirty"] else "")
+    lines = [
+        f"Made by `{result['command']}` at commit {commit}, {result['workers']} workers, "
+        f"{result['wall_s'] / 60:.1f} min of replays.",
+        "",
+        LEGEND,
+        "",
+    ]
+    for table in table_list:
+        lines += [f"### {table.title}", "", "| " + " | ".join(table.headers) + " |",
+                  "|" + "|".join("---" for _ in table.headers) + "|"]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table.rows]
+        lines += [""] + [f"{note}" for note in table.notes] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def splice_results(text: str, section: str, source: str) -> str:
+    """docs/results.md with its generated section replaced (the markers must be there)."""
+    begin, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if begin < 0 or end < begin:
+        raise InputError(f"has no generated section (the lines {RESULTS_BEGIN!r} and {RESULTS_END!r})", source=source)
+    return text[: begin + len(RESULTS_BEGIN)] + "\n\n" + section + "\n" + text[end:]
+
+
+def check_results_file(path: Path) -> None:
+    """Fail before any replay when the results file cannot take the section."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
+    splice_results(text, "", str(path))
+
+
+# ---------------------------------------------------------------------------------------- files
+
+
+def _plot_uri(result: dict) -> str | None:
+    """A bar chart of fifo/policy avg JCT per case at penalty 1 (matplotlib, imported here)."""
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in result["cases"] if _row(c, FIFO, TARGET_SETTING)]
+    variants = [v["label"] for v in result["variants"] if v["label"] != FIFO]
+    if not cases or not variants:
+        return None
+    figure, axes = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / len(variants)
+    for index, label in enumerate(variants):
+        values = [(_row(c, label, TARGET_SETTING) or {}).get("fifo_ratio") or 0.0 for c in cases]
+        axes.bar([x + index * width for x in range(len(cases))], values, width, label=label)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(cases))])
+    axes.set_xticklabels([c["name"] for c in cases], rotation=15, fontsize=8)
+    axes.set_ylabel("fifo / policy avg JCT")
+    axes.set_yscale("log")
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.legend(fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(figure)
+    return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def render_html(result: dict, table_list: Sequence[Table]) -> str:
+    from dike_slurm.sim.report import template_environment
+
+    template = template_environment().get_template("eval.html.j2")
+    git = result["git"]
+    return template.render(
+        command=result["command"],
+        commit=(git["commit"] or "unknown")[:12] + (" (dirty)" if git["dirty"] else ""),
+        wall_min=f"{result['wall_s'] / 60:.1f}",
+        legend=LEGEND,
+        tables=list(table_list),
+        plot=_plot_uri(result),
+    )
+
+
+def write_outputs(result: dict, out: Path, *, results_md: Path | None = None, html: bool = True) -> list[Table]:
+    """eval.json, results.md and report.html into `out` (replaced whole), then docs' section."""
+    table_list = tables(result)
+    section = markdown(result, table_list)
+    files = {
+        "eval.json": json.dumps(result, indent=2) + "\n",
+        "results.md": section,
+    }
+    if html:
+        files["report.html"] = render_html(result, table_list)
+    spliced = None
+    if results_md is not None:
+        spliced = splice_results(results_md.read_text(encoding="utf-8"), section, str(results_md))
+    out = out.absolute()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder: {exc.strerror}", source=str(out)) from None
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "x")
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    if spliced is not None and results_md is not None:
+        temporary = results_md.with_name(f".{results_md.name}.tmp")
+        temporary.write_text(spliced, encoding="utf-8")
+        os.replace(temporary, results_md)
+    return table_list
