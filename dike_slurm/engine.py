@@ -30,6 +30,8 @@ from dike_slurm.backends.base import (
     JobUpdate,
     SwitchRequest,
     WriteOutcome,
+    placement_fields,
+    placement_value,
 )
 from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
@@ -211,25 +213,8 @@ def admin_comment_text(level: int, attained_gpu_s: float, promoted: bool) -> str
     return text + " promoted" if promoted else text
 
 
-def placement_fields(placement: Placement) -> dict[JobField, FieldValue]:
-    """The fields a wanted placement sets (the ones it leaves unset are not wanted)."""
-    values: dict[JobField, FieldValue] = {}
-    if placement.max_switches is not None:
-        values[JobField.SWITCHES] = SwitchRequest(placement.max_switches, placement.switches_wait_s)
-    if placement.features is not None:
-        values[JobField.FEATURES] = placement.features
-    if placement.exclude_nodes:
-        values[JobField.EXCLUDED_NODES] = tuple(placement.exclude_nodes)
-    return values
-
-
 def current_placement_value(job: Job, key: JobField) -> FieldValue:
-    placement = job.placement
-    if key is JobField.SWITCHES:
-        return SwitchRequest(placement.max_switches or 0, placement.switches_wait_s if placement.max_switches else None)
-    if key is JobField.FEATURES:
-        return placement.features or ""
-    return tuple(placement.exclude_nodes)
+    return placement_value(job.placement, key)
 
 
 def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:
@@ -241,7 +226,7 @@ def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool
         if not wanted.count or wanted.wait_s is None or current.wait_s is None:
             return True
         return current.wait_s <= wanted.wait_s
-    if key is JobField.EXCLUDED_NODES:
+    if key in (JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES):
         return set(current or ()) == set(wanted or ())  # type: ignore[arg-type]
     return current == wanted
 

@@ -135,7 +135,7 @@ def _decode_json(field: JobField, text: str) -> FieldValue:
     data = json.loads(text)
     if field is JobField.SWITCHES:
         return SwitchRequest(int(data["count"]), data["wait_s"])
-    if field is JobField.EXCLUDED_NODES:
+    if field in (JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES):
         return tuple(str(n) for n in data)
     if field in (JobField.ADMIN_COMMENT, JobField.FEATURES):
         return str(data)

@@ -13,6 +13,7 @@ from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active
 from dike_slurm.policies.dike import levels_with_promotion
 from dike_slurm.policies.fifo import submit_order
+from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
 
 
 class TiresiasParams(PolicyParams):
@@ -22,6 +23,9 @@ class TiresiasParams(PolicyParams):
     promote_knob: float | None = Field(None, gt=0, description="promote when wait >= knob x last run; unset: off")
     consolidate_gpus: int = Field(8, ge=1, description="jobs of at least this many GPUs are consolidated")
     consolidation_wait_s: int = Field(300, ge=0, description="Switches=N@wait (Slurm's default max_switch_wait)")
+    preemptive: bool = Field(True, description="a job of a better queue preempts running jobs of worse queues (2D-LAS)")
+    min_runtime_s: float = Field(0.0, ge=0, description="never preempt a run younger than this (Tiresias has no such rule)")
+    max_requeues_per_cycle: int = Field(4, ge=0)
 
     @model_validator(mode="after")
     def _ascending(self) -> TiresiasParams:
@@ -33,11 +37,15 @@ class TiresiasParams(PolicyParams):
 
 class TiresiasPolicy(Policy):
     name = "tiresias"
-    description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, consolidate large jobs."
+    description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, preemptive, consolidate large jobs."
     Params = TiresiasParams
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         return False
+
+    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
+        assert isinstance(params, TiresiasParams)
+        return params.min_runtime_s if params.preemptive else None
 
     def score_ceiling(self, params: PolicyParams) -> float | None:
         assert isinstance(params, TiresiasParams)
@@ -86,4 +94,30 @@ class TiresiasPolicy(Policy):
                 decision = consolidator.decide(job, now, reason)
                 if decision is not None:
                     placements.append(decision)
-        return Decisions(tuple(priorities), tuple(placements))
+        if not params.preemptive:
+            return Decisions(tuple(priorities), tuple(placements))
+        plan = self._preemptions(snapshot, params, priorities, pending, running)
+        pinned = plan.pinned
+        placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
+        return Decisions(tuple(priorities), tuple(placements), plan.requeues)
+
+    def _preemptions(self, snapshot: Snapshot, params: TiresiasParams, priorities, pending, running) -> PreemptionPlan:
+        """2D-LAS preemption: a blocked job preempts running jobs of a worse queue (FIFO inside a
+        queue: never a job of its own queue), the youngest runs first (they lose the least)."""
+        level_of_job = {p.job_id: p.level for p in priorities}
+        score_of_job = {p.job_id: p.score for p in priorities}
+        ranked = sorted(pending, key=lambda j: -score_of_job[j.job_id])
+        now, min_run, large = snapshot.time, params.min_runtime_s, params.consolidate_gpus
+        return plan_preemptions(
+            snapshot,
+            ranked,
+            running,
+            outranks=lambda blocked, victim: level_of_job[blocked.job_id] < level_of_job[victim.job_id],
+            may_preempt=lambda v: v.requeueable and v.start_time is not None and now - v.start_time >= min_run,
+            loss=lambda v: v.gpus * (now - (v.start_time or now)),
+            one_leaf=lambda job: job.gpus >= large,
+            limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle),
+            reason=lambda blocked, victim: (
+                f"queue {level_of_job[victim.job_id]} job preempted for queue-{level_of_job[blocked.job_id]} job {blocked.job_id}"
+            ),
+        )

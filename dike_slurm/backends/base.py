@@ -28,6 +28,7 @@ class JobField(enum.Enum):
     SWITCHES = "Switches"
     FEATURES = "Features"
     EXCLUDED_NODES = "ExcNodeList"
+    REQUIRED_NODES = "ReqNodeList"
 
     # Members are singletons compared by identity, so identity hashing is exact; Enum's own
     # __hash__ (hash of the name, in Python) dominated the diff at 50k jobs.
@@ -39,7 +40,7 @@ class JobField(enum.Enum):
         return self in PLACEMENT_FIELDS
 
 
-PLACEMENT_FIELDS = frozenset({JobField.SWITCHES, JobField.FEATURES, JobField.EXCLUDED_NODES})
+PLACEMENT_FIELDS = frozenset({JobField.SWITCHES, JobField.FEATURES, JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES})
 PLACEMENT_ORDER = tuple(sorted(PLACEMENT_FIELDS, key=lambda f: f.value))  # the order they are checked in
 _FIELD_RANK = {f: i for i, f in enumerate(JobField)}
 
@@ -53,9 +54,48 @@ class SwitchRequest:
 
 
 # int: SiteFactor, Priority, Nice. str: AdminComment, Features (""= none).
-# SwitchRequest: Switches. tuple of node names: ExcNodeList (() = none).
+# SwitchRequest: Switches. tuple of node names: ExcNodeList, ReqNodeList (() = none).
 # None (Priority only): hand the priority back to Slurm (hold + release).
 FieldValue = Union[int, str, SwitchRequest, tuple[str, ...], None]
+
+
+def placement_fields(placement: Placement) -> dict[JobField, FieldValue]:
+    """The fields a wanted placement sets (the ones it leaves unset are not wanted)."""
+    values: dict[JobField, FieldValue] = {}
+    if placement.max_switches is not None:
+        values[JobField.SWITCHES] = SwitchRequest(placement.max_switches, placement.switches_wait_s)
+    if placement.features is not None:
+        values[JobField.FEATURES] = placement.features
+    if placement.exclude_nodes:
+        values[JobField.EXCLUDED_NODES] = tuple(placement.exclude_nodes)
+    if placement.require_nodes:
+        values[JobField.REQUIRED_NODES] = tuple(placement.require_nodes)
+    return values
+
+
+def placement_value(placement: Placement, key: JobField) -> FieldValue:
+    """What a job carrying `placement` holds in the placement field `key` (the unset value if none)."""
+    if key is JobField.SWITCHES:
+        return SwitchRequest(placement.max_switches or 0, placement.switches_wait_s if placement.max_switches else None)
+    if key is JobField.FEATURES:
+        return placement.features or ""
+    if key is JobField.REQUIRED_NODES:
+        return tuple(placement.require_nodes)
+    return tuple(placement.exclude_nodes)
+
+
+def with_placement_field(placement: Placement, key: JobField, value: FieldValue) -> Placement:
+    """The placement after Slurm took `key=value` (the inverse of `placement_fields`)."""
+    if key is JobField.SWITCHES:
+        assert isinstance(value, SwitchRequest)
+        return replace(placement, max_switches=value.count or None, switches_wait_s=value.wait_s if value.count else None)
+    if key is JobField.FEATURES:
+        return replace(placement, features=str(value) or None)
+    if key is JobField.EXCLUDED_NODES:
+        return replace(placement, exclude_nodes=tuple(value or ()))  # type: ignore[arg-type]
+    if key is JobField.REQUIRED_NODES:
+        return replace(placement, require_nodes=tuple(value or ()))  # type: ignore[arg-type]
+    return placement
 
 
 @dataclass(frozen=True)
@@ -218,17 +258,8 @@ class FakeBackend(Backend):
                 job = replace(job, nice=int(value))  # type: ignore[arg-type]
             elif key is JobField.ADMIN_COMMENT:
                 self.admin_comments[job.job_id] = str(value)
-            elif key is JobField.SWITCHES:
-                assert isinstance(value, SwitchRequest)
-                placement = replace(
-                    placement,
-                    max_switches=value.count or None,
-                    switches_wait_s=value.wait_s if value.count else None,
-                )
-            elif key is JobField.FEATURES:
-                placement = replace(placement, features=str(value) or None)
-            elif key is JobField.EXCLUDED_NODES:
-                placement = replace(placement, exclude_nodes=tuple(value or ()))  # type: ignore[arg-type]
+            else:
+                placement = with_placement_field(placement, key, value)
         self.jobs[job.job_id] = replace(job, placement=placement)
         return WriteOutcome(True, command)
 

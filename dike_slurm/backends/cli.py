@@ -6,9 +6,16 @@ the engine). Job names, comments and accounts are data only: they never reach a 
 except as the value of our own fields, which is a single argv element.
 
 Reads per cycle: `squeue --json`, `squeue -O` (Switches, which the JSON of 22.05 lacks),
-`sinfo --json`, `sprio` (SiteFactor, which `scontrol show job` does not print in 22.05),
+`sprio` (SiteFactor, which `scontrol show job` does not print in 22.05), the nodes (`sinfo
+--json` on 22.05; `scontrol show nodes --json` from 23.11 on, where sinfo groups nodes),
 `sacct --parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf
 is configured. Writes: one `scontrol update JobId=N Key=Value...` per job and kind of change.
+
+The JSON format (Slurm 22.05's v0.0.38, or the v0.0.40+ family of 23.11 to 26.05) is taken from
+the `meta` block of squeue's output every cycle; dike_slurm.slurm_formats adapts each family to
+the one domain model. Every entry Slurm printed is read, deliberately left out (a finished job)
+or an error: an unknown format, a missing list, an unknown job state or an entry that cannot be
+read stops the cycle before any write, with one line that names the command.
 """
 
 from __future__ import annotations
@@ -44,6 +51,17 @@ from dike_slurm.parsing.durations import format_duration, format_timestamp, pars
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+from dike_slurm.slurm_formats import (
+    FormatError,
+    ReadCount,
+    SlurmFormat,
+    detect,
+    entries,
+    feature_list,
+    job_base_state,
+    node_state,
+    slurm_release,
+)
 
 log = logging.getLogger("dike_slurm.backends.cli")
 
@@ -158,11 +176,14 @@ def _placement(switch: SwitchRequest, features: str | None, exclude_nodes: tuple
 
 
 def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchRequest]) -> Job:
-    """One job of `squeue --json` (openapi v0.0.38) as the domain Job."""
+    """One job of `squeue --json` (v0.0.38 or v0.0.40+) as the domain Job.
+
+    ValueError for an entry that cannot be read, an unknown job state included.
+    """
     job_id = _number(entry.get("job_id"))
     if job_id is None:
         raise ValueError("job without job_id")
-    state = JobState.parse(_text(entry.get("job_state")))
+    state = JobState.parse(job_base_state(entry.get("job_state")))
     array_job_id = _number(entry.get("array_job_id")) or None
     alloc = parse_tres(_text(entry.get("tres_alloc_str")))
     requested = parse_tres(_text(entry.get("tres_req_str")))
@@ -200,18 +221,20 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
 
 
 def node_from_sinfo(entry: Mapping[str, Any]) -> Node:
-    """One node of `sinfo --json` as the domain Node (state words joined with '+')."""
-    flags = [str(f).upper() for f in entry.get("state_flags") or []]
-    state = "+".join([_text(entry.get("state")).upper() or "UNKNOWN", *flags])
-    features = _text(entry.get("active_features")) or _text(entry.get("features"))
+    """One node of `sinfo --json` (v0.0.38) or `scontrol show nodes --json` (v0.0.40+) as the
+    domain Node (state words joined with '+': `IDLE+DRAIN`)."""
+    name = _text(entry.get("name"))
+    if not name:
+        raise ValueError("node without name")
+    partitions = entry.get("partitions")
     return Node(
-        name=_text(entry.get("name")),
+        name=name,
         gpus=parse_gres_gpus(_text(entry.get("gres"))),
         gpus_alloc=parse_gres_gpus(_text(entry.get("gres_used"))),
         cpus=_number(entry.get("cpus")) or 1,
-        state=state,
-        features=tuple(f for f in features.split(",") if f),
-        partitions=tuple(str(p) for p in entry.get("partitions") or []),
+        state=node_state(entry),
+        features=feature_list(entry.get("active_features")) or feature_list(entry.get("features")),
+        partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
     )
 
 
@@ -229,16 +252,6 @@ def topology_from_scontrol(text: str) -> Topology:
     return parse_topology_conf("\n".join(lines), source="scontrol show topology") if lines else Topology()
 
 
-def _entries(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    """The objects of a JSON list (anything else in it, or instead of it, is skipped)."""
-    items = document.get(key)
-    if not isinstance(items, list):
-        if items:
-            log.warning("%s: not a list, ignored", key)
-        return []
-    return [item for item in items if isinstance(item, dict)]
-
-
 def _json_error(errors: Any) -> str:
     """The first entry of a JSON `errors` list in one line ("Failed while looking for jobs (slurm_load_jobs)")."""
     first = errors[0] if isinstance(errors, list) and errors else errors
@@ -250,6 +263,12 @@ def _json_error(errors: Any) -> str:
             text += "; is slurmctld up?"
         return " ".join(text.split())
     return " ".join(str(first).split())
+
+
+def _reason(exc: Exception) -> str:
+    """A skip reason in one short line (the message may quote Slurm's data)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def field_argument(key: JobField, value: FieldValue) -> str:
@@ -289,6 +308,9 @@ class SlurmCliBackend(Backend):
             env["SLURM_CONF"] = str(settings.slurm_conf)
         self.env = MappingProxyType(env)
         self._reads_until: float | None = None  # monotonic time: see limit_reads
+        self.slurm_format: SlurmFormat | None = None  # of the last squeue read
+        self.slurm_release: str | None = None
+        self.last_counts: tuple[ReadCount, ...] = ()  # what the last read_cluster printed and read
 
     def _command(self, name: str) -> str:
         return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
@@ -337,30 +359,35 @@ class SlurmCliBackend(Backend):
 
     def read_cluster(self) -> ClusterState:
         now = self.clock()
+        command = "squeue --json"
         queue = self._json(self._command("squeue"), "--json")
+        fmt = detect(queue, command)
+        self.slurm_format, self.slurm_release = fmt, slurm_release(queue)
+        items = entries(queue, "jobs", command)
         switches = self._switch_requests()
         site_factors = self._site_factors()
         jobs: list[Job] = []
         admin_comments: dict[int, str] = {}
-        for entry in _entries(queue, "jobs"):
+        job_count = ReadCount(command, printed=len(items))
+        for entry in items:
             try:
+                if not isinstance(entry, dict):
+                    raise ValueError("entry is not an object")
                 job = job_from_squeue(entry, switches)
             except (ValueError, TypeError, OverflowError, InputError) as exc:
-                log.warning("squeue entry skipped: %s", exc)
+                job_count.skip(_reason(exc))
                 continue
             if job.state.is_active:
                 jobs.append(job)
                 admin_comments[job.job_id] = _text(entry.get("admin_comment"))
-        info = self._json(self._command("sinfo"), "--json")
-        nodes: dict[str, Node] = {}
-        for entry in _entries(info, "nodes"):
-            try:
-                node = node_from_sinfo(entry)
-            except (ValueError, TypeError, OverflowError, InputError) as exc:
-                log.warning("sinfo entry skipped: %s", exc)
-                continue
-            if node.name:
-                nodes.setdefault(node.name, node)
+                job_count.read += 1
+            else:  # finished jobs stay in squeue for MinJobAge
+                job_count.left_out += 1
+        job_count.check("jobs")
+        nodes, node_count = self._nodes(fmt)
+        self.last_counts = (job_count, node_count)
+        log.debug("read: %s", "; ".join(
+            f"{c.command}: {c.printed} printed, {c.read} read, {c.left_out} left out" for c in self.last_counts))
         return ClusterState(
             time=now,
             jobs=tuple(jobs),
@@ -369,6 +396,35 @@ class SlurmCliBackend(Backend):
             site_factors=MappingProxyType(site_factors),
             admin_comments=MappingProxyType(admin_comments),
         )
+
+    def _nodes(self, fmt: SlurmFormat) -> tuple[dict[str, Node], ReadCount]:
+        """One record per node: `sinfo --json` (v0.0.38) or `scontrol show nodes --json` (v0.0.40+,
+        where sinfo groups nodes that share a state)."""
+        argv = (self._command(fmt.nodes_command), *fmt.nodes_argv)
+        command = shlex.join((fmt.nodes_command, *fmt.nodes_argv))
+        document = self._json(*argv)
+        if detect(document, command) is not fmt:
+            raise FormatError(f"{command}: prints another JSON format than squeue --json on the same cluster")
+        items = entries(document, "nodes", command)
+        if not items:
+            raise FormatError(f"{command}: Slurm printed no nodes")
+        count = ReadCount(command, printed=len(items))
+        nodes: dict[str, Node] = {}
+        for entry in items:
+            try:
+                if not isinstance(entry, dict):
+                    raise ValueError("entry is not an object")
+                node = node_from_sinfo(entry)
+            except (ValueError, TypeError, OverflowError, InputError) as exc:
+                count.skip(_reason(exc))
+                continue
+            if node.name in nodes:  # listed once per partition
+                count.left_out += 1
+            else:
+                nodes[node.name] = node
+                count.read += 1
+        count.check("nodes")
+        return nodes, count
 
     def _switch_requests(self) -> dict[int, SwitchRequest]:
         """Switches=COUNT@WAIT of pending jobs (squeue -O; numbers only, nothing user-typed)."""

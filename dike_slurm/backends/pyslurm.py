@@ -109,6 +109,7 @@ def job_from_pyslurm(job: Any) -> Job:
             switches_wait_s=_int(job.max_wait_time_switches) if switches else None,
             features=features or None,
             exclude_nodes=_hosts(job.excluded_nodes),
+            require_nodes=_hosts(job.required_nodes),
         ),
         priority=_int(job.priority),
         nice=_int(job.nice) or 0,
@@ -178,6 +179,8 @@ def submit_description_fields(update: JobUpdate) -> dict[str, Any]:
             fields["constraints"] = value
         elif key is JobField.EXCLUDED_NODES:
             fields["excluded_nodes"] = list(value or ())  # type: ignore[arg-type]
+        elif key is JobField.REQUIRED_NODES:
+            fields["required_nodes"] = list(value or ())  # type: ignore[arg-type]
         elif key is JobField.SWITCHES:
             assert isinstance(value, SwitchRequest)
             switches: dict[str, Any] = {"count": value.count}

@@ -24,12 +24,20 @@ from types import MappingProxyType
 from typing import Any
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.backends.base import Backend, ClusterState, JobField, JobUpdate, SwitchRequest, WriteOutcome
+from dike_slurm.backends.base import (
+    Backend,
+    ClusterState,
+    JobField,
+    JobUpdate,
+    WriteOutcome,
+    with_placement_field,
+)
 from dike_slurm.config import Config
 from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
 from dike_slurm.model import JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise
 from dike_slurm.sim.replay import load_input, sim_settings
@@ -60,6 +68,13 @@ class _Handover(Policy):
         self.backend._to_engine.put(snapshot)
         return self.backend._to_simulator.get()
 
+    # The simulator asks its policy slot what the replay asks the policy itself: the engine's.
+    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
+        return self.backend.engine_policy.requeue_min_run_s(self.backend.engine_params)
+
+    def usage_owner(self, params: PolicyParams) -> str:
+        return self.backend.engine_policy.usage_owner(self.backend.engine_params)
+
 
 class SimulatedBackend(Backend):
     """A simulated Slurm cluster replaying a sacct dump; one read per simulator cycle."""
@@ -68,6 +83,8 @@ class SimulatedBackend(Backend):
     realtime = False
 
     def __init__(self, config: Config, dump: Path, slurm_conf: Path, topology_conf: Path | None) -> None:
+        self.engine_policy = default_registry().create(config.engine.policy)
+        self.engine_params = config.policy_params(config.engine.policy)
         replay_input = load_input(dump, slurm_conf, topology_conf)
         settings = sim_settings(config, replay_input.conf, source=str(slurm_conf))
         trace = replay_input.trace.jobs
@@ -159,7 +176,6 @@ class SimulatedBackend(Backend):
                 true_duration_s=None,  # Slurm does not know it
                 priority=self.raw.get(job.job_id, {}).get(JobField.PRIORITY),
                 nice=int(self.raw.get(job.job_id, {}).get(JobField.NICE, 0)),
-                requeueable=True,
             )
             for job in snapshot.jobs
         )
@@ -220,14 +236,8 @@ class SimulatedBackend(Backend):
         placement = self.placements.get(update.job_id, job.placement)
         for key, value in update.values:
             raw[key] = value
-            if key is JobField.SWITCHES:
-                assert isinstance(value, SwitchRequest)
-                placement = replace(placement, max_switches=value.count or None,
-                                    switches_wait_s=value.wait_s if value.count else None)
-            elif key is JobField.FEATURES:
-                placement = replace(placement, features=str(value) or None)
-            elif key is JobField.EXCLUDED_NODES:
-                placement = replace(placement, exclude_nodes=tuple(value or ()))  # type: ignore[arg-type]
+            if key.is_placement:
+                placement = with_placement_field(placement, key, value)
         if any(f.is_placement for f in update.fields):
             if placement.is_empty:
                 self.placements.pop(update.job_id, None)

@@ -277,6 +277,8 @@ def _placement_text(placement) -> str:
         parts.append(f"Features={placement.features}")
     if placement.exclude_nodes:
         parts.append("ExcNodeList=" + ",".join(placement.exclude_nodes))
+    if placement.require_nodes:
+        parts.append("ReqNodeList=" + ",".join(placement.require_nodes))
     return " ".join(parts) or "-"
 
 

@@ -133,11 +133,30 @@ def _check_policies(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_preemptible(text: str) -> float:
+    """`all` -> 1, `none` -> 0, `0.25` -> 0.25 (the share of jobs that may be preempted)."""
+    word = text.strip().lower()
+    if word == "all":
+        return 1.0
+    if word == "none":
+        return 0.0
+    try:
+        share = float(word)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise typer.BadParameter(f"{text!r}: expected all, none or a share between 0 and 1", param_hint="--preemptible")
+    return share
+
+
 def _settings_section(settings: SimSettings) -> dict:
     return {
         "interval_s": settings.interval_s,
         "comm_penalty": settings.comm_penalty,
         "restart_cost_s": settings.restart_cost_s,
+        "checkpoint_interval_s": settings.checkpoint_interval_s,
+        "preemptible": settings.preemptible,
+        "max_requeues_per_cycle": settings.max_requeues_per_cycle,
         "seed": settings.seed,
         "usage_half_life_h": settings.usage_half_life_s / 3600.0,
         "history_window_days": settings.history_window_s / 86400.0,
@@ -163,17 +182,24 @@ def replay_command(
     seed: int | None = typer.Option(None, "--seed", help="seed of the random generator handed to the policies"),
     interval: float | None = typer.Option(None, "--interval", min=1, help="policy cycle in simulated seconds"),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel (default: 2 or the CPU count)"),
+    preemptible: str | None = typer.Option(
+        None, "--preemptible", help="which jobs may be preempted: all, none or a share such as 0.5 (default: [replay] preemptible)"
+    ),
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
     names = _check_policies(policy)
+    preemptible_share = parse_preemptible(preemptible) if preemptible is not None else None
     overrides: dict = {"replay": {}}
     if interval is not None:
         overrides["replay"]["interval_s"] = interval
     config = _config(config_path, overrides)
     sweep = _parse_floats(penalty_sweep, "--penalty-sweep") if penalty_sweep else []
     replay_input = load_input(dump, slurm_conf, topology)
-    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, seed=seed, source=str(slurm_conf))
+    settings = sim_settings(
+        config, replay_input.conf, comm_penalty=comm_penalty, seed=seed, preemptible=preemptible_share,
+        source=str(slurm_conf),
+    )
     out_dir = _out_dir(out)
     _print_input(replay_input)
     sweep = [v for v in dict.fromkeys(sweep) if v != settings.comm_penalty]

@@ -30,8 +30,9 @@ def small_trace(tmp_path_factory) -> Path:
 
 def config(trace: Path, state: Path) -> Config:
     return Config.model_validate({
+        # Every job opted in to preemption, as the replay's default `preemptible = 1` assumes.
         "engine": {"state_db": str(state), "interval_s": 300, "max_changes_per_cycle": 10000,
-                   "breaker_min_jobs": 100000},
+                   "breaker_min_jobs": 100000, "preemptible_partitions": ["gpu"]},
         "slurm": {"backend": "simulated", "simulated_trace": str(trace / "sacct.txt"),
                   "slurm_conf": str(trace / "slurm.conf")},
         "policies": {"dike": {"thresholds_gpuh": [1.0, 8.0]}},

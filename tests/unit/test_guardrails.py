@@ -10,8 +10,9 @@ from pathlib import Path
 
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
-from dike_slurm.backends.base import FakeBackend
-from dike_slurm.decisions import Requeue
+from dike_slurm.backends.base import FakeBackend, JobField
+from dike_slurm.decisions import Requeue, SetPlacement
+from dike_slurm.model import Placement
 from dike_slurm.engine import Engine
 from dike_slurm.registry import default_registry
 from dike_slurm.state import JobMemory, StateStore
@@ -79,45 +80,51 @@ def test_breaker_cli_status_and_reset(tmp_path):
 
 
 class ForcedRequeues:
-    """The dike policy, asking to requeue the given jobs whatever they are (to test the engine's guard)."""
+    """The dike policy, asking for the given requeues (and pins) whatever the jobs are (to test the guard)."""
 
-    def __init__(self, ids):
+    def __init__(self, requeues, pins=()):
         self.inner = default_registry().create("dike")
-        self.ids = ids
+        self.requeues = tuple(requeues)
+        self.pins = tuple(pins)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def decide(self, snapshot, params, rng):
         decisions = self.inner.decide(snapshot, params, rng)
-        return replace(decisions, requeues=tuple(Requeue(i, "forced by the test") for i in self.ids))
+        return replace(decisions, requeues=self.requeues, placements=decisions.placements + self.pins)
 
 
-def test_requeues_only_opted_in_old_enough_not_too_often_and_rate_limited(tmp_path):
+def test_requeues_only_opted_in_old_enough_whole_groups_and_rate_limited(tmp_path):
     cfg = config(tmp_path, engine={"max_requeues_per_cycle": 2},
-                 policies={"dike": {"min_runtime_s": 600, "max_preemptions": 2}})
+                 policies={"dike": {"min_runtime_s": 600, "thresholds_gpuh": [1.0, 8.0]}})
+    opted = {"requeueable": True, "comment": "dike:preemptible"}
     jobs = [
-        running(1, "a", ran=3600, node="n1", requeueable=True),   # kept
-        running(2, "b", ran=3600, node="n1", requeueable=False),  # did not opt in
-        running(3, "c", ran=60, node="n2", requeueable=True),     # too young
-        running(4, "d", ran=3600, node="n2", requeueable=True),   # preempted twice already
-        running(5, "e", ran=3600, node="n3", requeueable=True),   # kept
-        running(6, "f", ran=3600, node="n3", requeueable=True),   # over the rate limit
-        pending(7, "g"),                                          # not running
+        running(1, "a", ran=3600, node="n1", **opted),                                  # kept
+        running(2, "b", ran=3600, node="n1", requeueable=False, comment="dike:preemptible"),  # Slurm: not requeueable
+        running(8, "b", ran=3600, node="n1", requeueable=True),                         # site rule: not opted in
+        running(3, "c", ran=60, node="n2", **opted),                                    # too young
+        running(5, "e", ran=3600, node="n3", **opted),                                  # a group of two that
+        running(6, "f", ran=3600, node="n3", **opted),                                  # would pass the rate limit
+        running(9, "f", ran=3600, node="n4", **opted),                                  # kept
+        pending(7, "g"),                                                                # not running
     ]
-    backend = cluster(*jobs, alloc={"n1": 2, "n2": 2, "n3": 2})
-    store = StateStore(cfg.engine.state_db)
-    with store.transaction():
-        store.remember([JobMemory(4, NOW, requeues=2)])
-    eng = Engine(cfg, backend, store, policy=ForcedRequeues([1, 2, 3, 4, 5, 6, 7]))
+    backend = cluster(*jobs, alloc={"n1": 3, "n2": 1, "n3": 2, "n4": 1})
+    forced = [Requeue(1, "t"), Requeue(2, "t"), Requeue(8, "t"), Requeue(3, "t"),
+              Requeue(5, "t", for_job=7), Requeue(6, "t", for_job=7), Requeue(9, "t"), Requeue(7, "t")]
+    pin = SetPlacement(7, Placement(require_nodes=("n3",)), "pinned for the group")
+    eng = Engine(cfg, backend, StateStore(cfg.engine.state_db), policy=ForcedRequeues(forced, [pin]))
     report = eng.cycle(apply=True)
-    assert backend.requeued == [1, 5]
+    assert backend.requeued == [1, 9]
     notes = "\n".join(report.plan.notes)
-    assert "job 2 refused: did not opt in" in notes
-    assert "job 3 refused: ran less than min_runtime_s=600" in notes
-    assert "job 4 refused: already preempted 2 time(s)" in notes
+    assert "job 2 refused: may not be preempted" in notes
+    assert "job 8 refused: may not be preempted" in notes
+    assert "job 3 refused: ran less than the policy's minimum run of 600s" in notes
+    assert "job 5 refused: max_requeues_per_cycle=2 reached" in notes
     assert "job 6 refused: max_requeues_per_cycle=2 reached" in notes
     assert "job 7 refused: not a managed running job" in notes
+    # the refused group's pin is dropped with it: job 7 gets no ReqNodeList
+    assert not any(u.job_id == 7 and JobField.REQUIRED_NODES in u.fields for u in backend.applied)
 
 
 def test_max_changes_per_cycle_is_a_hard_cap(tmp_path):

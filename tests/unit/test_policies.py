@@ -80,7 +80,7 @@ def test_srtf_oracle_orders_by_remaining_gpu_time_and_refuses_without_durations(
 
 # --- Dike -------------------------------------------------------------------------------
 
-FIXED = DikeParams(thresholds_gpuh=[1.0, 10.0], steer_light_jobs=False)
+FIXED = DikeParams(thresholds_gpuh=[1.0, 10.0], steer_light_jobs=False, preemption=False)
 
 
 def test_dike_levels_from_attained_gpu_hours():
@@ -192,28 +192,67 @@ def test_dike_thresholds_derive_from_history_quantiles():
     assert "fallback" in decisions.priority_of(1).reason
 
 
-def test_dike_preemption_requeues_lowest_level_opted_in_jobs_only():
+def test_dike_preemption_requeues_the_cheapest_opted_in_victim_and_pins_the_blocked_job():
     params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
     full = {"n1": 8, "n2": 8, "n3": 8, "n4": 8}
     victims = [
-        running(10, "a", gpus=8, ran=11 * GPUH, node="n1", requeueable=True),  # 88 GPUh: level 2
-        running(11, "a", gpus=8, ran=900, node="n2", requeueable=True),  # 2 GPUh: level 1, younger
+        running(10, "a", gpus=8, ran=11 * GPUH, node="n1", requeueable=True),  # level 2, just checkpointed
+        running(11, "a", gpus=8, ran=900, node="n2", requeueable=True, attained_gpu_s=2 * GPUH),  # level 1
         running(12, "b", gpus=8, ran=100 * GPUH, node="n3", requeueable=False),  # level 2 but not opted in
         running(13, "b", gpus=8, ran=300, node="n4", requeueable=True, attained_gpu_s=20 * GPUH),  # too young
     ]
     blocked = pending(1, "c", gpus=8)
     decisions = DikePolicy().decide(snapshot([blocked, *victims], alloc=full), params, RNG)
-    assert decisions.requeues == (decisions.requeues[0],) and isinstance(decisions.requeues[0], Requeue)
-    assert decisions.requeues[0].job_id == 10
+    # 11 h is a whole number of 30-minute checkpoints: job 10 loses nothing, job 11 loses 15 min x 8 GPUs.
+    assert [(r.job_id, r.for_job) for r in decisions.requeues] == [(10, 1)]
+    pin = decisions.placement_of(1)
+    assert isinstance(pin, SetPlacement) and pin.placement == Placement(require_nodes=("n1",))
     off = DikePolicy().decide(snapshot([blocked, *victims], alloc=full), FIXED, RNG)
-    assert off.requeues == ()
+    assert off.requeues == () and not off.placement_of(1).placement.require_nodes
 
 
-def test_dike_preemption_respects_max_preemptions():
-    params = FIXED.model_copy(update={"preemption": True, "max_preemptions": 1})
-    victim = running(10, gpus=8, ran=20 * GPUH, node="n1", requeueable=True, preemptions=1)
-    decisions = DikePolicy().decide(snapshot([pending(1, gpus=8), victim], alloc={f"n{i}": 8 for i in range(1, 5)}), params, RNG)
-    assert decisions.requeues == ()
+def test_dike_blocked_means_does_not_fit_on_a_node_not_too_few_free_gpus_in_total():
+    params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
+    # 2 free GPUs on each of the 4 nodes: 8 free in total, but no node holds a 4-GPU job.
+    victims = [running(10 + i, "a", gpus=6, ran=20 * GPUH, node=f"n{i}", requeueable=True) for i in range(1, 5)]
+    alloc = {f"n{i}": 6 for i in range(1, 5)}
+    decisions = DikePolicy().decide(snapshot([pending(1, "c", gpus=4), *victims], alloc=alloc), params, RNG)
+    assert len(decisions.requeues) == 1 and decisions.requeues[0].for_job == 1
+    victim = decisions.requeues[0].job_id
+    assert decisions.placement_of(1).placement.require_nodes == (f"n{victim - 10}",)
+    # A 2-GPU job fits on any node as it is: nobody is preempted for it.
+    fits = DikePolicy().decide(snapshot([pending(1, "c", gpus=2), *victims], alloc=alloc), params, RNG)
+    assert fits.requeues == ()
+
+
+def test_dike_a_heavy_job_gets_two_nodes_under_one_leaf_and_any_better_level_preempts():
+    params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
+    # n1 and n3 are free (different leaves); n2 (leaf s1) runs a level-2 job, n4 a level-1 job.
+    jobs = [
+        running(20, "a", gpus=8, ran=20 * GPUH, node="n2", requeueable=True),  # level 2
+        running(21, "a", gpus=8, ran=2 * GPUH, node="n4", requeueable=True, attained_gpu_s=5 * GPUH),  # level 1
+        pending(1, "c", gpus=16, attained_gpu_s=2 * GPUH, last_run_s=900),  # level 1, 2 nodes: heavy
+    ]
+    decisions = DikePolicy().decide(snapshot(jobs, alloc={"n2": 8, "n4": 8}), params, RNG)
+    # A level-1 job preempts the level-2 job (never the level-1 one) and gets one whole leaf.
+    assert [r.job_id for r in decisions.requeues] == [20]
+    assert decisions.placement_of(1).placement.require_nodes == ("n1", "n2")
+
+
+def test_dike_preemption_backs_off_instead_of_a_per_job_cap():
+    params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 1800, "preemption_backoff": 2.0})
+    full = {f"n{i}": 8 for i in range(1, 5)}
+
+    def requeues(ran: float, preemptions: int) -> tuple:
+        victim = running(10, gpus=8, ran=ran, node="n1", requeueable=True, preemptions=preemptions,
+                         attained_gpu_s=20 * GPUH)
+        return DikePolicy().decide(snapshot([pending(1, gpus=8), victim], alloc=full), params, RNG).requeues
+
+    assert requeues(ran=1900, preemptions=0)  # once past min_runtime_s
+    assert not requeues(ran=1900, preemptions=1)  # preempted once: needs 2 x 1800 s now
+    assert requeues(ran=3700, preemptions=1)
+    assert not requeues(ran=3700, preemptions=3)  # needs 8 x 1800 s
+    assert requeues(ran=8 * 1800 + 60, preemptions=3)  # never immune: only slower
 
 
 def test_dike_params_reject_bad_thresholds():

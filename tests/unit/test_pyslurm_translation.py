@@ -32,7 +32,7 @@ def pyslurm_job(**overrides):
         id=63, name="train", user_name="dikeuser2", account="teaching", partition="gpu", qos="normal",
         state="PENDING", priority=11165, nice=100, submit_time=1796025920, eligible_time=1796025920,
         start_time=None, time_limit=None, num_nodes=2, cpus=2, allocated_nodes=None,
-        excluded_nodes="n[3-4]", constraints=["leaf_s1"], required_switches=1, max_wait_time_switches=300,
+        excluded_nodes="n[3-4]", required_nodes=None, constraints=["leaf_s1"], required_switches=1, max_wait_time_switches=300,
         admin_comment="dike:level=0 attained=0.0gpuh", comment="$(reboot)", array_id=60, array_task_id=3,
         is_requeueable=True, gres_per_node={"gpu": 8},
     )
@@ -118,7 +118,7 @@ def test_a_pending_job_with_placement_and_an_array_task():
 
 def test_a_running_job_has_its_nodes_and_start():
     job = job_from_pyslurm(pyslurm_job(state="RUNNING", start_time=1796025930, allocated_nodes="n[1-2]",
-                                       required_switches=0, constraints=[], excluded_nodes=None,
+                                       required_switches=0, constraints=[], excluded_nodes=None, required_nodes=None,
                                        gres_per_node={"gpu:a100": 4, "gpu:v100": 4}, time_limit=60))
     assert job.start_time == 1796025930.0 and job.nodes == ("n1", "n2")
     assert job.placement == Placement() and job.gpus == 16 and job.time_limit_s == 3600
