@@ -1,7 +1,8 @@
 """Reading Slurm job accounting (`sacct --parsable2` and `sacct --json` dumps) into run records.
 
 One `AccountingRecord` is one allocation record: one run of a job. A requeued job has one
-record per run when the dump was taken with `--duplicates` (JSON output always has them).
+record per run only when the dump was taken with `--duplicates`, in either format (without it,
+Slurm 24.11's JSON holds only the last run; 22.05's happened to hold them all).
 Job steps (`123.batch`, `123.0`, `123.extern`) are not runs and are skipped; so is every row
 that cannot be read, each counted under its reason in `ReadResult.skipped`.
 
@@ -36,6 +37,14 @@ from dike_slurm.model import JobState
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import Tres, parse_tres
+from dike_slurm.slurm_formats import (
+    JOB_BASE_STATES,
+    JOB_STATE_FLAGS,
+    FormatError,
+    array_task_text,
+    detect,
+    sacct_state_text,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,13 +395,22 @@ def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
 
 
 def read_sacct_json(text: str, source: str) -> ReadResult:
-    """Read `sacct --json` output (Slurm 22.05, openapi v0.0.38: `{"jobs": [...]}`)."""
+    """Read `sacct --json` output: `{"meta": ..., "jobs": [...]}` of Slurm 22.05 (openapi
+    dbv0.0.38) or 23.11 to 26.05 (data_parser v0.0.40+; see dike_slurm.slurm_formats).
+
+    A format the `meta` block does not name as known is an InputError; an entry with a job
+    state Slurm does not document is skipped and counted under its reason.
+    """
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", source=source, line=exc.lineno) from None
     if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
         raise InputError('not sacct --json output: no "jobs" list at the top level', source=source)
+    try:
+        detect(document, "sacct --json")
+    except FormatError as exc:
+        raise InputError(str(exc), source=source) from None
     caches = _Caches()
     records: list[AccountingRecord] = []
     skipped: Counter[str] = Counter()
@@ -463,19 +481,21 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
     array = job.get("array") if isinstance(job.get("array"), dict) else {}
     array_job_id = _json_int(array.get("job_id"), "array.job_id", zero_is_none=True)
     array_task_id = _json_int(array.get("task_id"), "array.task_id")
+    tasks = array_task_text(array.get("task"))  # a pending array's tasks: "0-2", or the bitmap "0x7"
     if array_job_id is not None and array_task_id is not None:
         display = f"{array_job_id}_{array_task_id}"
-    elif array_job_id is not None and isinstance(array.get("task"), str) and array.get("task"):
-        display = f"{array_job_id}_[{array['task']}]"
+    elif array_job_id is not None and tasks:
+        display = f"{array_job_id}_[{tasks}]"
     else:
         display = str(job_id)
     state = job.get("state")
     current = state.get("current") if isinstance(state, dict) else state
-    if isinstance(current, list):  # newer plugins print a list of state flags
-        current = " ".join(str(word) for word in current)
-    state_text = _json_text(current)
+    state_text = _json_text(sacct_state_text(current) if isinstance(current, list) else current)
     if not state_text:
         raise _RowError("empty State")
+    word = state_text.split(" ", 1)[0].upper()
+    if word not in JOB_BASE_STATES and word not in JOB_STATE_FLAGS:
+        raise _RowError(f"unknown job state {word[:40]!r}")
     times = job.get("time") if isinstance(job.get("time"), dict) else {}
     submit = _json_int(times.get("submission"), "time.submission", zero_is_none=True)
     if submit is None:

@@ -326,7 +326,8 @@ def test_sacct_json_nan_and_infinity_are_skipped_rows_not_crashes():
     from dike_slurm.accounting import read_sacct_json
 
     for literal in ("NaN", "Infinity", "-Infinity"):
-        result = read_sacct_json('{"jobs": [{"job_id": %s}]}' % literal, "dump.json")
+        result = read_sacct_json('{"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "jobs": [{"job_id": %s}]}'
+                                 % literal, "dump.json")
         assert result.records == ()
         assert sum(result.skipped.values()) == 1
 

@@ -50,6 +50,7 @@ SQUEUE_JSON = {
     ],
 }
 SINFO_JSON = {
+    "meta": {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}},
     "errors": [],
     "nodes": [
         {"name": "n1", "state": "mixed", "state_flags": [], "gres": "gpu:8", "gres_used": "gpu:3", "cpus": 16,

@@ -2,7 +2,7 @@
 JSON, `squeue -O`, `sprio` and `scontrol show topology` text. Any input gives a value or the
 project's own InputError / SlurmError, never another exception.
 
-The budget is fixed: FUZZ_EXAMPLES examples per test (9 tests: 1,800 examples in all).
+The budget is fixed: FUZZ_EXAMPLES examples per test (10 tests: 2,000 examples in all).
 """
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ FIELD = st.one_of(
 )
 JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64), st.floats(allow_nan=True),
                          ANY_TEXT)
+# The meta blocks of the formats Slurm prints (22.05, 24.11, 26.05) and some it does not.
+META = st.one_of(
+    st.just({"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}),
+    st.just({"plugin": {"type": "openapi/dbv0.0.38"}}),
+    st.builds(lambda v: {"plugin": {"type": "", "data_parser": f"data_parser/v0.0.{v}"},
+                         "slurm": {"release": "24.11.5"}}, st.integers(36, 47)),
+    st.fixed_dictionaries({}, optional={"plugin": st.fixed_dictionaries({}, optional={
+        "type": FIELD, "data_parser": FIELD})}),
+)
+STATE_WORDS = st.sampled_from(["PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "REQUEUED",
+                               "COMPLETING", "CONFIGURING", "DRAIN", "IDLE", "MIXED", "idle", "NOT_A_STATE", ""])
+STATES = st.one_of(STATE_WORDS, st.lists(STATE_WORDS, max_size=3))
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(ANY_TEXT, inner, max_size=4)),
@@ -77,9 +89,12 @@ def test_sacct_parsable2_never_crashes(text):
 
 def sacct_job():
     return st.fixed_dictionaries({}, optional={
-        "job_id": NUMBERISH, "array": JSON_VALUES, "user": JSON_VALUES, "account": JSON_VALUES,
+        "job_id": NUMBERISH, "user": JSON_VALUES, "account": JSON_VALUES,
+        "array": st.one_of(JSON_VALUES, st.fixed_dictionaries({}, optional={
+            "job_id": NUMBERISH, "task_id": NUMBERISH,
+            "task": st.one_of(FIELD, st.builds(hex, st.integers(0, 2**70)))})),
         "partition": JSON_VALUES, "state": st.one_of(JSON_VALUES, st.fixed_dictionaries(
-            {}, optional={"current": FIELD, "reason": FIELD})),
+            {}, optional={"current": st.one_of(FIELD, STATES), "reason": FIELD})),
         "time": st.one_of(JSON_VALUES, st.fixed_dictionaries({}, optional={
             k: NUMBERISH for k in ("submission", "eligible", "start", "end", "elapsed", "limit")})),
         "tres": st.one_of(JSON_VALUES, st.fixed_dictionaries({}, optional={
@@ -93,6 +108,7 @@ def sacct_job():
 @fuzz
 @given(st.one_of(
     st.builds(lambda jobs: json.dumps({"jobs": jobs}), st.lists(sacct_job(), max_size=4)),
+    st.builds(lambda jobs, meta: json.dumps({"meta": meta, "jobs": jobs}), st.lists(sacct_job(), max_size=4), META),
     st.builds(json.dumps, JSON_VALUES),
     ANY_TEXT,
 ))
@@ -108,12 +124,14 @@ def squeue_job():
             "admin_comment", "array_job_id", "array_task_id", "submit_time", "eligible_time", "start_time",
             "time_limit", "node_count", "cpus", "tres_alloc_str", "tres_req_str", "tres_per_job", "tres_per_node",
             "nodes", "features", "excluded_nodes", "priority", "nice", "requeue")
-    return st.fixed_dictionaries({}, optional={k: st.one_of(NUMBERISH, FIELD, JSON_VALUES) for k in keys})
+    return st.fixed_dictionaries({}, optional={
+        k: st.one_of(NUMBERISH, FIELD, JSON_VALUES, *([STATES] if k == "job_state" else [])) for k in keys})
 
 
 def sinfo_node():
     keys = ("name", "state", "state_flags", "gres", "gres_used", "cpus", "features", "active_features", "partitions")
-    return st.fixed_dictionaries({}, optional={k: st.one_of(FIELD, JSON_VALUES, st.lists(FIELD, max_size=3))
+    return st.fixed_dictionaries({}, optional={k: st.one_of(FIELD, JSON_VALUES, st.lists(FIELD, max_size=3),
+                                                            *([STATES] if k == "state" else []))
                                               for k in keys})
 
 
@@ -121,6 +139,8 @@ def document(items, key):
     return st.one_of(
         st.builds(lambda xs, errors: json.dumps({key: xs, "errors": errors}), st.lists(items, max_size=4),
                   st.one_of(st.just([]), JSON_VALUES)),
+        st.builds(lambda xs, meta: json.dumps({"meta": meta, key: xs, "errors": []}), st.lists(items, max_size=4),
+                  META),
         st.builds(json.dumps, JSON_VALUES),
         ANY_TEXT,
     )
@@ -131,6 +151,8 @@ def backend(outputs: Mapping[str, str]) -> SlurmCliBackend:
         name = argv[0]
         if name == "squeue":
             name = "squeue-json" if "--json" in argv else "squeue-O"
+        if argv[:3] == ["scontrol", "show", "nodes"]:
+            name = "sinfo"  # the node list of v0.0.40+
         return CommandResult(0, outputs.get(name, ""), "")
 
     return SlurmCliBackend(SlurmSettings(), runner=runner, clock=lambda: 1_000_000.0)
@@ -140,17 +162,46 @@ def read(outputs) -> ClusterState | None:
     return value_or_own_error(backend(outputs).read_cluster)
 
 
+LEGACY_META = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}
+MODERN_META = {"plugin": {"type": "", "data_parser": "data_parser/v0.0.42"}, "slurm": {"release": "24.11.5"}}
+ONE_NODE = {"name": "n1", "state": "idle", "gres": "gpu:8", "cpus": 16}
+
+
+def nodes_for(squeue_text: str) -> str:
+    """A valid node list in the format of the squeue document (so that the jobs are what is tested)."""
+    try:
+        meta = json.loads(squeue_text).get("meta")
+    except (ValueError, AttributeError):
+        meta = None
+    return json.dumps({"meta": meta if isinstance(meta, dict) else LEGACY_META, "nodes": [ONE_NODE]})
+
+
+def active(state) -> bool:
+    """Whether a job_state names an active job: its first base-state word (as Slurm prints it)."""
+    words = state.replace("+", " ").split() if isinstance(state, str) else [w for w in state if isinstance(w, str)]
+    for word in words:
+        if word in ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+            return word in ("PENDING", "RUNNING", "SUSPENDED")
+    return False
+
+
 @fuzz
 @given(document(squeue_job(), "jobs"))
-def test_squeue_json_never_crashes(text):
-    cluster = read({"squeue-json": text, "sinfo": '{"nodes": []}'})
+def test_squeue_json_never_crashes_and_never_drops_a_job_silently(text):
+    cluster = read({"squeue-json": text, "sinfo": nodes_for(text)})
     assert cluster is None or all(j.job_id is not None for j in cluster.jobs)
+    if cluster is not None:  # read: every active job Slurm printed is there, whatever the format
+        printed = json.loads(text)["jobs"]
+        assert len(cluster.jobs) == sum(1 for j in printed if active(j.get("job_state", "")))
 
 
 @fuzz
 @given(document(sinfo_node(), "nodes"))
-def test_sinfo_json_never_crashes(text):
-    read({"squeue-json": '{"jobs": []}', "sinfo": text})
+def test_sinfo_json_never_crashes_and_reads_every_node(text):
+    cluster = read({"squeue-json": json.dumps({"meta": LEGACY_META, "jobs": []}), "sinfo": text})
+    if cluster is not None:
+        printed = json.loads(text)["nodes"]
+        assert len(cluster.nodes) == len({n["name"] for n in printed}) > 0
 
 
 SWITCH_LINES = st.lists(st.builds("|".join, st.lists(FIELD, min_size=0, max_size=4)), max_size=5).map("\n".join)
@@ -159,8 +210,9 @@ SWITCH_LINES = st.lists(st.builds("|".join, st.lists(FIELD, min_size=0, max_size
 @fuzz
 @given(st.one_of(SWITCH_LINES, ANY_TEXT), st.one_of(SWITCH_LINES, ANY_TEXT))
 def test_squeue_o_and_sprio_text_never_crash(switches, sprio):
-    queue = json.dumps({"jobs": [{"job_id": 5, "job_state": "PENDING", "submit_time": 1}]})
-    read({"squeue-json": queue, "squeue-O": switches, "sprio": sprio, "sinfo": '{"nodes": []}'})
+    queue = json.dumps({"meta": LEGACY_META, "jobs": [{"job_id": 5, "job_state": "PENDING", "submit_time": 1}]})
+    cluster = read({"squeue-json": queue, "squeue-O": switches, "sprio": sprio, "sinfo": nodes_for(queue)})
+    assert cluster is not None and [j.job_id for j in cluster.jobs] == [5]
 
 
 TOPOLOGY_LINES = st.lists(
@@ -180,7 +232,8 @@ def test_scontrol_show_topology_never_crashes(text):
 @fuzz
 @given(st.one_of(TOPOLOGY_LINES, ANY_TEXT))
 def test_scontrol_topology_through_the_backend_never_crashes(text):
-    read({"squeue-json": '{"jobs": []}', "sinfo": '{"nodes": []}', "scontrol": text})
+    queue = json.dumps({"meta": MODERN_META, "jobs": []})
+    read({"squeue-json": queue, "sinfo": nodes_for(queue), "scontrol": text})
 
 
 @fuzz

@@ -80,6 +80,10 @@ def test_hostile_text_in_the_terminal_is_plain_one_line_text(tmp_path: Path) -> 
         assert "[bold red]" in _safe(HOSTILE[4]).plain  # markup printed literally, not interpreted
 
 
+META = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}
+NODES = {"meta": META, "errors": [], "nodes": [{"name": "n1", "state": "idle", "gres": "gpu:8", "cpus": 16}]}
+
+
 def squeue_document(text: str) -> dict:
     entry = {
         "job_id": 7, "job_state": "PENDING", "user_name": text, "account": text, "partition": "gpu",
@@ -87,7 +91,7 @@ def squeue_document(text: str) -> dict:
         "tres_req_str": "cpu=1,gres/gpu=1", "features": "", "excluded_nodes": text, "nodes": text,
         "time_limit": 60, "priority": 1, "nice": 0,
     }
-    return {"jobs": [entry], "errors": []}
+    return {"meta": META, "jobs": [entry], "errors": []}
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -96,7 +100,7 @@ def test_cli_backend_reads_hostile_squeue_json_as_data(text: str) -> None:
         if argv[0] == "squeue" and "--json" in argv:
             return CommandResult(0, json.dumps(squeue_document(text)), "")
         if argv[0] == "sinfo":
-            return CommandResult(0, json.dumps({"nodes": [], "errors": []}), "")
+            return CommandResult(0, json.dumps(NODES), "")
         return CommandResult(0, "", "")
 
     cluster = SlurmCliBackend(SlurmSettings(), runner=runner).read_cluster()
