@@ -36,18 +36,20 @@ def eval_command(
     if results is not None:
         evaluate.check_results_file(results)
     for reason in plan.skipped:
-        err_console.print(f"[yellow]skipped[/] {reason}", highlight=False)
+        err_console.print(f"skipped {reason}", highlight=False, markup=False)
     err_console.print(f"{len(plan.cases)} cases, {plan.runs()} replays, {workers} workers", highlight=False)
     command = shlex.join(["dike-slurm", *sys.argv[1:]])
     result = evaluate.evaluate(plan, config, workers=workers, command=command,
                                log=lambda line: err_console.print(line, highlight=False, markup=False))
     table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
+    if "html_error" in result:
+        err_console.print(f"report.html not written: {result['html_error']}", highlight=False, markup=False)
     if as_json:
         console.print_json(json.dumps(result))
         return
     _print_tables(table_list)
     console.print(evaluate.LEGEND, markup=False, highlight=False)
-    console.print(f"wrote {out}/eval.json, results.md{', report.html' if html else ''}"
+    console.print(f"wrote {out}/eval.json, results.md{', report.html' if html and 'html_error' not in result else ''}"
                   f"{f' and {results}' if results else ''} ({result['wall_s'] / 60:.1f} min)", highlight=False)
 
 
