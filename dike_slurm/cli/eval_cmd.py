@@ -41,7 +41,13 @@ def eval_command(
     command = shlex.join(["dike-slurm", *sys.argv[1:]])
     result = evaluate.evaluate(plan, config, workers=workers, command=command,
                                log=lambda line: err_console.print(line, highlight=False, markup=False))
-    table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
+    try:
+        table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
+    except Exception:
+        saved = out.with_name(out.name + ".unrendered.json")  # hours of replays are not thrown away
+        saved.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        err_console.print(f"rendering failed; the replays' numbers are in {saved}", highlight=False, markup=False)
+        raise
     if "html_error" in result:
         err_console.print(f"report.html not written: {result['html_error']}", highlight=False, markup=False)
     if as_json:
