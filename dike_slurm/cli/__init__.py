@@ -39,3 +39,4 @@ def main(argv: list[str] | None = None) -> None:
 from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd, replay_cmd  # noqa: E402,F401
 from dike_slurm.cli import trace_cmd  # noqa: E402,F401  (after replay_cmd: its `trace` group wins)
 from dike_slurm.cli import eval_cmd  # noqa: E402,F401
+from dike_slurm.cli import doctor_cmd  # noqa: E402,F401
