@@ -195,13 +195,14 @@ def evaluate(
 
     log = log or (lambda _line: None)
     started = time.perf_counter()
+    git = _git_state()  # the code the replays run, not what was committed meanwhile
     inputs = {case.name: load_input(*(case.folder / name for name in CASE_FILES)) for case in plan.cases}
     case_results = []
     for case in plan.cases:
         replay_input = inputs[case.name]
         case_started = time.perf_counter()
         log(f"{case.name}: {len(replay_input.trace.jobs)} jobs")
-        runs = []
+        runs, used = [], {}
         # One settings object per (share preemptible, seed); the penalty is per task.
         groups: dict[tuple[float, int], list[tuple[Setting, Variant]]] = {}
         for setting in plan.settings:
@@ -215,6 +216,9 @@ def evaluate(
             settings = sim_settings(config, replay_input.conf, seed=seed, preemptible=preemptible,
                                     source=str(case.folder / "slurm.conf"))
             tasks = [ReplayTask(v.label, v.policy, s.comm_penalty, params_override=v.params_override) for s, v in members]
+            # comm_penalty is per run (runs[].comm_penalty), not this object's
+            used[f"preemptible={preemptible:g} seed={seed}"] = {
+                key: value for key, value in asdict(settings).items() if key != "comm_penalty"}
             group_started = time.perf_counter()
             results = run_tasks(tasks, replay_input, config, settings, workers=workers)
             for (setting, variant), run in zip(members, results):
@@ -230,6 +234,7 @@ def evaluate(
             "folder": str(case.folder),
             "input": replay_input.input_summary(),
             "avg_run_h": _avg_run_h(replay_input),
+            "sim_settings": used,
             "runs": runs,
             "rows": _rows(runs, plan),
             "wall_s": round(time.perf_counter() - case_started, 1),
@@ -237,7 +242,7 @@ def evaluate(
         })
     result = {
         "command": command,
-        "git": _git_state(),
+        "git": git,
         "quick": plan.settings != SETTINGS,
         "workers": workers,
         "variants": [asdict(v) for v in plan.variants],
@@ -592,7 +597,7 @@ def write_outputs(result: dict, out: Path, *, results_md: Path | None = None, ht
     table_list = tables(result)
     section = markdown(result, table_list)
     files = {
-        "eval.json": json.dumps(result, indent=2) + "\n",
+        "eval.json": json.dumps(result, indent=2, default=str) + "\n",
         "results.md": section,
     }
     if html:
@@ -600,7 +605,7 @@ def write_outputs(result: dict, out: Path, *, results_md: Path | None = None, ht
             files["report.html"] = render_html(result, table_list)
         except Exception as exc:  # noqa: BLE001 - the report is optional; the numbers are not lost for it
             result["html_error"] = f"{type(exc).__name__}: {exc}"
-            files["eval.json"] = json.dumps(result, indent=2) + "\n"
+            files["eval.json"] = json.dumps(result, indent=2, default=str) + "\n"
     spliced = None
     if results_md is not None:
         spliced = splice_results(results_md.read_text(encoding="utf-8"), section, str(results_md))

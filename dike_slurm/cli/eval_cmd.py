@@ -45,13 +45,13 @@ def eval_command(
         table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
     except Exception:
         saved = out.with_name(out.name + ".unrendered.json")  # hours of replays are not thrown away
-        saved.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        saved.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
         err_console.print(f"rendering failed; the replays' numbers are in {saved}", highlight=False, markup=False)
         raise
     if "html_error" in result:
         err_console.print(f"report.html not written: {result['html_error']}", highlight=False, markup=False)
     if as_json:
-        console.print_json(json.dumps(result))
+        console.print_json(json.dumps(result, default=str))
         return
     _print_tables(table_list)
     console.print(evaluate.LEGEND, markup=False, highlight=False)

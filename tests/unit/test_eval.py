@@ -54,6 +54,10 @@ def test_runs_cover_every_setting_and_half_only_for_preemptive_policies(result):
     }
     half = [r for r in case["runs"] if r["setting"] == "pen1_half"]
     assert {r["preemptible"] for r in half} == {0.5} and {r["comm_penalty"] for r in half} == {1.0}
+    used = case["sim_settings"]
+    assert sorted(used) == ["preemptible=0.5 seed=0", "preemptible=0.5 seed=1", "preemptible=1 seed=0"]
+    assert [used[k]["preemptible"] for k in sorted(used)] == [0.5, 0.5, 1.0]
+    assert [used[k]["seed"] for k in sorted(used)] == [0, 1, 0]
 
 
 def test_ratios_and_means_come_from_the_run_summaries(result):
