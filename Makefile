@@ -17,16 +17,35 @@ demo: $(STAMP)
 	    --topology $(SAMPLE)/topology.conf --policy fifo --policy tiresias --policy dike \
 	    --penalty-sweep 0,0.5 --out out/demo
 
-# The whole suite, integration tests included, against a lab cluster that is started before
-# and stopped after (also when tests fail). DIKE_SKIP_SLURM=1 skips the cluster explicitly.
+# The whole suite: the unit tests once, then the integration tests against a lab cluster of
+# each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each
+# lab started before and stopped after (also when tests fail). A version in
+# SLURM_VERSIONS_IF_BUILDS runs too when its chroot builds, and is skipped with the reason
+# when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
+SLURM_VERSIONS ?= 22.05 24.11
+SLURM_VERSIONS_IF_BUILDS ?=
 test: $(STAMP)
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
 	    $(BIN)/pytest; \
 	else \
-	    $(LAB) up || exit 1; \
-	    status=0; $(BIN)/pytest || status=$$?; \
-	    $(LAB) down; exit $$status; \
+	    status=0; summary=""; \
+	    $(BIN)/pytest tests/unit || status=$$?; \
+	    for v in $(SLURM_VERSIONS) $(SLURM_VERSIONS_IF_BUILDS); do \
+	        case " $(SLURM_VERSIONS_IF_BUILDS) " in *" $$v "*) \
+	            if ! why=$$($(LAB) --slurm $$v root 2>&1 >/dev/null); then \
+	                echo "==== Slurm $$v: integration tests SKIPPED: $$(echo "$$why" | tail -n1)"; \
+	                summary="$$summary Slurm $$v: skipped;"; continue; \
+	            fi ;; \
+	        esac; \
+	        echo "==== Slurm $$v: integration tests (scripts/slurm-lab --slurm $$v) ===="; \
+	        if $(LAB) --slurm $$v up; then \
+	            if DIKE_LAB_SLURM=$$v $(BIN)/pytest tests/integration; then r=passed; else r=FAILED; status=1; fi; \
+	        else r="FAILED (lab did not come up)"; status=1; fi; \
+	        $(LAB) --slurm $$v down || true; \
+	        echo "==== Slurm $$v: integration tests $$r"; summary="$$summary Slurm $$v: $$r;"; \
+	    done; \
+	    echo "==== make test:$$summary exit $$status"; exit $$status; \
 	fi
 
 unit: $(STAMP)
@@ -41,11 +60,13 @@ bench: $(STAMP)
 eval: $(STAMP)
 	$(BIN)/dike-slurm eval examples/corpus $(SAMPLE) --out out/eval --workers 2 --results docs/results.md
 
+# make lab-up SLURM=24.11: the lab of that version (22.05, 24.11, 26.05)
+SLURM ?= 22.05
 lab-up:
-	$(LAB) up
+	$(LAB) --slurm $(SLURM) up
 
 lab-down:
-	$(LAB) down
+	$(LAB) --slurm $(SLURM) down
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -1,11 +1,14 @@
 """Fixtures for the integration tests: they run against the real Slurm lab.
 
-Start the lab first (as root): ``scripts/slurm-lab up``. When it is not up, every test
-here fails loudly, unless ``DIKE_SKIP_SLURM=1`` is set, which turns the failure into a
-skip. The tests take the lab over: each one starts and ends with an empty queue (every
-job in the lab is cancelled).
+Start the lab first (as root): ``scripts/slurm-lab up`` (Slurm 22.05 on the host), or
+``scripts/slurm-lab --slurm 24.11 up`` and ``DIKE_LAB_SLURM=24.11`` for the chroot lab of
+another version. When it is not up, every test here fails loudly, unless ``DIKE_SKIP_SLURM=1``
+is set, which turns the failure into a skip. The tests take the lab over: each one starts
+and ends with an empty queue (every job in the lab is cancelled).
 
-This file must not import dike_slurm: it may not be installed when these tests run.
+Tests that read Slurm's JSON themselves do it through dike_slurm's own readers
+(``SlurmLab.cluster``, ``SlurmLab.sacct_records``), never with their own idea of its shape.
+dike_slurm is imported only there, from the installed package.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs the real Slurm lab cluster (scripts/slurm-lab up)")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"Slurm lab: {os.environ.get('DIKE_LAB_SLURM', '22.05')} (scripts/slurm-lab --slurm VERSION)"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # This hook sees the whole session's items: mark only the ones under this folder.
     for item in items:
@@ -48,23 +55,48 @@ class SlurmLab:
         self.env = env
         self.lab_dir = lab_dir
         self.slurm_conf = Path(env["SLURM_CONF"])
+        self.version = env.get("DIKE_LAB_SLURM", "22.05")
+        self.bin_dir = Path(env.get("DIKE_LAB_BIN", "/usr/bin"))  # the lab's Slurm commands
+        self.in_chroot = self.version != "22.05"
 
     def run(self, *argv: str, user: str | None = None, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a command (as ``user`` through ``runuser`` when given) and capture its output."""
+        """Run a command (as ``user`` when given) and capture its output.
+
+        On the host lab a user's command goes through ``runuser``; a chroot lab's command
+        wrappers run it as that user themselves (``DIKE_LAB_USER``: chroot needs root).
+        """
         cmd = list(argv)
-        if user is not None:
+        env = self.env
+        if user is not None and self.in_chroot:
+            env = {**self.env, "DIKE_LAB_USER": user}
+        elif user is not None:
             cmd = ["runuser", "-u", user, "--", *cmd]
-        proc = subprocess.run(cmd, env=self.env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"{shlex.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
         return proc
 
-    def json(self, *argv: str) -> Any:
-        """Run a Slurm command with ``--json`` and parse it. Note: in 22.05 ``squeue --json``
-        and ``sinfo --json`` ignore filters such as -j/-t/-n; filter the result yourself."""
-        return json.loads(self.run(*argv, "--json").stdout)
+    def cluster(self) -> Any:
+        """The cluster as the engine's command-line backend reads it (jobs, nodes, admin comments),
+        whatever Slurm version the lab runs."""
+        from dike_slurm.backends.cli import SlurmCliBackend
+        from dike_slurm.config import SlurmSettings
+
+        settings = SlurmSettings(slurm_conf=self.slurm_conf, bin_dir=self.bin_dir)
+        return SlurmCliBackend(settings, environ=self.env).read_cluster()
+
+    def sacct_records(self, *argv: str) -> dict[int, list[Any]]:
+        """`sacct --json ARGV` read by dike_slurm's own reader: job id -> its runs (AccountingRecord)."""
+        from dike_slurm.accounting import read_sacct_json
+
+        result = read_sacct_json(self.run("sacct", "--json", *argv).stdout, "sacct --json")
+        assert result.skipped == {}, result.skipped
+        records: dict[int, list[Any]] = {}
+        for record in result.records:
+            records.setdefault(record.job_id, []).append(record)
+        return records
 
     def sbatch(self, *args: str, user: str | None = None) -> int:
         """Submit a batch job and return its id.

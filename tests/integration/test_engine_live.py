@@ -73,8 +73,7 @@ def show_job(lab: SlurmLab, job_id: int) -> str:
 
 
 def admin_comment(lab: SlurmLab, job_id: int) -> str:
-    jobs = {j["job_id"]: j for j in lab.json("squeue")["jobs"]}
-    return jobs[job_id]["admin_comment"] or ""
+    return lab.cluster().admin_comments[job_id]
 
 
 def switch_request(lab: SlurmLab, job_id: int) -> tuple[int, str]:
@@ -324,8 +323,8 @@ def test_a_light_job_is_steered_to_the_fragmented_leaf(slurm_lab, engine):
     light = lab.sbatch("--gres=gpu:2", "--hold", "--wrap", "sleep 20", user="dikeuser2")
     out = engine("run", "--once", "--apply", DIKE_POLICIES__DIKE__STEER_LIGHT_JOBS="true").stdout
     assert "ExcNodeList=n3,n4" in out, out
-    jobs = {j["job_id"]: j for j in lab.json("squeue")["jobs"]}
-    assert lab.run("scontrol", "show", "hostnames", jobs[light]["excluded_nodes"]).stdout.split() == ["n3", "n4"]
+    (job,) = [j for j in lab.cluster().jobs if j.job_id == light]
+    assert job.placement.exclude_nodes == ("n3", "n4")
     lab.run("scontrol", "release", str(light))
     wait_state(lab, light, "RUNNING")
     assert set(lab.job_nodes(light)) <= {"n1", "n2"}  # leaf s2 stays whole for heavy jobs

@@ -93,8 +93,9 @@ def _lab_left_up(slurm_lab: SlurmLab) -> Iterator[None]:
 # ---------------------------------------------------------------- the engine
 
 
-def wrapper_bin(tmp: Path, **scripts: str) -> Path:
-    """A bin_dir with the real Slurm commands, except those given as sh scripts."""
+def wrapper_bin(lab: SlurmLab, tmp: Path, **scripts: str) -> Path:
+    """A bin_dir with the lab's real Slurm commands, except those given as sh scripts (which
+    name the real command as `@BIN@/NAME`)."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name in SLURM_COMMANDS:
@@ -102,10 +103,10 @@ def wrapper_bin(tmp: Path, **scripts: str) -> Path:
         if target.exists() or target.is_symlink():
             target.unlink()
         if name in scripts:
-            target.write_text("#!/bin/sh\n" + scripts[name])
+            target.write_text("#!/bin/sh\n" + scripts[name].replace("@BIN@", str(lab.bin_dir)))
             target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         else:
-            target.symlink_to(shutil.which(name, path="/usr/bin:/usr/local/bin:/bin") or name)
+            target.symlink_to(shutil.which(name, path=str(lab.bin_dir)) or name)
     return bin_dir
 
 
@@ -226,12 +227,12 @@ def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
     time.sleep(6)  # let slurmctld save the new jobs before it is SIGKILLed
     pidfile = slurm_lab.lab_dir / "run" / "slurmctld.pid"
     counter = tmp_path / "updates"
-    bin_dir = wrapper_bin(tmp_path, scontrol=(
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, scontrol=(
         f'if [ "$1" = update ]; then\n'
         f'  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n'
         f'  if [ $n -eq 3 ]; then kill -KILL $(cat {pidfile}); sleep 0.5; fi\n'
         f'fi\n'
-        f'exec /usr/bin/scontrol "$@"\n'
+        f'exec @BIN@/scontrol "$@"\n'
     ))
     try:
         proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir),
@@ -314,7 +315,7 @@ def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, en
 
 def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     # the fake squeue forks a child that keeps the pipes open: the whole process group is killed
-    bin_dir = wrapper_bin(tmp_path, squeue="sleep 300 &\nsleep 300\n")
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, squeue="sleep 300 &\nsleep 300\n")
     t0 = time.monotonic()
     proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="2",
                   timeout=60)
@@ -329,7 +330,7 @@ def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engin
 def test_slow_reads_share_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     # every squeue answers, but only after 3 s: each read is within its 20 s timeout, the reads
     # together are not within the 4 s cycle deadline
-    bin_dir = wrapper_bin(tmp_path, squeue='sleep 3\nexec /usr/bin/squeue "$@"\n')
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, squeue='sleep 3\nexec @BIN@/squeue "$@"\n')
     t0 = time.monotonic()
     proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="20",
                   DIKE_ENGINE__CYCLE_DEADLINE_S="4", timeout=60)
@@ -344,7 +345,7 @@ def test_slow_reads_share_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine
 
 def test_hanging_scontrol_update_hits_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     fill_queue(slurm_lab, 6)
-    bin_dir = wrapper_bin(tmp_path, scontrol='if [ "$1" = update ]; then sleep 300; fi\nexec /usr/bin/scontrol "$@"\n')
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, scontrol='if [ "$1" = update ]; then sleep 300; fi\nexec @BIN@/scontrol "$@"\n')
     t0 = time.monotonic()
     proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="2",
                   DIKE_ENGINE__CYCLE_DEADLINE_S="3", DIKE_ENGINE__BREAKER_MAX_ERRORS="100", timeout=120)
@@ -369,12 +370,12 @@ def test_engine_sigkilled_mid_apply_leaves_a_consistent_truthful_store(
     jobs = fill_queue(slurm_lab, 6)
     counter = tmp_path / "updates"
     # the 3rd update reaches Slurm, then the engine (this script's parent) dies before recording it
-    bin_dir = wrapper_bin(tmp_path, scontrol=(
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, scontrol=(
         f'if [ "$1" = update ]; then\n'
         f'  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n'
-        f'  if [ $n -eq 3 ]; then /usr/bin/scontrol "$@"; kill -KILL $PPID; exit 0; fi\n'
+        f'  if [ $n -eq 3 ]; then @BIN@/scontrol "$@"; kill -KILL $PPID; exit 0; fi\n'
         f'fi\n'
-        f'exec /usr/bin/scontrol "$@"\n'
+        f'exec @BIN@/scontrol "$@"\n'
     ))
     proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir))
     assert proc.returncode == -signal.SIGKILL, proc.returncode
@@ -431,7 +432,7 @@ def test_sigterm_mid_apply_finishes_the_cycle_and_sighup_reloads(
     jobs = fill_queue(slurm_lab, 4)
     config = tmp_path / "dike.toml"
     config.write_text(Path(slurm_lab.env["DIKE_CONFIG"]).read_text())
-    slow = wrapper_bin(tmp_path, scontrol='if [ "$1" = update ]; then sleep 1; fi\nexec /usr/bin/scontrol "$@"\n')
+    slow = wrapper_bin(slurm_lab, tmp_path, scontrol='if [ "$1" = update ]; then sleep 1; fi\nexec @BIN@/scontrol "$@"\n')
     service = engine.start("run", "--apply", "-c", str(config), DIKE_SLURM__BIN_DIR=str(slow))
     try:
         slurm_lab.wait_for(lambda: "cycle:" in engine.log(), 90, "no first cycle")

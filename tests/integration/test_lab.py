@@ -12,10 +12,11 @@ SlurmLab = Any
 LEAVES = {"s1": {"n1", "n2"}, "s2": {"n3", "n4"}}
 
 
-def _sacct_jobs(lab: SlurmLab, job_ids: list[int], since: dt.datetime) -> dict[int, dict]:
-    data = lab.json("sacct", "-a", "-S", since.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "-j", ",".join(map(str, job_ids)))
-    return {job["job_id"]: job for job in data["jobs"]}
+def _sacct_jobs(lab: SlurmLab, job_ids: list[int], since: dt.datetime) -> dict[int, Any]:
+    """job id -> its last run in `sacct --json`, read by dike_slurm's reader."""
+    runs = lab.sacct_records("-a", "--duplicates", "-S", since.strftime("%Y-%m-%dT%H:%M:%S"),
+                             "-E", "now", "-j", ",".join(map(str, job_ids)))
+    return {job_id: records[-1] for job_id, records in runs.items()}
 
 
 def _sprio_row(lab: SlurmLab, job_id: int) -> list[str] | None:
@@ -29,14 +30,16 @@ def _sprio_row(lab: SlurmLab, job_id: int) -> list[str] | None:
 
 
 def test_four_idle_nodes_with_eight_gpus_on_two_leaves(slurm_lab: SlurmLab) -> None:
-    nodes = {n["name"]: n for n in slurm_lab.json("sinfo")["nodes"]}
+    cluster = slurm_lab.cluster()
+    nodes = {n.name: n for n in cluster.nodes}
     assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
     for name, node in nodes.items():
-        assert node["state"] == "idle", (name, node["state"])
-        assert node["gres"] == "gpu:8", (name, node["gres"])
-        assert node["partitions"] == ["gpu"], (name, node["partitions"])
+        assert node.state == "IDLE", (name, node.state)
+        assert (node.gpus, node.gpus_alloc) == (8, 0), (name, node.gpus, node.gpus_alloc)
+        assert node.partitions == ("gpu",), (name, node.partitions)
         leaf = "s1" if name in LEAVES["s1"] else "s2"
-        assert f"leaf_{leaf}" in node["active_features"].split(","), (name, node["active_features"])
+        assert f"leaf_{leaf}" in node.features, (name, node.features)
+    assert cluster.topology.leaves == ("s1", "s2")
     topology = slurm_lab.run("scontrol", "show", "topology").stdout
     assert "SwitchName=top" in topology and "SwitchName=s1" in topology and "SwitchName=s2" in topology
 
@@ -48,17 +51,14 @@ def test_root_and_user_jobs_run_and_reach_sacct(slurm_lab: SlurmLab) -> None:
 
     def both_completed() -> dict[int, dict] | None:
         jobs = _sacct_jobs(slurm_lab, [root_job, user_job], since)
-        done = all(jobs.get(j, {}).get("state", {}).get("current") == "COMPLETED"
-                   for j in (root_job, user_job))
+        done = all(j in jobs and jobs[j].state_text == "COMPLETED" for j in (root_job, user_job))
         return jobs if done else None
 
     jobs = slurm_lab.wait_for(both_completed, 60, f"jobs {root_job}, {user_job} COMPLETED in sacct")
-    assert jobs[root_job]["user"] == "root"
-    assert jobs[user_job]["user"] == "dikeuser1"
-    assert jobs[user_job]["account"] == "research"
-    tres = {t["type"] + (f"/{t['name']}" if t.get("name") else ""): t["count"]
-            for t in jobs[user_job]["tres"]["allocated"]}
-    assert tres.get("gres/gpu") == 2, tres
+    assert jobs[root_job].user == "root"
+    assert jobs[user_job].user == "dikeuser1"
+    assert jobs[user_job].account == "research"
+    assert jobs[user_job].gpus == 2 and jobs[user_job].ran
 
 
 def test_two_node_job_with_switches_1_stays_in_one_leaf(slurm_lab: SlurmLab) -> None:
