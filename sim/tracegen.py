@@ -1,241 +1,45 @@
-"""Synthetic deep-learning workload generator and sample-cluster writer.
+"""Synthetic deep-learning workload generator: who submits what, when, and how it ends.
 
-Installed as ``dike_slurm.sim.tracegen``.  It produces what a Slurm site would
-hand to the replay simulator:
-
-* a job history exactly as ``sacct --parsable2`` prints it
-  (:func:`generate_jobs` + :func:`write_sacct_parsable2`),
-* the matching ``slurm.conf`` fragment and ``topology.conf``
-  (:func:`write_slurm_conf`, :func:`write_topology_conf`).
+Installed as ``dike_slurm.sim.tracegen``.  :func:`generate_jobs` samples the job
+history of a multi-tenant GPU cluster (:class:`WorkloadModel`, documented with the
+published statistics behind each shape in ``docs/workload.md``) on a
+:class:`~dike_slurm.sim.synthetic_cluster.ClusterSpec`; :func:`generate_sample`
+writes it with ``sim/sacct_writer.py`` (``sacct --parsable2`` text) and the cluster's
+``slurm.conf`` and ``topology.conf`` with ``sim/synthetic_cluster.py``.  The replay's
+own reader (``dike_slurm.accounting``) reads the dumps back.
 
 It is deterministic: the same arguments and seed give byte-identical output.
 Generation is streaming (one submission at a time), so a million jobs need
-bounded memory.  Durations and hostlists are formatted by ``dike_slurm.parsing``;
-the dumps are read back by the replay's own reader (``dike_slurm.accounting``).
+bounded memory.  Command line: ``dike-slurm trace generate --out DIR``.
 
-The workload model and where each of its shapes comes from is documented in
-``docs/workload.md``; the sacct output-format decisions (with their sources in the
-Slurm code) are listed in the docstring of :func:`write_sacct_parsable2`.
-
-Command line: ``dike-slurm trace generate --jobs 2500 --nodes 16 --seed 7 --out DIR``
-writes ``DIR/sacct.txt``, ``DIR/slurm.conf`` and ``DIR/topology.conf``.
+About 700 lines, over the project's 500: the model's 60 documented parameters
+(170 lines) and the sampler that reads them are one concept and are read together.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import random
-from dataclasses import dataclass, replace
-from datetime import date, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence, TextIO
+from typing import Iterator, NamedTuple, Sequence
 
-from dike_slurm.parsing.durations import format_duration
 from dike_slurm.parsing.hostlists import compress_hostlist
-
-__all__ = [
-    "SACCT_FIELDS",
-    "SACCT_COMMAND",
-    "TIMELIMIT_UNLIMITED",
-    "TIMELIMIT_PARTITION",
-    "ClusterSpec",
-    "WorkloadModel",
-    "SacctRecord",
-    "generate_jobs",
-    "write_sacct_parsable2",
-    "write_slurm_conf",
-    "write_topology_conf",
-    "generate_sample",
-    "format_timelimit",
-    "format_mem",
-]
-
-#: The columns, in order, of the generated ``sacct.txt`` (``--format=`` list).
-SACCT_FIELDS: tuple[str, ...] = (
-    "JobID",
-    "JobIDRaw",
-    "JobName",
-    "User",
-    "Account",
-    "Partition",
-    "QOS",
-    "State",
-    "Submit",
-    "Eligible",
-    "Start",
-    "End",
-    "Elapsed",
-    "ElapsedRaw",
-    "Timelimit",
-    "NNodes",
-    "NCPUS",
-    "NodeList",
-    "ReqTRES",
-    "AllocTRES",
-    "Priority",
-    "Flags",
+from dike_slurm.sim.sacct_writer import (
+    TIMELIMIT_PARTITION,
+    TIMELIMIT_UNLIMITED,
+    SacctRecord,
+    tres_text,
+    write_sacct_parsable2,
 )
+from dike_slurm.sim.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
 
-#: The sacct invocation whose output :func:`write_sacct_parsable2` reproduces.
-#: ``--duplicates`` is what makes sacct print every run of a requeued job (see
-#: :func:`write_sacct_parsable2`); ``{start}``/``{end}`` are the dump window.
-SACCT_COMMAND = (
-    "sacct --allusers --allocations --duplicates --parsable2 "
-    "-S {start} -E {end} --format=" + ",".join(SACCT_FIELDS)
-)
-
-#: ``SacctRecord.timelimit_min`` value printed as ``UNLIMITED`` (Slurm INFINITE).
-TIMELIMIT_UNLIMITED = -1
-#: ``SacctRecord.timelimit_min`` value printed as ``Partition_Limit`` (Slurm NO_VAL).
-TIMELIMIT_PARTITION = -2
+__all__ = ["WorkloadModel", "generate_jobs", "generate_sample"]
 
 _DAY = 86400
 _EPOCH = datetime(1970, 1, 1)
-
-
-# --------------------------------------------------------------------------- cluster
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    """A homogeneous GPU cluster and its switch tree.
-
-    Attributes:
-        nodes: number of compute nodes.
-        gpus_per_node: GPUs in each node (``Gres=gpu:<gpu_type>:<n>``).
-        cpus_per_node: ``CPUs=`` of each node.
-        real_memory_mb: ``RealMemory=`` of each node, in MB (Slurm's unit).
-        gpu_type: GPU type name used in ``Gres`` and typed TRES (``gres/gpu:a100``).
-        nodes_per_leaf: nodes under each leaf switch (the last leaf may be partial).
-        switch_fanout: children per switch above the leaves.
-        switch_levels: total number of switch levels, leaves and top included.
-            ``None`` groups by ``switch_fanout`` until a single top switch is
-            left.  When given, intermediate levels group by ``switch_fanout``
-            and the last level is one top switch over whatever remains.
-        node_prefix: node names are ``<prefix><zero-padded index>`` from 1.
-        cluster_name: ``ClusterName=``.
-        partition: the single partition holding every node.
-    """
-
-    nodes: int = 16
-    gpus_per_node: int = 8
-    cpus_per_node: int = 64
-    real_memory_mb: int = 512000
-    gpu_type: str = "a100"
-    nodes_per_leaf: int = 4
-    switch_fanout: int = 4
-    switch_levels: int | None = None
-    node_prefix: str = "n"
-    cluster_name: str = "dike"
-    partition: str = "gpu"
-
-    def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node", "cpus_per_node", "real_memory_mb",
-                     "nodes_per_leaf"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ClusterSpec.{name} must be >= 1")
-        if self.switch_fanout < 2:
-            raise ValueError("ClusterSpec.switch_fanout must be >= 2")
-        if self.switch_levels is not None and self.switch_levels < 1:
-            raise ValueError("ClusterSpec.switch_levels must be >= 1")
-        self.switch_tree()  # validates switch_levels against the fan-out
-
-    # -- convenience constructors -------------------------------------------------
-    @classmethod
-    def sample(cls) -> "ClusterSpec":
-        """The bundled demo cluster: 16 nodes x 8 A100, 4 leaves of 4 nodes."""
-        return cls()
-
-    @classmethod
-    def benchmark(cls) -> "ClusterSpec":
-        """The benchmark cluster: 2,000 nodes x 8 GPUs under 4 switch levels
-        (100 leaves of 20 nodes, fan-out 5: 100 -> 20 -> 4 -> 1)."""
-        return cls(nodes=2000, nodes_per_leaf=20, switch_fanout=5, switch_levels=4)
-
-    # -- derived quantities ----------------------------------------------------------
-    @property
-    def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def n_leaves(self) -> int:
-        return -(-self.nodes // self.nodes_per_leaf)
-
-    @property
-    def _node_width(self) -> int:
-        return max(3, len(str(self.nodes)))
-
-    def node_name(self, index: int) -> str:
-        """Name of node ``index`` (0-based)."""
-        return f"{self.node_prefix}{index + 1:0{self._node_width}d}"
-
-    def node_names(self) -> list[str]:
-        return [self.node_name(i) for i in range(self.nodes)]
-
-    def node_hostlist(self) -> str:
-        """All nodes as one compressed Slurm hostlist (``n[001-016]``)."""
-        return compress_hostlist([self.node_name(i) for i in range(self.nodes)])
-
-    def leaf_of(self, node_index: int) -> int:
-        return node_index // self.nodes_per_leaf
-
-    def switch_tree(self) -> list[list[tuple[str, list[str]]]]:
-        """The switch levels, leaves first: ``[[(switch, children), ...], ...]``.
-
-        Children of a leaf are node names; children of any other switch are
-        switch names of the level below.  The last level holds one top switch.
-        """
-        leaves: list[list[str]] = []
-        for first in range(0, self.nodes, self.nodes_per_leaf):
-            last = min(first + self.nodes_per_leaf, self.nodes)
-            leaves.append([self.node_name(i) for i in range(first, last)])
-        groups: list[list[list[str]]] = [leaves]  # children per switch, per level
-        counts = [len(leaves)]
-        target = self.switch_levels
-        while True:
-            below = counts[-1]
-            level_no = len(counts) + 1  # the level about to be built (1 = leaves)
-            if target is None:
-                if below == 1:
-                    break
-            else:
-                if len(counts) == target:
-                    break
-                if below == 1:
-                    raise ValueError(
-                        f"switch_levels={target} is more than this tree needs: a "
-                        f"single switch is reached after {len(counts)} level(s) with "
-                        f"fan-out {self.switch_fanout}")
-            if target is not None and level_no == target:
-                sizes = [below]  # the top switch takes everything left
-            else:
-                sizes = [min(self.switch_fanout, below - i)
-                         for i in range(0, below, self.switch_fanout)]
-            counts.append(len(sizes))
-            groups.append([[str(j) for j in range(s)] for s in sizes])
-        # name the switches level by level
-        levels: list[list[tuple[str, list[str]]]] = []
-        below_names: list[str] = []
-        for lvl, children_per_switch in enumerate(groups):
-            prefix = _LEVEL_PREFIXES[lvl] if lvl < len(_LEVEL_PREFIXES) else f"l{lvl + 1}sw"
-            width = max(2, len(str(len(children_per_switch))))
-            names = [f"{prefix}{k + 1:0{width}d}" for k in range(len(children_per_switch))]
-            if lvl == 0:
-                level = list(zip(names, children_per_switch))
-            else:
-                level = []
-                pos = 0
-                for name, kids in zip(names, children_per_switch):
-                    level.append((name, below_names[pos:pos + len(kids)]))
-                    pos += len(kids)
-            levels.append(level)
-            below_names = names
-        return levels
-
-
-_LEVEL_PREFIXES = ("leaf", "spine", "core", "super")
 
 
 # --------------------------------------------------------------------------- model
@@ -413,96 +217,6 @@ class WorkloadModel:
             raise ValueError("WorkloadModel outcome fractions must add up to < 1")
         if not self.runtime_mixture or not self.gpu_count_weights:
             raise ValueError("WorkloadModel distributions must not be empty")
-
-
-# --------------------------------------------------------------------------- record
-
-
-class SacctRecord(NamedTuple):
-    """One row of ``sacct --allocations`` output, in typed form.
-
-    Times are whole seconds since 1970-01-01T00:00:00 of the cluster's local
-    wall clock (no time zone, as sacct prints them); ``None`` prints
-    ``Unknown``.  ``timelimit_min`` is minutes, or :data:`TIMELIMIT_UNLIMITED`
-    / :data:`TIMELIMIT_PARTITION`.  ``gpus`` (GPUs allocated or requested)
-    is carried for convenience and is not a sacct column.
-    """
-
-    job_id: str
-    job_id_raw: int
-    job_name: str
-    user: str
-    account: str
-    partition: str
-    qos: str
-    state: str
-    submit: int | None
-    eligible: int | None
-    start: int | None
-    end: int | None
-    elapsed: int
-    timelimit_min: int
-    nnodes: int
-    ncpus: int
-    nodelist: str
-    req_tres: str
-    alloc_tres: str
-    priority: int
-    flags: str
-    gpus: int
-
-
-# --------------------------------------------------------------------------- formatting
-
-
-_HMS: list[str] = []
-
-
-def _hms_table() -> list[str]:
-    """``HH:MM:SS`` for every second of a day (built once, ~5 MB): timestamps in bulk."""
-    if not _HMS:
-        _HMS.extend(f"{h:02d}:{m:02d}:{s:02d}"
-                    for h in range(24) for m in range(60) for s in range(60))
-    return _HMS
-
-
-def format_timelimit(minutes: int) -> str:
-    """sacct's Timelimit column: ``UNLIMITED``, ``Partition_Limit`` or
-    Slurm's ``mins2time_str`` (``[D-]HH:MM:SS``)."""
-    if minutes == TIMELIMIT_UNLIMITED:
-        return "UNLIMITED"
-    if minutes == TIMELIMIT_PARTITION:
-        return "Partition_Limit"
-    if minutes <= 0:
-        return ""
-    return format_duration(minutes * 60)
-
-
-def format_mem(mb: int) -> str:
-    """A memory TRES count (MB) as sacct prints it by default: divided by 1024
-    while that stays exact (``convert_num_unit`` with CONVERT_NUM_UNIT_EXACT),
-    so ``32768`` -> ``32G``, ``512000`` -> ``500G``, ``64000`` -> ``64000M``."""
-    units = "MGTPE"
-    unit = 0
-    value = int(mb)
-    while value >= 1024 and value % 1024 == 0 and unit < len(units) - 1:
-        value //= 1024
-        unit += 1
-    return f"{value}{units[unit]}"
-
-
-@functools.lru_cache(maxsize=8192)
-def _tres(cpus: int, mem_mb: int, nodes: int, gpus: int, gpu_type: str | None) -> str:
-    """A TRES string as sacct prints it: ``name=count`` sorted by string
-    (``slurm_char_list_to_xstr`` sorts), so typed GPUs come first:
-    ``billing=8,cpu=8,gres/gpu:a100=4,gres/gpu=4,mem=32G,node=1``."""
-    items = [f"billing={cpus}", f"cpu={cpus}", f"mem={format_mem(mem_mb)}", f"node={nodes}"]
-    if gpus:
-        items.append(f"gres/gpu={gpus}")
-        if gpu_type:
-            items.append(f"gres/gpu:{gpu_type}={gpus}")
-    items.sort()
-    return ",".join(items)
 
 
 def _parse_local_time(text: str) -> int:
@@ -914,7 +628,7 @@ def _job_records(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec,
                  sampler: _Sampler, job: _Job, job_id: str, raw: int, submit: int,
                  eligible: int, priority: int) -> Iterator[SacctRecord]:
     user = job.user
-    req = _tres(job.cpus, job.mem_mb, job.nnodes, job.gpus,
+    req = tres_text(job.cpus, job.mem_mb, job.nnodes, job.gpus,
                 cluster.gpu_type if job.typed_request else None)
     head = (job_id, raw, job.name, user.name, user.account, cluster.partition, model.qos)
     limit = job.timelimit_min
@@ -929,7 +643,7 @@ def _job_records(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec,
                           job.gpus)
         return
 
-    alloc = _tres(job.cpus, job.mem_mb, job.nnodes, job.gpus,
+    alloc = tres_text(job.cpus, job.mem_mb, job.nnodes, job.gpus,
                   cluster.gpu_type if job.gpus else None)
     wait = _wait(rng, model, job.gpus)
     start = eligible + wait
@@ -963,138 +677,7 @@ def _job_records(rng: random.Random, model: WorkloadModel, cluster: ClusterSpec,
                       req, alloc, priority, flags, job.gpus)
 
 
-# --------------------------------------------------------------------------- writers
-
-
-class _TimeFormatter:
-    """``%FT%T`` of naive local seconds, caching the date part per day."""
-
-    def __init__(self) -> None:
-        self._days: dict[int, str] = {}
-        self._hms = _hms_table()
-
-    def __call__(self, t: int | None) -> str:
-        if t is None:
-            return "Unknown"
-        day, sod = divmod(t, _DAY)
-        ds = self._days.get(day)
-        if ds is None:
-            if len(self._days) > 100000:
-                self._days.clear()
-            ds = (date(1970, 1, 1) + timedelta(days=day)).isoformat() + "T"
-            self._days[day] = ds
-        return ds + self._hms[sod]
-
-
-def write_sacct_parsable2(records: Iterable[SacctRecord], fh: TextIO) -> int:
-    """Write records exactly as ``sacct --parsable2`` prints them; return the count.
-
-    The output is what :data:`SACCT_COMMAND` (Slurm 22.05 and later) prints:
-    a header row of the :data:`SACCT_FIELDS` names, then one row per record,
-    ``|``-separated with no trailing separator (``--parsable2``), ``\\n`` line
-    ends.  The file handle should be opened with ``encoding="utf-8"`` (sacct
-    prints job names as stored, so unicode names are raw UTF-8).
-
-    Format decisions, with their source in the Slurm code:
-
-    * Times are ``%FT%T`` (``2026-01-05T10:00:00``), local time, no zone
-      (``slurm_make_time_str``, src/common/parse_time.c).  A time of 0 prints
-      ``Unknown`` (still-pending jobs: Start and End; running jobs: End);
-      ``None`` is printed only for NO_VAL, which job records never carry.
-    * A job cancelled while pending has no start time in the database;
-      slurmdbd reports it with Start = End = the cancel time
-      (``if (!job->start || job->start > job->end) job->start = job->end`` in
-      src/plugins/accounting_storage/mysql/as_mysql_jobacct_process.c), so
-      sacct shows the cancel time as Start, ``00:00:00`` as Elapsed,
-      ``None assigned`` as NodeList, an empty AllocTRES, NCPUS 0 (CPU count is
-      read from AllocTRES) and NNodes from ReqTRES (print.c, PRINT_NNODES).
-    * Elapsed is ``secs2time_str``: ``[D-]HH:MM:SS``; Timelimit is
-      ``mins2time_str``, or ``UNLIMITED`` (INFINITE), or ``Partition_Limit``
-      (NO_VAL: a job submitted without ``--time`` that never started; once it
-      starts Slurm resolves the limit, ``UNLIMITED`` under ``MaxTime=INFINITE``)
-      (src/sacct/print.c, PRINT_TIMELIMIT).
-    * State is ``job_state_string``; cancelled jobs print ``CANCELLED by
-      <uid>`` (print.c, PRINT_STATE).
-    * TRES strings are ``name=count`` joined by ``,`` after a string sort
-      (``slurmdb_make_tres_string_from_simple`` collects them into a list
-      that ``slurm_char_list_to_xstr`` sorts), so ``gres/gpu:a100=4`` sorts
-      before ``gres/gpu=4``; memory is converted like ``convert_num_unit``
-      with CONVERT_NUM_UNIT_EXACT (sacct's default): ``mem=32G``, ``mem=500G``.
-    * Flags is ``SchedSubmit``/``SchedMain``/``SchedBackfill`` for started
-      jobs, and empty for jobs never scheduled (flags 0 print nothing,
-      print.c PRINT_FLAGS).
-    * Requeued jobs: every run has its own database row; sacct orders rows
-      ``by id_job, time_submit`` and, without ``--duplicates``, prints only
-      the last one (as_mysql_jobacct_process.c).  With ``--duplicates`` the
-      earlier run appears first with State ``REQUEUED``, and the next run has
-      a new Submit time (job_mgr.c resets ``submit_time`` so "the restarted
-      job looks like a new job").
-    * Array tasks print ``<array id>_<task>``; JobIDRaw is the task's own id.
-    * sacct does not escape ``|`` or newlines in any field (job names are
-      printed raw).  Such a name would corrupt the dump, so this writer
-      refuses it with ``ValueError``.
-    """
-    fmt_time = _TimeFormatter()
-    fh.write("|".join(SACCT_FIELDS) + "\n")
-    buf: list[str] = []
-    count = 0
-    for r in records:
-        for text in (r.job_name, r.user, r.account):
-            if "|" in text or "\n" in text or "\r" in text:
-                raise ValueError(
-                    f"field {text!r} of job {r.job_id} contains '|' or a newline, "
-                    "which sacct --parsable2 cannot represent")
-        buf.append("|".join((
-            r.job_id, str(r.job_id_raw), r.job_name, r.user, r.account, r.partition,
-            r.qos, r.state, fmt_time(r.submit), fmt_time(r.eligible), fmt_time(r.start),
-            fmt_time(r.end), format_duration(r.elapsed), str(r.elapsed),
-            format_timelimit(r.timelimit_min), str(r.nnodes), str(r.ncpus), r.nodelist,
-            r.req_tres, r.alloc_tres, str(r.priority), r.flags,
-        )))
-        count += 1
-        if len(buf) >= 8192:
-            buf.append("")
-            fh.write("\n".join(buf))
-            buf.clear()
-    if buf:
-        buf.append("")
-        fh.write("\n".join(buf))
-    return count
-
-
-def write_slurm_conf(cluster: ClusterSpec, fh: TextIO) -> None:
-    """Write the ``slurm.conf`` fragment describing ``cluster``."""
-    c = cluster
-    lines = [
-        "# slurm.conf fragment for the synthetic cluster "
-        f"({c.nodes} nodes x {c.gpus_per_node} {c.gpu_type} GPUs)",
-        "# written by dike_slurm.sim.tracegen",
-        f"ClusterName={c.cluster_name}",
-        "GresTypes=gpu",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core_Memory",
-        "SchedulerType=sched/backfill",
-        "PriorityType=priority/multifactor",
-        "TopologyPlugin=topology/tree",
-        f"AccountingStorageTRES=gres/gpu,gres/gpu:{c.gpu_type}",
-        "JobRequeue=1",
-        f"NodeName={c.node_hostlist()} Gres=gpu:{c.gpu_type}:{c.gpus_per_node} "
-        f"CPUs={c.cpus_per_node} RealMemory={c.real_memory_mb} State=UNKNOWN",
-        f"PartitionName={c.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-    ]
-    fh.write("\n".join(lines) + "\n")
-
-
-def write_topology_conf(cluster: ClusterSpec, fh: TextIO) -> None:
-    """Write ``topology.conf`` (topology/tree) for ``cluster``'s switch tree."""
-    levels = cluster.switch_tree()
-    fh.write(f"# topology.conf for {cluster.cluster_name}: {len(levels)} switch level(s), "
-             f"{cluster.n_leaves} leaf switch(es)\n")
-    fh.write("# written by dike_slurm.sim.tracegen\n")
-    for lvl, level in enumerate(levels):
-        key = "Nodes" if lvl == 0 else "Switches"
-        for name, children in level:
-            fh.write(f"SwitchName={name} {key}={compress_hostlist(children)}\n")
+# --------------------------------------------------------------------------- files
 
 
 def generate_sample(out_dir: str | Path, n_jobs: int, cluster: ClusterSpec,

@@ -1,4 +1,5 @@
-"""Tests of the synthetic workload generator (dike_slurm.sim.tracegen), read back by the replay's reader."""
+"""Tests of the synthetic workload generator (sim/tracegen.py, sacct_writer.py, synthetic_cluster.py),
+read back by the replay's reader."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from dike_slurm.accounting import read_sacct_file, read_sacct_parsable2
 from dike_slurm.model import JobState
 from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
 from dike_slurm.sim import tracegen
+from dike_slurm.sim.sacct_writer import (
+    SACCT_COMMAND,
+    SACCT_FIELDS,
+    TIMELIMIT_PARTITION,
+    TIMELIMIT_UNLIMITED,
+    SacctRecord,
+    format_mem,
+    format_timelimit,
+    tres_text,
+    write_sacct_parsable2,
+)
+from dike_slurm.sim.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
 from dike_slurm.sim.stats import trace_stats
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,12 +43,12 @@ ELAPSED_RE = re.compile(r"^(\d+-)?\d\d:[0-5]\d:[0-5]\d$")
 STATE_RE = re.compile(r"^(COMPLETED|FAILED|TIMEOUT|NODE_FAIL|REQUEUED|CANCELLED by \d+)$")
 
 
-def _dump(n_jobs: int, seed: int, cluster: tracegen.ClusterSpec | None = None,
+def _dump(n_jobs: int, seed: int, cluster: ClusterSpec | None = None,
           model: tracegen.WorkloadModel | None = None) -> str:
     buf = io.StringIO()
-    tracegen.write_sacct_parsable2(
+    write_sacct_parsable2(
         tracegen.generate_jobs(model or tracegen.WorkloadModel(), n_jobs,
-                               cluster or tracegen.ClusterSpec(), seed), buf)
+                               cluster or ClusterSpec(), seed), buf)
     return buf.getvalue()
 
 
@@ -76,15 +89,15 @@ def test_same_seed_same_bytes_different_seed_differs():
 
 def test_header_is_exactly_the_documented_columns(dump5k):
     assert dump5k.split("\n", 1)[0] == HEADER
-    assert "|".join(tracegen.SACCT_FIELDS) == HEADER
-    assert tracegen.SACCT_COMMAND.endswith("--format=" + HEADER.replace("|", ","))
-    assert "--parsable2" in tracegen.SACCT_COMMAND
+    assert "|".join(SACCT_FIELDS) == HEADER
+    assert SACCT_COMMAND.endswith("--format=" + HEADER.replace("|", ","))
+    assert "--parsable2" in SACCT_COMMAND
 
 
 def test_every_row_has_the_same_number_of_fields(dump5k):
     lines = dump5k.split("\n")[:-1]
     counts = {line.count("|") for line in lines}
-    assert counts == {len(tracegen.SACCT_FIELDS) - 1}
+    assert counts == {len(SACCT_FIELDS) - 1}
     assert not any(line.endswith("|Flags|") for line in lines)  # parsable2: no trailing |
 
 
@@ -140,31 +153,31 @@ def test_tres_strings_are_sorted_and_typed(rows5k):
 
 
 def test_examples_of_the_documented_format():
-    assert tracegen.format_timelimit(60) == "01:00:00"
-    assert tracegen.format_timelimit(1440) == "1-00:00:00"
-    assert tracegen.format_timelimit(tracegen.TIMELIMIT_UNLIMITED) == "UNLIMITED"
-    assert tracegen.format_timelimit(tracegen.TIMELIMIT_PARTITION) == "Partition_Limit"
-    assert tracegen.format_mem(32768) == "32G"
-    assert tracegen.format_mem(512000) == "500G"
-    assert tracegen.format_mem(64000) == "64000M"
-    assert tracegen._tres(8, 32768, 1, 4, "a100") == \
+    assert format_timelimit(60) == "01:00:00"
+    assert format_timelimit(1440) == "1-00:00:00"
+    assert format_timelimit(TIMELIMIT_UNLIMITED) == "UNLIMITED"
+    assert format_timelimit(TIMELIMIT_PARTITION) == "Partition_Limit"
+    assert format_mem(32768) == "32G"
+    assert format_mem(512000) == "500G"
+    assert format_mem(64000) == "64000M"
+    assert tres_text(8, 32768, 1, 4, "a100") == \
         "billing=8,cpu=8,gres/gpu:a100=4,gres/gpu=4,mem=32G,node=1"
-    assert tracegen._tres(8, 32768, 1, 4, None) == "billing=8,cpu=8,gres/gpu=4,mem=32G,node=1"
+    assert tres_text(8, 32768, 1, 4, None) == "billing=8,cpu=8,gres/gpu=4,mem=32G,node=1"
 
 
 def test_unknown_times_and_refused_pipe():
-    rec = tracegen.SacctRecord(
+    rec = SacctRecord(
         "7", 7, "pending", "u", "a", "gpu", "normal", "PENDING", 0, 0, None, None, 0,
         60, 1, 0, "None assigned", "billing=1,cpu=1,mem=1G,node=1", "", 1, "", 0)
     buf = io.StringIO()
-    assert tracegen.write_sacct_parsable2([rec], buf) == 1
+    assert write_sacct_parsable2([rec], buf) == 1
     row = _rows(buf.getvalue())[0]
     assert row["Submit"] == "1970-01-01T00:00:00"
     assert row["Start"] == "Unknown" and row["End"] == "Unknown"
     with pytest.raises(ValueError):
-        tracegen.write_sacct_parsable2([rec._replace(job_name="a|b")], io.StringIO())
+        write_sacct_parsable2([rec._replace(job_name="a|b")], io.StringIO())
     with pytest.raises(ValueError):
-        tracegen.write_sacct_parsable2([rec._replace(job_name="a\nb")], io.StringIO())
+        write_sacct_parsable2([rec._replace(job_name="a\nb")], io.StringIO())
 
 
 # ----------------------------------------------------------------------------- quirks
@@ -289,7 +302,7 @@ def test_users_have_unequal_demand(rows5k):
 
 
 def test_offered_load_follows_target():
-    cluster = tracegen.ClusterSpec()
+    cluster = ClusterSpec()
     loads = []
     for seed in (1, 2, 3, 4):
         loads.append(_stats(_dump(4000, seed, cluster), total_gpus=cluster.total_gpus)["offered_load"])
@@ -320,17 +333,17 @@ def _leaf_nodes(topology_conf: str) -> list[str]:
     return out
 
 
-def _files(cluster: tracegen.ClusterSpec) -> tuple[str, str]:
+def _files(cluster: ClusterSpec) -> tuple[str, str]:
     a, b = io.StringIO(), io.StringIO()
-    tracegen.write_slurm_conf(cluster, a)
-    tracegen.write_topology_conf(cluster, b)
+    write_slurm_conf(cluster, a)
+    write_topology_conf(cluster, b)
     return a.getvalue(), b.getvalue()
 
 
 @pytest.mark.parametrize("cluster", [
-    tracegen.ClusterSpec(),
-    tracegen.ClusterSpec(nodes=10, nodes_per_leaf=4, gpus_per_node=4),
-    tracegen.ClusterSpec.benchmark(),
+    ClusterSpec(),
+    ClusterSpec(nodes=10, nodes_per_leaf=4, gpus_per_node=4),
+    ClusterSpec.benchmark(),
 ], ids=["sample", "partial-leaf", "benchmark"])
 def test_topology_covers_every_node_once(cluster):
     slurm_conf, topo = _files(cluster)
@@ -358,16 +371,16 @@ def test_topology_covers_every_node_once(cluster):
 
 
 def test_benchmark_cluster_has_four_switch_levels():
-    c = tracegen.ClusterSpec.benchmark()
+    c = ClusterSpec.benchmark()
     assert c.nodes == 2000 and c.total_gpus == 16000
     levels = c.switch_tree()
     assert [len(level) for level in levels] == [100, 20, 4, 1]
     with pytest.raises(ValueError):
-        tracegen.ClusterSpec(nodes=2000, nodes_per_leaf=20, switch_fanout=5, switch_levels=5)
+        ClusterSpec(nodes=2000, nodes_per_leaf=20, switch_fanout=5, switch_levels=5)
 
 
 def test_nodelist_hosts_exist_in_slurm_conf(rows5k):
-    slurm_conf, _ = _files(tracegen.ClusterSpec())
+    slurm_conf, _ = _files(ClusterSpec())
     conf_nodes = _conf_nodes(slurm_conf)
     for r in rows5k:
         if r["NodeList"] == "None assigned":
@@ -382,9 +395,9 @@ _UNITS = {"M": 1, "G": 1024, "T": 1024 ** 2}
 
 
 @pytest.mark.parametrize("cluster", [
-    tracegen.ClusterSpec(nodes=3, gpus_per_node=4, nodes_per_leaf=2),
-    tracegen.ClusterSpec(nodes=5, gpus_per_node=3, nodes_per_leaf=2),
-    tracegen.ClusterSpec(nodes=4, gpus_per_node=8, cpus_per_node=2, real_memory_mb=1000,
+    ClusterSpec(nodes=3, gpus_per_node=4, nodes_per_leaf=2),
+    ClusterSpec(nodes=5, gpus_per_node=3, nodes_per_leaf=2),
+    ClusterSpec(nodes=4, gpus_per_node=8, cpus_per_node=2, real_memory_mb=1000,
                          nodes_per_leaf=2),
 ], ids=["3x4", "5x3", "few-cpus-tiny-memory"])
 def test_jobs_never_exceed_the_cluster(cluster):
