@@ -47,6 +47,11 @@ class EngineSettings(_Section):
     max_requeues_per_cycle: int = Field(
         2, ge=0, description="preemption rate limit: at most this many requeues per cycle, whatever the policy asks"
     )
+    preempt_signal: str | None = Field(
+        None, pattern=r"^(SIG)?[A-Z][A-Z0-9]*$|^[0-9]+$",
+        description="signal the batch shell of a job with this (e.g. USR1) and requeue it preempt_grace_s later; unset: requeue at once",
+    )
+    preempt_grace_s: float = Field(60.0, ge=0, description="seconds between the grace signal and the requeue")
     preemptible_tag: str = Field(
         "dike:preemptible", min_length=1, description="live preemption is opt-in: jobs whose comment holds this tag"
     )

@@ -40,7 +40,7 @@ from dike_slurm.gcpause import paused_gc
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy
 from dike_slurm.registry import default_registry
-from dike_slurm.requeue_guard import guard_requeues, requeue_limits
+from dike_slurm.requeue_guard import guard_requeues, requeue_groups, requeue_limits
 from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField, StateStore
 from dike_slurm.usage import (
     JobService,
@@ -709,23 +709,30 @@ class Engine:
                 succeeded.update((write.job_id, f) for f in write.update.fields)
             elif not outcome.job_gone:
                 errors += 1
-        for requeue in plan.requeues:
+        running_jobs = {p.job.job_id: p.job for p in plan.jobs}
+        for group in requeue_groups(plan.requeues):
             if stopped or errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s:
                 with self.store.transaction():
-                    self.store.audit(AuditEntry(
-                        plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
-                        "none", False, stopped or "error limit or cycle deadline reached", requeue.reason,
-                    ))
+                    for requeue in group:
+                        self.store.audit(AuditEntry(
+                            plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
+                            "none", False, stopped or "error limit or cycle deadline reached", requeue.reason,
+                        ))
                 continue
-            outcome = self.backend.requeue(requeue.job_id)
-            with self.store.transaction():
-                self.store.audit(AuditEntry(
-                    plan.time, cycle, requeue.job_id, "requeue", "requeued", outcome.command,
-                    "none: a requeue cannot be undone", outcome.ok, outcome.message, requeue.reason,
-                ))
-            requeued.append((requeue, outcome))
-            if not outcome.ok and not outcome.job_gone:
-                errors += 1
+            if engine.preempt_signal is not None:
+                waiting = self._grace(group, running_jobs, plan.time, cycle)
+                errors += sum(1 for o in waiting.values() if o is not None and not o.ok and not o.job_gone)
+                if waiting:
+                    notes.append(
+                        f"job(s) {', '.join(map(str, waiting))} signalled {engine.preempt_signal}: requeued once "
+                        f"{engine.preempt_grace_s:g}s have passed"
+                    )
+                    continue
+            for requeue in group:
+                outcome = self._requeue(requeue, plan.time, cycle)
+                requeued.append((requeue, outcome))
+                if not outcome.ok and not outcome.job_gone:
+                    errors += 1
         self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok})
         seconds = self.clock() - started
         write_calls = self.backend.calls - calls_before
@@ -736,6 +743,50 @@ class Engine:
         with self.store.transaction():
             self.store.record_cycle(self._summary(report))
         return report
+
+    def _requeue(self, requeue: Requeue, now: float, cycle: int) -> WriteOutcome:
+        """`scontrol requeue`, with its audit row written ahead (as `_write` does for updates)."""
+        with self.store.transaction():
+            entry_id = self.store.audit(AuditEntry(
+                now, cycle, requeue.job_id, "requeue", "requeued", f"requeue {requeue.job_id}",
+                "none: a requeue cannot be undone", False, "unconfirmed: the engine stopped before Slurm answered",
+                requeue.reason,
+            ))
+        outcome = self.backend.requeue(requeue.job_id)
+        with self.store.transaction():
+            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+        log.info("job %s: requeued (%s)%s", requeue.job_id, requeue.reason,
+                 "" if outcome.ok else f" FAILED: {outcome.message}")
+        return outcome
+
+    def _grace(
+        self, group: list[Requeue], jobs: Mapping[int, Job], now: float, cycle: int
+    ) -> dict[int, WriteOutcome | None]:
+        """Signal the victims not signalled in their current run; the ones still inside their grace
+        period (None: signalled earlier). Empty: every victim's grace has passed, requeue them."""
+        engine = self.config.engine
+        signal = engine.preempt_signal
+        assert signal is not None
+        waiting: dict[int, WriteOutcome | None] = {}
+        for requeue in group:
+            job = jobs.get(requeue.job_id)
+            since = job.start_time if job is not None and job.start_time is not None else 0.0
+            sent = self.store.last_done(requeue.job_id, "signal", since)
+            if sent is not None:
+                if now - sent < engine.preempt_grace_s:
+                    waiting[requeue.job_id] = None
+                continue
+            with self.store.transaction():
+                entry_id = self.store.audit(AuditEntry(
+                    now, cycle, requeue.job_id, "signal", f"signal {signal} before requeue", f"signal {requeue.job_id}",
+                    "none: a signal cannot be undone", False, "unconfirmed: the engine stopped before Slurm answered",
+                    requeue.reason,
+                ))
+            outcome = self.backend.signal(requeue.job_id, signal)
+            with self.store.transaction():
+                self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+            waiting[requeue.job_id] = outcome
+        return waiting
 
     def _trip(self, reason: str) -> str:
         with self.store.transaction():

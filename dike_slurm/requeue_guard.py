@@ -17,6 +17,9 @@ from dike_slurm.model import Job
 from dike_slurm.policies.base import Policy, PolicyParams
 
 
+UNLIMITED = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class RequeueLimits:
     """What the guard enforces, whatever the policy asks."""
@@ -25,9 +28,25 @@ class RequeueLimits:
     max_per_cycle: int  # engine.max_requeues_per_cycle
 
 
+def requeue_groups(requeues) -> list[list[Requeue]]:
+    """The requeues by the blocked job they make room for (a requeue for none is a group alone)."""
+    groups: dict[object, list[Requeue]] = {}
+    for requeue in requeues:
+        key = requeue.for_job if requeue.for_job is not None else ("alone", requeue.job_id)
+        groups.setdefault(key, []).append(requeue)
+    return list(groups.values())
+
+
 def requeue_limits(policy: Policy, params: PolicyParams, max_per_cycle: int) -> RequeueLimits:
-    """The limits for this policy: its declared minimum run and the site's rate limit."""
-    return RequeueLimits(min_run_s=policy.requeue_min_run_s(params) or 0.0, max_per_cycle=max_per_cycle)
+    """The limits for this policy: its declared minimum run and the site's rate limit.
+
+    A replay-only policy (an oracle: `Policy.live` is False) has no live engine whose rate limit
+    the replay should mirror; as an upper bound it is held only to its own parameters.
+    """
+    return RequeueLimits(
+        min_run_s=policy.requeue_min_run_s(params) or 0.0,
+        max_per_cycle=max_per_cycle if policy.live else UNLIMITED,
+    )
 
 
 def _refusal(requeue: Requeue, job: Job | None, now: float, limits: RequeueLimits) -> str | None:
@@ -47,14 +66,11 @@ def guard_requeues(
     refused requeue. `running`: the running jobs the caller manages, by id."""
     if not decisions.requeues:
         return decisions, []
-    groups: dict[object, list[Requeue]] = {}
-    for requeue in decisions.requeues:
-        key = requeue.for_job if requeue.for_job is not None else ("alone", requeue.job_id)
-        groups.setdefault(key, []).append(requeue)
     kept: list[Requeue] = []
     refused_for: set[int] = set()
     notes: list[str] = []
-    for key, group in groups.items():
+    for group in requeue_groups(decisions.requeues):
+        key = group[0].for_job
         why = None
         for requeue in group:
             why = _refusal(requeue, running.get(requeue.job_id), now, limits)
@@ -66,7 +82,7 @@ def guard_requeues(
         if why is None:
             kept.extend(group)
             continue
-        if isinstance(key, int):
+        if key is not None:
             refused_for.add(key)
         notes.extend(f"requeue of job {r.job_id} refused: {why}" for r in group)
     if not notes:

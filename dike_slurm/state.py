@@ -325,6 +325,14 @@ class StateStore:
             "UPDATE audit SET ok = ?, message = ?, command = ? WHERE id = ?", (int(ok), message, command, entry_id)
         )
 
+    def last_done(self, job_id: int, action: str, since: float) -> float | None:
+        """When `action` last succeeded for the job at or after `since` (None: not since)."""
+        row = self._db.execute(
+            "SELECT MAX(at) FROM audit WHERE job_id = ? AND action = ? AND ok = 1 AND at >= ?",
+            (job_id, action, since),
+        ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def audit_log(self, job_id: int | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The newest entries last."""
         if job_id is None:

@@ -17,7 +17,7 @@ class SrtfOracleParams(PolicyParams):
     """The oracle knows every job's run time; preemptive: it also preempts for shorter jobs."""
 
     preemptive: bool = Field(False, description="requeue running jobs with more remaining GPU-time than a blocked job")
-    max_requeues_per_cycle: int = Field(4, ge=0)
+    max_requeues_per_cycle: int = Field(32, ge=0, description="an upper bound: not held to the engine's rate limit")
 
 
 class SrtfOraclePolicy(Policy):
@@ -67,7 +67,7 @@ class SrtfOraclePolicy(Policy):
             may_preempt=lambda victim: victim.requeueable,
             loss=lambda victim: victim.gpus * (now - (victim.start_time or now)),
             one_leaf=lambda job: job.num_nodes > 1,
-            limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle),
+            limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle, max_blocked=32),
             reason=lambda blocked, victim: f"more remaining GPU-time than job {blocked.job_id}",
         )
         return Decisions(priorities, plan.pins, plan.requeues)

@@ -179,6 +179,11 @@ class Backend(ABC):
         """Write the fields of one job in one call."""
 
     @abstractmethod
+    def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        """Send `signal` (e.g. USR1) to the batch shell of a running job: the grace signal that
+        lets it checkpoint before it is requeued."""
+
+    @abstractmethod
     def requeue(self, job_id: int) -> WriteOutcome:
         """Preempt a running job by requeueing it."""
 
@@ -214,6 +219,7 @@ class FakeBackend(Backend):
         self.admin_comments: dict[int, str] = dict(admin_comments or {})
         self.applied: list[JobUpdate] = []
         self.requeued: list[int] = []
+        self.signalled: list[tuple[int, str]] = []
         self.failing_jobs: set[int] = set()
 
     def read_cluster(self) -> ClusterState:
@@ -262,6 +268,11 @@ class FakeBackend(Backend):
                 placement = with_placement_field(placement, key, value)
         self.jobs[job.job_id] = replace(job, placement=placement)
         return WriteOutcome(True, command)
+
+    def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        self.calls += 1
+        self.signalled.append((job_id, signal))
+        return WriteOutcome(True, f"signal {job_id} {signal}")
 
     def requeue(self, job_id: int) -> WriteOutcome:
         self.calls += 1

@@ -291,6 +291,12 @@ class PyslurmBackend(Backend):
             steps += [job.hold, job.release]
         return self._write(self.describe(update), steps)
 
+    def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        job = self.pyslurm.Job(job_id)
+        return self._write(
+            f"pyslurm.Job({job_id}).send_signal({signal!r}, steps='batch')", [lambda: job.send_signal(signal, steps="batch")]
+        )
+
     def requeue(self, job_id: int) -> WriteOutcome:
         return self._write(f"pyslurm.Job({job_id}).requeue()", [self.pyslurm.Job(job_id).requeue])
 

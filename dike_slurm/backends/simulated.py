@@ -245,6 +245,15 @@ class SimulatedBackend(Backend):
                 self.placements[update.job_id] = placement
         return WriteOutcome(True, text)
 
+    def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        """Accepted and forgotten: the replay models checkpoints by interval, not by signal."""
+        self.calls += 1
+        text = f"simulated signal {job_id} {signal}"
+        job = self._job(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return WriteOutcome(False, text, "Job is not running", job_gone=True)
+        return WriteOutcome(True, text)
+
     def requeue(self, job_id: int) -> WriteOutcome:
         self.calls += 1
         text = f"simulated requeue {job_id}"

@@ -268,11 +268,15 @@ def test_values_within_the_tolerance_never_leave_jobs_out_of_the_policy_order(tm
 def test_preemption_requeues_a_low_level_job_and_remembers_it(tmp_path):
     cfg = config(tmp_path, policies={"dike": {"thresholds_gpuh": [1.0, 8.0], "preemption": True,
                                               "min_runtime_s": 600, "steer_light_jobs": False}})
-    victim = running(1, "alice", gpus=32, ran=3600, node="n1", requeueable=True)  # 32 GPU-hours: level 2
+    # 32 GPU-hours: level 2; Slurm may requeue it and it opted in with the comment tag
+    victim = running(1, "alice", gpus=32, ran=3600, node="n1", requeueable=True, comment="dike:preemptible")
     backend = cluster(victim, pending(2, "bob", gpus=8, waited=60),
                       alloc={"n1": 8, "n2": 8, "n3": 8, "n4": 8})
     report = engine(cfg, backend).cycle(apply=True)
     assert [r.job_id for r, o in report.requeued if o.ok] == [1] and backend.requeued == [1]
+    # the blocked job is pinned to the freed node (written before the requeue)
+    pins = [u for u in backend.applied if u.job_id == 2 and JobField.REQUIRED_NODES in u.fields]
+    assert [dict(u.values)[JobField.REQUIRED_NODES] for u in pins] == [("n1",)]
     assert StateStore(cfg.engine.state_db).job(1).requeues == 1
     entry = StateStore(cfg.engine.state_db).audit_log(1)[-1]
     assert entry.action == "requeue" and entry.undo.startswith("none")

@@ -93,6 +93,9 @@ class LeastServedPreempting(Policy):
     def __init__(self):
         self.snapshots: list[Snapshot] = []
 
+    def requeue_min_run_s(self, params):
+        return params.min_runtime_s if params.preemption else None
+
     def decide(self, snapshot, params, rng):
         self.snapshots.append(snapshot)
         active = snapshot.pending + snapshot.running
@@ -244,7 +247,8 @@ def test_switches_are_ignored_without_a_topology():
 def test_preemption_requeues_with_restart_cost_and_keeps_service():
     policy = LeastServedPreempting()
     trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
-    results, simulator = simulate(trace, policy, PreemptParams(), restart_cost_s=60.0)
+    # checkpoint_interval_s=0: every second of work is kept (the loss model is tested below)
+    results, simulator = simulate(trace, policy, PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=0.0)
     first, second = results[1], results[2]
     assert second.start == 120 and second.end == 220  # job 1 requeued at the cycle of t=120
     assert first.preemptions == 1 and simulator.stats.preemptions == 1
@@ -259,6 +263,33 @@ def test_preemption_requeues_with_restart_cost_and_keeps_service():
     after = [j for s in policy.snapshots if s.time > 180 for j in s.jobs if j.job_id == 1]
     assert after and after[0].state is JobState.RUNNING and after[0].attained_at_promotion_gpu_s == 8 * 120
     assert results[3].start == first.end  # job 3 (never run, same score 0) comes after job 1 by submit time
+    assert first.lost_gpu_s == 8 * 60  # only its restart
+
+
+def test_a_requeue_loses_the_work_since_the_last_checkpoint_and_the_restart():
+    trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
+    results, _ = simulate(
+        trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=50.0
+    )
+    first = results[1]
+    # Requeued at t=120 after 120 s of work: checkpoints at 50 and 100 keep 100 s, 20 s are lost.
+    assert results[2].start == 120 and results[2].end == 220
+    assert first.end == 220 + 60 + 900
+    assert first.lost_gpu_s == 8 * (20 + 60)  # the lost work and the restart
+    assert first.gpu_seconds == 8 * (120 + 960)
+
+
+def test_the_replay_guard_refuses_what_the_live_engine_would_refuse():
+    """One guard for both: jobs that may not be preempted, and the engine's rate limit."""
+    trace = [job(1, 0, 2, 1000), job(2, 0, 2, 1000), job(3, 0, 2, 1000), job(4, 100, 8, 100)]
+    policy = LeastServedPreempting()
+    _, simulator = simulate(trace, policy, PreemptParams(), max_requeues_per_cycle=2, checkpoint_interval_s=0.0)
+    # At t=120 the policy asks for all three; the engine's cap keeps two (in the policy's order).
+    assert simulator.stats.requeues_refused >= 1
+    after = next(s for s in policy.snapshots if s.time == 180)
+    assert {j.job_id: j.preemptions for j in after.jobs if j.job_id < 4} == {1: 1, 2: 1, 3: 0}
+    _, none = simulate(trace, LeastServedPreempting(), PreemptParams(), preemptible=0.0)
+    assert none.stats.preemptions == 0 and none.stats.requeues_refused >= 3
 
 
 def test_snapshot_contents():
