@@ -491,6 +491,10 @@ class SlurmCliBackend(Backend):
     def requeue(self, job_id: int) -> WriteOutcome:
         return self._write([[self._command("scontrol"), "requeue", str(job_id)]])
 
+    def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        # --batch: the batch shell and its children, as `sbatch --signal=B:SIG@...` does
+        return self._write([[self._command("scancel"), "--batch", f"--signal={signal}", str(job_id)]])
+
     def _write(self, commands: list[list[str]]) -> WriteOutcome:
         text = " && ".join(shlex.join(argv) for argv in commands)
         for argv in commands:
