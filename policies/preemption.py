@@ -61,14 +61,17 @@ class _Nodes:
             self.nodes_per_leaf[leaf] = self.nodes_per_leaf.get(leaf, 0) + 1
 
     def usable(self, job: Job) -> list[int]:
-        """Nodes the job may run on at all (partition, size, its exclusions)."""
+        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList: a
+        user's `-w` is kept, and so is a pin the job already carries)."""
         per_node, partition = job.gpus_per_node, job.partition
         excluded = set(job.placement.exclude_nodes)
+        required = set(job.placement.require_nodes)
         return [
             i for i, total in enumerate(self.gpus)
             if total >= per_node
             and (not partition or not self.partitions[i] or partition in self.partitions[i])
             and self.names[i] not in excluded
+            and (not required or self.names[i] in required)
         ]
 
     def release(self, victim: Job) -> None:

@@ -163,15 +163,18 @@ def _hosts(value: Any) -> tuple[str, ...]:
         return ()
 
 
-def _placement(switch: SwitchRequest, features: str | None, exclude_nodes: tuple[str, ...]) -> Placement:
+def _placement(
+    switch: SwitchRequest, features: str | None, exclude_nodes: tuple[str, ...], require_nodes: tuple[str, ...] = ()
+) -> Placement:
     """What a pending job carries; most carry nothing and share one object."""
-    if not switch.count and features is None and not exclude_nodes:
+    if not switch.count and features is None and not exclude_nodes and not require_nodes:
         return NO_PLACEMENT
     return Placement(
         max_switches=switch.count or None,
         switches_wait_s=switch.wait_s if switch.count else None,
         features=features,
         exclude_nodes=exclude_nodes,
+        require_nodes=require_nodes,
     )
 
 
@@ -213,7 +216,10 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         start_time=_epoch(entry.get("start_time")) if state is JobState.RUNNING else None,
         time_limit_s=None if limit_min is None or limit_min >= _NO_TIME_LIMIT else limit_min * 60,
         nodes=_hosts(entry.get("nodes")) if state is JobState.RUNNING else (),
-        placement=_placement(switch, _text(entry.get("features")) or None, _hosts(entry.get("excluded_nodes"))),
+        placement=_placement(
+            switch, _text(entry.get("features")) or None, _hosts(entry.get("excluded_nodes")),
+            _hosts(entry.get("required_nodes")),
+        ),
         priority=_number(entry.get("priority")),
         nice=_signed32(_number(entry.get("nice")) or 0),
         requeueable=bool(entry.get("requeue")),
