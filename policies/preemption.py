@@ -61,8 +61,7 @@ class _Nodes:
             self.nodes_per_leaf[leaf] = self.nodes_per_leaf.get(leaf, 0) + 1
 
     def usable(self, job: Job) -> list[int]:
-        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList: a
-        user's `-w` is kept, and so is a pin the job already carries)."""
+        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList)."""
         per_node, partition = job.gpus_per_node, job.partition
         excluded = set(job.placement.exclude_nodes)
         required = set(job.placement.require_nodes)
@@ -146,6 +145,10 @@ def plan_preemptions(
         fitting = _pick(free_now, count, nodes, single)
         if fitting is not None:
             nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
+            continue
+        if job.placement.require_nodes:
+            # A user's `-w` is theirs to keep, and a pin of ours from an earlier cycle is cleared
+            # by this one (it is not asserted again): plan for the job again next cycle.
             continue
         blocked_tried += 1
         # Per node: the cheapest victims (that this job outranks) whose requeue frees enough.
