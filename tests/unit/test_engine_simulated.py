@@ -88,3 +88,5 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
     replay_input = load_input(small_trace / "sacct.txt", small_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
     assert backend.summary() == replayed.metrics.summary
+    # with Dike's default preemption on, both paths requeued jobs through the same guard
+    assert replayed.metrics.summary["preemptions"] > 0 and replayed.stats.requeues_refused > 0
