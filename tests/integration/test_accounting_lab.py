@@ -1,4 +1,4 @@
-"""The sacct readers on what the real Slurm 22.05 of the lab prints, in both formats.
+"""The sacct readers on what the real Slurm of the lab (22.05, 24.11) prints, in both formats.
 
 Jobs with the shapes a real dump holds (an array, a two-node GPU job, a job cancelled while
 pending, a requeued job, a `|` in a job name) are run on the lab; then `sacct --parsable2`

@@ -307,7 +307,7 @@ def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
         jobs, changes, calls, writes, seconds = match.groups()
         figures[name] = (int(jobs), int(changes), int(calls), int(writes), float(seconds), wall)
     with capsys.disabled():
-        print("\ncycle over 1,000 pending jobs (lab: 4 nodes x 8 GPUs, Slurm 22.05):")
+        print(f"\ncycle over 1,000 pending jobs (lab: 4 nodes x 8 GPUs, Slurm {lab.version}):")
         for name, (jobs, changes, calls, writes, seconds, wall) in figures.items():
             print(f"  {name:12s} jobs={jobs} changes={changes} slurm_calls={calls} (writes {writes}) "
                   f"cycle={seconds:.2f}s process={wall:.2f}s")

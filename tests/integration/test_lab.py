@@ -93,3 +93,30 @@ def test_site_factor_on_a_pending_job_shows_in_sprio(slurm_lab: SlurmLab) -> Non
         lambda: (row := _sprio_row(slurm_lab, job)) and int(row[1]) == 1234 and row, 15,
         f"SiteFactor=1234 of job {job} in sprio")
     assert int(after[2]) >= 1234
+
+
+def test_every_job_and_node_slurm_lists_is_read_by_the_engine(slurm_lab: SlurmLab, tmp_path) -> None:
+    """Whatever the Slurm version: the backend reads the jobs and nodes squeue and sinfo list
+    (their own text output, not JSON), and a live cycle says so."""
+    from lab_engine import LabEngine
+
+    lab = slurm_lab
+    running = lab.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", "sleep 120", user="dikeuser1")
+    lab.wait_for(lambda: lab.job_state(running) == "RUNNING", 30, f"job {running} RUNNING")
+    # all four nodes while n1 is busy: these stay pending
+    wide = lab.sbatch("-N4", "--gres=gpu:8", "--switches=1@2:00", "--wrap", "sleep 10", user="dikeuser2")
+    array = lab.sbatch("--array=0-3", "-N4", "--gres=gpu:8", "--wrap", "sleep 1")
+    held = lab.sbatch("-H", "--gres=gpu:1", "--wrap", "sleep 1", user="dikeuser1")
+    rows = [line.split("|") for line in lab.run("squeue", "-h", "-a", "-o", "%A|%T").stdout.split()]
+    listed = {int(job_id): state for job_id, state in rows}
+    assert set(listed) == {running, wide, array, held}, listed
+    cluster = lab.cluster()
+    assert {j.job_id: j.state.value for j in cluster.jobs} == listed
+    (wide_job,) = [j for j in cluster.jobs if j.job_id == wide]
+    assert (wide_job.gpus, wide_job.num_nodes, wide_job.placement.max_switches) == (32, 4, 1)
+    nodes = set(lab.run("sinfo", "-h", "-N", "-o", "%N").stdout.split())
+    assert sorted(n.name for n in cluster.nodes) == sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    assert {n.name: n.gpus_alloc for n in cluster.nodes} == {"n1": 8, "n2": 0, "n3": 0, "n4": 0}
+    proc = LabEngine(lab, tmp_path).run("run", "--once", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{len(listed)} jobs in scope" in proc.stdout, proc.stdout
