@@ -37,6 +37,6 @@ def main(argv: list[str] | None = None) -> None:
 # Command modules register themselves on `app`; each imports what a command needs when it runs,
 # so that `--help`, `status` and `breaker status` start fast (bench/cli_start.py).
 from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd, replay_cmd  # noqa: E402,F401
-from dike_slurm.cli import trace_cmd  # noqa: E402,F401  (after replay_cmd: its `trace` group wins)
+from dike_slurm.cli import trace_cmd  # noqa: E402,F401
 from dike_slurm.cli import eval_cmd  # noqa: E402,F401
 from dike_slurm.cli import doctor_cmd  # noqa: E402,F401

@@ -1,36 +1,25 @@
-"""`dike-slurm replay`, `dike-slurm trace stats|generate` and `dike-slurm tune`: the offline side."""
+"""`dike-slurm replay` and `dike-slurm tune`: the offline side."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dike_slurm.accounting import read_sacct_file
 from dike_slurm.cli import app, console, err_console
-from dike_slurm.config import Config, load_config
 from dike_slurm.errors import ConfigError, InputError
-from dike_slurm.registry import default_registry
-from dike_slurm.sim.metrics import COMPARISON_HEADERS, comparison_rows
-from dike_slurm.sim.replay import PolicyRun, ReplayInput, ReplayTask, load_input, run_tasks, sim_settings, write_summary
-from dike_slurm.sim.report import render_report
-from dike_slurm.sim.simulator import SimSettings
-from dike_slurm.sim.stats import trace_stats
-from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
-from dike_slurm.sim.tune import candidate_quantiles, propose
+
+if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs, not with the CLI
+    from dike_slurm.config import Config
+    from dike_slurm.sim.replay import PolicyRun, ReplayInput
+    from dike_slurm.sim.simulator import SimSettings
 
 PROGRESS_AFTER_S = 3.0  # a progress bar appears only for replays slower than this
 SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")
-
-trace_app = typer.Typer(help="Look at or generate sacct dumps.", no_args_is_help=True)
-app.add_typer(trace_app, name="trace")
-
 
 class LazyProgress:
     """A rich progress bar (on stderr) that shows up only once the work has taken a few seconds."""
@@ -48,6 +37,8 @@ class LazyProgress:
         if self.progress is None:
             if time.monotonic() - self.started < PROGRESS_AFTER_S:
                 return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self.progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=err_console, transient=True,
@@ -64,6 +55,8 @@ class LazyProgress:
 
 
 def _config(path: Path | None, overrides: dict) -> Config:
+    from dike_slurm.config import load_config
+
     return load_config(path, overrides=overrides)
 
 
@@ -114,6 +107,8 @@ def _print_reasons(title: str, reasons: dict[str, int]) -> None:
 
 def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
     """The report's comparison table turned sideways (a column per policy) to fit a terminal."""
+    from dike_slurm.sim.metrics import COMPARISON_HEADERS, comparison_rows
+
     table = Table(title=title)
     rows = comparison_rows((run.name, run.metrics.summary) for run in runs)
     table.add_column("metric")
@@ -127,6 +122,8 @@ def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
 def _check_policies(names: list[str]) -> list[str]:
     if not names:
         raise InputError("give at least one --policy (see `dike-slurm policies`)")
+    from dike_slurm.registry import default_registry
+
     registry = default_registry()
     for name in names:
         registry.get(name)  # unknown names raise a RegistryError with the known ones
@@ -188,6 +185,9 @@ def replay_command(
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
+    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings, write_summary
+    from dike_slurm.sim.report import render_report
+
     names = _check_policies(policy)
     preemptible_share = parse_preemptible(preemptible) if preemptible is not None else None
     overrides: dict = {"replay": {}}
@@ -262,53 +262,6 @@ def _penalty_table(
     return table
 
 
-@trace_app.command("stats")
-def trace_stats_command(
-    dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump"),
-    as_json: bool = typer.Option(False, "--json", help="print the statistics as JSON"),
-) -> None:
-    """Jobs, GPU jobs, users, GPU-hours, sizes, run times and skipped rows of a dump."""
-    stats = trace_stats(read_sacct_file(dump))
-    if as_json:
-        console.print_json(json.dumps(stats))
-        return
-    table = Table(title=f"trace stats: {dump}", show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
-    for key in ("rows", "records", "jobs", "gpu_jobs", "cpu_only_jobs", "never_started", "requeued_jobs",
-                "array_tasks", "users", "accounts", "gpu_hours", "span_days"):
-        table.add_row(key.replace("_", " "), str(stats[key]))
-    for key in ("skipped_rows", "final_states", "gpus_per_job", "run_time_hours", "gpu_hours_per_job"):
-        value = stats[key]
-        table.add_row(key.replace("_", " "), ", ".join(f"{k}: {v}" for k, v in value.items()) or "-")
-    top = ", ".join(f"{u['user']} {u['gpu_hours']} ({u['share']:.0%})" for u in stats["top_users_by_gpu_hours"])
-    table.add_row("top users (GPU-h)", top or "-")
-    console.print(table, markup=False, highlight=False)
-
-
-@trace_app.command("generate")
-def trace_generate_command(
-    out: Path = typer.Option(..., "--out", help="folder for sacct.txt, slurm.conf and topology.conf"),
-    jobs: int = typer.Option(2500, "--jobs", min=1, help="jobs to generate"),
-    nodes: int = typer.Option(16, "--nodes", min=1, help="nodes of the cluster"),
-    nodes_per_leaf: int = typer.Option(4, "--nodes-per-leaf", min=1, help="nodes under each leaf switch"),
-    users: int = typer.Option(30, "--users", min=1, help="users submitting"),
-    load: float = typer.Option(1.0, "--load", min=0.01, help="offered GPU load (fraction of the cluster)"),
-    seed: int = typer.Option(0, "--seed", help="random seed (same seed, same files)"),
-) -> None:
-    """Write a synthetic deep-learning workload (docs/workload.md) as a sacct dump plus its cluster."""
-    try:
-        cluster = ClusterSpec(nodes=nodes, nodes_per_leaf=nodes_per_leaf)
-        model = replace(WorkloadModel(), n_users=users, target_load=load)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    try:
-        generate_sample(_out_dir(out), jobs, cluster, model, seed)
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
-    console.print(f"wrote {out / 'sacct.txt'}, {out / 'slurm.conf'}, {out / 'topology.conf'}", highlight=False)
-
-
 @app.command("tune")
 def tune_command(
     dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump"),
@@ -321,6 +274,9 @@ def tune_command(
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
+    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
+    from dike_slurm.sim.tune import candidate_quantiles, propose
+
     config = _config(config_path, {})
     dike = config.policy_params("dike")
     levels = dike.levels  # type: ignore[attr-defined]

@@ -48,7 +48,6 @@ def test_unknown_command_is_a_usage_error():
 HEAVY_AT_START = ("matplotlib", "pandas", "numpy", "jinja2", "prometheus_client", "dike_slurm.sim")
 
 
-@pytest.mark.xfail(strict=True, reason="cli/replay_cmd.py still imports dike_slurm.sim (numpy, matplotlib) at start")
 def test_importing_the_cli_loads_no_heavy_library():
     probe = f"import sys, dike_slurm.cli; print(','.join(m for m in {HEAVY_AT_START!r} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
