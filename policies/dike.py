@@ -72,9 +72,6 @@ class DikeParams(PolicyParams):
     checkpoint_interval_s: float = Field(
         1800.0, ge=0, description="the site's checkpoint interval, to estimate the work a requeue loses; 0: unknown"
     )
-    victims: Literal["least_loss", "most_served"] = Field(
-        "least_loss", description="among the jobs a blocked job outranks: least lost work first, or the worst level first"
-    )
     max_requeues_per_cycle: int = Field(4, ge=0)
 
     @model_validator(mode="after")
@@ -281,14 +278,9 @@ class DikePolicy(Policy):
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             return victim.requeueable and ran >= min_run * backoff**victim.preemptions
 
-        most_served = params.victims == "most_served"
-        top = params.levels - 1
-
         def loss(victim: Job) -> float:
             ran = now - victim.start_time if victim.start_time is not None else 0.0
-            lost = victim.gpus * (ran % interval if interval > 0 else ran)
-            # most_served: a better level costs more than any loss (1e12 GPU-s is 30,000 GPU-years)
-            return lost + (top - level_of_job[victim.job_id]) * 1e12 if most_served else lost
+            return victim.gpus * (ran % interval if interval > 0 else ran)
 
         return plan_preemptions(
             snapshot,
