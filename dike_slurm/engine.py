@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
 from dike_slurm.backends.base import (
     PLACEMENT_FIELDS,
@@ -960,6 +959,8 @@ def _change_text(write: PlannedWrite) -> str:
 
 def write_metrics(report: CycleReport, path: Path) -> None:
     """Rewrite a Prometheus textfile (node_exporter's textfile collector) with this cycle's figures."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile  # only when metrics are written
+
     registry = CollectorRegistry()
     Gauge("dike_slurm_cycle_seconds", "wall time of the last cycle", registry=registry).set(report.seconds)
     Gauge("dike_slurm_cycle_timestamp_seconds", "when the last cycle read the cluster", registry=registry).set(
