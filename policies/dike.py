@@ -67,7 +67,7 @@ class DikeParams(PolicyParams):
     preemption: bool = Field(True, description="requeue running jobs of a worse level so that a blocked job fits")
     min_runtime_s: float = Field(1800.0, ge=0, description="never preempt a run younger than this (seconds since its start)")
     preemption_backoff: float = Field(
-        2.0, ge=1, description="a job preempted k times must run min_runtime_s x backoff^k before it is preempted again"
+        3.0, ge=1, description="a job preempted k times must run min_runtime_s x backoff^k before it is preempted again"
     )
     checkpoint_interval_s: float = Field(
         1800.0, ge=0, description="the site's checkpoint interval, to estimate the work a requeue loses; 0: unknown"
@@ -273,8 +273,8 @@ class DikePolicy(Policy):
 
         def may_preempt(victim: Job) -> bool:
             # Anti-thrash: a run is never cut before min_runtime_s, and every earlier preemption
-            # of the same job doubles (backoff) the run it needs first, so no job is cut more than
-            # about log2(run time / min_runtime_s) times, and long jobs are never immune.
+            # of the same job multiplies the run it needs first by `backoff`, so no job is cut more
+            # than about log_backoff(run time / min_runtime_s) times, and long jobs are never immune.
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             return victim.requeueable and ran >= min_run * backoff**victim.preemptions
 
