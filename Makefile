@@ -23,7 +23,7 @@ demo: $(STAMP)
 # SLURM_VERSIONS_IF_BUILDS runs too when its chroot builds, and is skipped with the reason
 # when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
-SLURM_VERSIONS_IF_BUILDS ?=
+SLURM_VERSIONS_IF_BUILDS ?= 26.05
 test: $(STAMP)
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
