@@ -136,6 +136,10 @@ def job_base_state(value: Any) -> str:
     Raises ValueError naming the value when it holds no base state or a word Slurm does not
     document (the caller turns that into an error: a job never silently becomes OTHER).
     """
+    if type(value) is str and value in JOB_BASE_STATES:  # the common cases first: once per job
+        return value
+    if type(value) is list and len(value) == 1 and value[0] in JOB_BASE_STATES:
+        return value[0]
     words = [w.upper() for w in _words(value)]
     unknown = [w for w in words if w not in JOB_BASE_STATES and w not in JOB_STATE_FLAGS]
     if unknown:
