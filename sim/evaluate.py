@@ -274,7 +274,8 @@ def _git_state() -> dict:
         return {"commit": None, "dirty": None}
     if head.returncode != 0:
         return {"commit": None, "dirty": None}
-    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    modified = [line[3:] for line in dirty.stdout.splitlines() if line.strip()]
+    return {"commit": head.stdout.strip(), "dirty": bool(modified), "modified": modified}
 
 
 def _rows(runs: list[dict], plan: Plan) -> list[dict]:
@@ -509,7 +510,10 @@ def tables(result: dict) -> list[Table]:
 def markdown(result: dict, table_list: Sequence[Table]) -> str:
     """The generated section of docs/results.md: the command, then every table."""
     git = result["git"]
-    commit = (git["commit"] or "unknown")[:12] + (" (with uncommitted changes)" if git["dirty"] else "")
+    modified = [path for path in git.get("modified", []) if path.startswith(("policies/", "sim/", "dike_slurm/"))]
+    commit = (git["commit"] or "unknown")[:12] + (" (with uncommitted changes" + (
+        f" to {', '.join(modified[:6])}{' ...' if len(modified) > 6 else ''}" if modified else "") + ")"
+        if git["dirty"] else "")
     lines = [
         f"Made by `{result['command']}` at commit {commit}, {result['workers']} workers, "
         f"{result['wall_s'] / 60:.1f} min of replays.",
