@@ -175,3 +175,16 @@ def test_quick_runs_penalty_one_with_the_three_policies(corpus, tmp_path):
         expected.add(("srtf_preemptive", "pen1"))
     assert labels == expected
     assert written["command"].startswith("dike-slurm eval ") and "--quick" in written["command"]
+
+
+def test_a_failing_report_keeps_the_numbers(result, tmp_path, monkeypatch):
+    def broken(*_args):
+        raise RuntimeError("no plot today")
+
+    monkeypatch.setattr(evaluate, "render_html", broken)
+    out = tmp_path / "out"
+    evaluate.write_outputs(dict(result), out)
+    assert sorted(p.name for p in out.iterdir()) == ["eval.json", "results.md"]
+    written = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    assert written["html_error"] == "RuntimeError: no plot today"
+    assert written["targets"] == json.loads(json.dumps(result["targets"]))
