@@ -41,7 +41,7 @@ METRIC_KEYS = (
 
 JOB_CSV_COLUMNS = (
     "job_id", "user", "gpus", "submit", "start", "end", "wait_s", "jct_s", "run_s", "slowdown",
-    "level", "leaves", "preemptions", "heavy",
+    "level", "leaves", "preemptions", "heavy", "lost_gpu_s",
 )
 
 # GPU-count buckets of the "wait by job size" plot.
@@ -99,7 +99,7 @@ class MetricsCollector:
                     result.display_id, result.user, result.gpus, format_timestamp(result.submit),
                     format_timestamp(result.start), format_timestamp(result.end), _num(result.wait_s),
                     _num(result.jct_s), _num(result.duration_s), f"{slowdown:.4f}", result.level, result.leaves,
-                    result.preemptions, int(result.heavy),
+                    result.preemptions, int(result.heavy), _num(result.lost_gpu_s),
                 )
             )
 
