@@ -33,10 +33,10 @@ test: $(STAMP)
 	    $(BIN)/pytest tests/unit || status=$$?; \
 	    for v in $(SLURM_VERSIONS) $(SLURM_VERSIONS_IF_BUILDS); do \
 	        case " $(SLURM_VERSIONS_IF_BUILDS) " in *" $$v "*) \
-	            if ! why=$$($(LAB) --slurm $$v root 2>&1 >/dev/null); then \
-	                echo "==== Slurm $$v: integration tests SKIPPED: $$(echo "$$why" | tail -n1)"; \
+	            if ! out=$$($(LAB) --slurm $$v root 2>&1); then \
+	                echo "==== Slurm $$v: integration tests SKIPPED: $$(echo "$$out" | tail -n1)"; \
 	                summary="$$summary Slurm $$v: skipped;"; continue; \
-	            fi ;; \
+	            fi; echo "$$out" | sed '$$d' ;; \
 	        esac; \
 	        echo "==== Slurm $$v: integration tests (scripts/slurm-lab --slurm $$v) ===="; \
 	        if $(LAB) --slurm $$v up; then \
