@@ -617,6 +617,9 @@ def write_outputs(result: dict, out: Path, *, results_md: Path | None = None, ht
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        mask = os.umask(0)
+        os.umask(mask)
+        staging.chmod(0o777 & ~mask)  # mkdtemp's 0700 would outlive the rename
     except OSError as exc:
         raise InputError(f"cannot create the output folder: {exc.strerror}", source=str(out)) from None
     try:
