@@ -61,7 +61,11 @@ class _Nodes:
             self.nodes_per_leaf[leaf] = self.nodes_per_leaf.get(leaf, 0) + 1
 
     def usable(self, job: Job) -> list[int]:
-        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList)."""
+        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList).
+
+        A job already pinned (an earlier cycle's plan, e.g. waiting out a grace signal) is planned
+        on its pinned nodes only, so the plan carries on; if it no longer can, the pin is not
+        asserted again and the engine clears it."""
         per_node, partition = job.gpus_per_node, job.partition
         excluded = set(job.placement.exclude_nodes)
         required = set(job.placement.require_nodes)
@@ -146,10 +150,9 @@ def plan_preemptions(
         if fitting is not None:
             nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
             continue
-        if job.placement.require_nodes:
-            # A user's `-w` is theirs to keep, and a pin of ours from an earlier cycle is cleared
-            # by this one (it is not asserted again): plan for the job again next cycle.
-            continue
+        required = job.placement.require_nodes
+        if required and len(required) != count:
+            continue  # a user's `-w` that a pin of exactly `count` nodes would change: left alone
         blocked_tried += 1
         # Per node: the cheapest victims (that this job outranks) whose requeue frees enough.
         options: list[tuple[float, int]] = []

@@ -5,8 +5,9 @@ from __future__ import annotations
 from engine_fixtures import NOW, TOPOLOGY, config, nodes, pending, running
 from test_backend_contract import Recorder, backend
 
-from dike_slurm.backends.base import FakeBackend
+from dike_slurm.backends.base import FakeBackend, JobField
 from dike_slurm.engine import Engine
+from dike_slurm.model import NO_PLACEMENT, Placement
 from dike_slurm.state import StateStore
 
 OPTED = {"requeueable": True, "comment": "dike:preemptible"}
@@ -19,12 +20,12 @@ def test_the_grace_signal_is_one_scancel_call():
     assert recorder.argvs == [["scancel", "--batch", "--signal=USR1", "53"]]
 
 
-def cluster_with_a_victim(time: float) -> FakeBackend:
+def cluster_with_a_victim(time: float, pinned: bool = False) -> FakeBackend:
     # started at NOW - 3600 whatever the cycle's time: 32 GPU-hours and more, level 2
     victim = running(1, "alice", gpus=32, ran=3600, node="n1", **OPTED)
-    return FakeBackend(
-        [victim, pending(2, "bob", gpus=8, waited=60)], nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=time
-    )
+    # after the first cycle Slurm holds the pin the engine wrote on the blocked job
+    blocked = pending(2, "bob", gpus=8, waited=60, placement=Placement(require_nodes=("n1",)) if pinned else NO_PLACEMENT)
+    return FakeBackend([victim, blocked], nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=time)
 
 
 def test_with_a_grace_signal_the_victim_is_signalled_then_requeued_once_the_grace_has_passed(tmp_path):
@@ -34,14 +35,18 @@ def test_with_a_grace_signal_the_victim_is_signalled_then_requeued_once_the_grac
     report = Engine(cfg, first, store).cycle(apply=True)
     assert first.signalled == [(1, "USR1")] and first.requeued == []
     assert any("signalled USR1" in note for note in report.notes)
-    # 60 s later: still inside the grace period, nothing new is sent
-    inside = cluster_with_a_victim(NOW + 60)
+    pins = [dict(u.values)[JobField.REQUIRED_NODES] for u in first.applied if JobField.REQUIRED_NODES in u.fields]
+    assert pins == [("n1",)]
+    # 60 s later: still inside the grace period, nothing new is sent and the pin stays
+    inside = cluster_with_a_victim(NOW + 60, pinned=True)
     Engine(cfg, inside, store).cycle(apply=True)
     assert inside.signalled == [] and inside.requeued == []
+    assert not any(JobField.REQUIRED_NODES in u.fields for u in inside.applied)
     # 120 s later: the grace has passed, the job is requeued without a second signal
-    after = cluster_with_a_victim(NOW + 120)
+    after = cluster_with_a_victim(NOW + 120, pinned=True)
     Engine(cfg, after, store).cycle(apply=True)
     assert after.signalled == [] and after.requeued == [1]
+    assert not any(JobField.REQUIRED_NODES in u.fields for u in after.applied)
     actions = [(e.action, e.ok) for e in store.audit_log(1) if e.action in ("signal", "requeue")]
     assert actions == [("signal", True), ("requeue", True)]
 
