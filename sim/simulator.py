@@ -389,10 +389,11 @@ class Simulator:
             self.backfill_armed = True
             self._push(self._next_tick(self.settings.bf_interval_s), BACKFILL, None)
 
-    def _next_tick(self, period: float) -> float:
-        """The first multiple of `period` after the trace's first submission that is not past."""
+    def _next_tick(self, period: float, after: float | None = None) -> float:
+        """The first multiple of `period` after the trace's first submission that is not before
+        `after` (default: now)."""
         origin = self.timeline.origin
-        return origin + math.ceil((self.now - origin) / period) * period
+        return origin + math.ceil(((self.now if after is None else after) - origin) / period) * period
 
     def _count_shape(self, job: SimJob) -> None:
         """Count an eligible pending job under its shape (what `_fitting_shapes` looks at)."""
@@ -736,6 +737,24 @@ class Simulator:
         job.switch_wait_start = None
         job.pending_view = None
         job.running_base = None
+        if placement.max_switches == 1 and self.single_leaf_possible and job.state == PENDING:
+            # Measured on Slurm 22.05 (tests/integration/test_switches_clock_lab.py): the wait
+            # runs from when the job carries the constraint, also while it fits nowhere. A live
+            # engine sets it at the first cycle that sees the job; a cycle postponed here (nothing
+            # could start) would have set it then, so the clock starts at that cycle.
+            waiting_since = max(job.pending_since, job.eligible_at)
+            self._start_switch_clock(job, min(self.now, self._next_tick(self.settings.interval_s, waiting_since)))
+
+    def _switch_wait(self, placement: Placement) -> int:
+        """Seconds a Switches=1@W job waits for one leaf: W capped by max_switch_wait."""
+        wait = self.settings.max_switch_wait_s
+        return wait if placement.switches_wait_s is None else min(wait, placement.switches_wait_s)
+
+    def _start_switch_clock(self, job: SimJob, at: float) -> None:
+        job.switch_wait_start = at
+        wait = self._switch_wait(job.placement)
+        if wait > 0:
+            self._push(at + wait, WAKE, None)  # the pass that lets it run spread
 
     # ------------------------------------------------------------------ scheduling
 
@@ -776,15 +795,9 @@ class Simulator:
         placement = job.placement
         if placement.max_switches != 1 or not self.single_leaf_possible:
             return allowed, False  # Slurm's cons_tres ignores Switches > 1
-        wait = self.settings.max_switch_wait_s
-        if placement.switches_wait_s is not None:
-            wait = min(wait, placement.switches_wait_s)
-        if job.switch_wait_start is None:
-            # Slurm starts the clock the first time the scheduler tries the job.
-            job.switch_wait_start = now
-            if wait > 0:
-                self._push(now + wait, WAKE, None)
-        return allowed, now - job.switch_wait_start < wait
+        if job.switch_wait_start is None:  # a requeued job: from its first try again
+            self._start_switch_clock(job, now)
+        return allowed, now - job.switch_wait_start < self._switch_wait(placement)
 
     def _ready_to_schedule(self) -> set[tuple[str, int, int, int]]:
         """The fitting shapes; a postponed cycle is evaluated first if a job it covers could start."""

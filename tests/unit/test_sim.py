@@ -236,6 +236,17 @@ def test_switches_wait_then_runs_anywhere():
     assert results[3].start == 1000 and results[3].leaves == 1 and results[3].consolidated
 
 
+def test_the_switches_clock_runs_while_the_job_fits_nowhere():
+    """The lab measurement (tests/integration/test_switches_clock_lab.py) replayed: blockers hold n1
+    and n3 for 100 s, long jobs n2 and n4; the two-node job asks for one leaf with a 40 s wait
+    from t=0 and fits nowhere until t=100. Slurm 22.05 started it spread 1 s after the nodes
+    freed: its wait had run out while nothing fit."""
+    trace = [job(1, 0, 8, 100), job(2, 0, 8, 100), job(3, 0, 8, 1000), job(4, 0, 8, 1000), job(5, 0, 16, 10, nodes=2)]
+    results, _ = simulate(trace, Consolidate(), ConsolidateParams(wait_s=40), conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert [results[i].start for i in (1, 2, 3, 4)] == [0, 0, 0, 0]
+    assert results[5].start == 100 and results[5].leaves == 2
+
+
 def test_switches_are_ignored_without_a_topology():
     results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=3000), conf=FOUR_NODES)
     assert results[3].start == 60
