@@ -753,7 +753,7 @@ class Simulator:
     def _start_switch_clock(self, job: SimJob, at: float) -> None:
         job.switch_wait_start = at
         wait = self._switch_wait(job.placement)
-        if wait > 0:
+        if at + wait > self.now:  # an earlier end (a clock started at a postponed cycle) is due now
             self._push(at + wait, WAKE, None)  # the pass that lets it run spread
 
     # ------------------------------------------------------------------ scheduling
