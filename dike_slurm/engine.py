@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-
 from dike_slurm.backends.base import (
     PLACEMENT_FIELDS,
     PLACEMENT_ORDER,
@@ -210,10 +209,6 @@ def admin_comment_text(level: int, attained_gpu_s: float, promoted: bool) -> str
     """The AdminComment the engine writes, built from its own numbers only."""
     text = f"dike:level={level} attained={attained_gpu_s / 3600:.1f}gpuh"
     return text + " promoted" if promoted else text
-
-
-def current_placement_value(job: Job, key: JobField) -> FieldValue:
-    return placement_value(job.placement, key)
 
 
 def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:
@@ -489,7 +484,7 @@ class Engine:
                 mine = owned.get(key)
                 if mine is None or key in already:
                     continue
-                now_value = current_placement_value(job, key)
+                now_value = placement_value(job.placement, key)
                 if not values_match(key, now_value, mine.written):
                     return set(PLACEMENT_FIELDS), (
                         f"{key.value} changed to {describe_value(now_value)} after the engine set "
@@ -612,7 +607,7 @@ class Engine:
         for key in PLACEMENT_ORDER:
             if key in hands_off:
                 continue
-            current = current_placement_value(job, key)
+            current = placement_value(job.placement, key)
             mine = owned.get(key)
             if key in wanted:
                 if mine is None and not is_unset(key, current):

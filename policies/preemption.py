@@ -56,9 +56,10 @@ class _Nodes:
                 position = self.index.get(name)
                 if position is not None:
                     self.jobs_on[position].append(job)
-        self.nodes_per_leaf: dict[str, int] = {}
+        nodes_per_leaf: dict[str, int] = {}
         for leaf in self.leaf:
-            self.nodes_per_leaf[leaf] = self.nodes_per_leaf.get(leaf, 0) + 1
+            nodes_per_leaf[leaf] = nodes_per_leaf.get(leaf, 0) + 1
+        self.largest_leaf = max(nodes_per_leaf.values(), default=0)  # nodes under the largest leaf
 
     def usable(self, job: Job) -> list[int]:
         """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList).
@@ -144,7 +145,7 @@ def plan_preemptions(
             break
         per_node, count = job.gpus_per_node, max(job.num_nodes, 1)
         usable = nodes.usable(job)
-        single = one_leaf(job) and count <= max(nodes.nodes_per_leaf.values(), default=0)
+        single = one_leaf(job) and count <= nodes.largest_leaf
         free_now = [(0.0, i) for i in usable if nodes.free[i] >= per_node]
         fitting = _pick(free_now, count, nodes, single)
         if fitting is not None:
