@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, JobState, Placement, Snapshot, Topology
+from dike_slurm.model import Job, JobState, Placement, Snapshot
 
 COMMENT_TAG = re.compile(r"dike:comm=(high|low)\b", re.IGNORECASE)
 
@@ -56,12 +56,8 @@ def split_active(snapshot: Snapshot) -> tuple[tuple[Job, ...], tuple[Job, ...]]:
     return tuple([j for j in jobs if j.state is pending_state]), tuple([j for j in jobs if j.state is running_state])
 
 
-def owner_of(job: Job, by: str) -> str:
-    return job.account if by == "account" else job.user
-
-
 def owners_of(jobs: Sequence[Job], by: str) -> list[str]:
-    """`owner_of` of each job, in one comprehension."""
+    """Each job's fair-share owner: its account when `by` is "account", else its user."""
     return [j.account for j in jobs] if by == "account" else [j.user for j in jobs]
 
 
@@ -98,18 +94,10 @@ def is_comm_heavy(job: Job, comm_gpus: int, rules: Sequence[CommRule]) -> bool:
     return job.num_nodes > 1 or job.gpus >= comm_gpus
 
 
-def leaf_gpu_capacity(snapshot: Snapshot) -> dict[str, int]:
-    """Total GPUs under each leaf switch (nodes outside the tree are their own leaf)."""
-    capacity: dict[str, int] = {}
-    for node in snapshot.nodes:
-        if node.available:
-            leaf = snapshot.topology.leaf_of(node.name)
-            capacity[leaf] = capacity.get(leaf, 0) + node.gpus
-    return capacity
-
-
 def leaf_capacity_and_free(snapshot: Snapshot) -> tuple[dict[str, int], dict[str, int]]:
-    """(`leaf_gpu_capacity`, `leaf_free_gpus`) from one pass over the nodes."""
+    """(GPUs under each available leaf's nodes, free GPUs under each leaf) from one pass over the nodes.
+
+    Nodes outside the switch tree are a leaf of their own (`Topology.leaf_of`)."""
     leaf_of = snapshot.topology.leaf_of
     capacity: dict[str, int] = {}
     free_by_leaf: dict[str, int] = {}
@@ -125,21 +113,13 @@ def leaf_capacity_and_free(snapshot: Snapshot) -> tuple[dict[str, int], dict[str
     return capacity, free_by_leaf
 
 
-def leaf_free_gpus(snapshot: Snapshot) -> dict[str, int]:
-    free: dict[str, int] = {}
-    for node in snapshot.nodes:
-        leaf = snapshot.topology.leaf_of(node.name)
-        free[leaf] = free.get(leaf, 0) + node.gpus_free
-    return free
-
-
 class ClusterView:
     """What the placement helpers read from the nodes, from one pass over them.
 
-    `capacity` is `leaf_gpu_capacity`, `free_by_leaf` is `leaf_free_gpus`, `excluded` is
-    `steering_exclusions` (empty unless `steer`) and `largest_free` is `largest_free_outside` of
-    those exclusions: the same values those four functions return, without walking the nodes
-    (and the topology's leaf lookup) four times per cycle.
+    `capacity` and `free_by_leaf` are `leaf_capacity_and_free`; `excluded` (empty unless `steer`)
+    are the nodes of entirely idle leaves, which light jobs are steered away from to keep whole
+    leaves for heavy jobs; `largest_free` is, per partition ("" = any), the most free GPUs on one
+    node outside those. tests/unit/test_policy_views.py checks it against plain per-question walks.
     """
 
     __slots__ = ("capacity", "free_by_leaf", "excluded", "largest_free")
@@ -207,28 +187,14 @@ def switches_needed(job: Job, capacity: Mapping[str, int], biggest: int | None =
     return max(1, math.ceil(job.gpus / biggest))
 
 
-def consolidation(
-    job: Job,
-    now: float,
-    capacity: Mapping[str, int],
-    free_by_leaf: Mapping[str, int],
-    wait_s: int,
-    mode: str,
-    leaf_feature_prefix: str,
-    reason: str,
-) -> SetPlacement | ClearPlacement | None:
-    """Consolidate a heavy pending job under as few leaves as possible, relaxed after `wait_s`.
+class Consolidator:
+    """Consolidate heavy pending jobs under as few leaves as possible, relaxed after `wait_s`.
 
     `switches` mode writes Slurm's Switches=N@wait, which Slurm relaxes by itself after the wait.
     `leaf_feature` mode pins a leaf through its feature and is cleared here once the wait passed.
-    """
-    return Consolidator(capacity, free_by_leaf, wait_s, mode, leaf_feature_prefix).decide(job, now, reason)
-
-
-class Consolidator:
-    """`consolidation` for many jobs of one snapshot: what depends only on the cluster is worked
-    out once (largest leaf, best leaf per job size, the Placement of each switch count) instead of
-    once per job, which made a cycle O(pending x leaves)."""
+    What depends only on the cluster (largest leaf, best leaf per job size, the Placement of each
+    switch count) is worked out once per snapshot, not once per job (O(pending x leaves));
+    tests/unit/test_policy_views.py checks it against the per-job reference."""
 
     def __init__(
         self,
@@ -274,35 +240,6 @@ class Consolidator:
         if placement is None:
             return None
         return SetPlacement(job.job_id, placement, reason)
-
-
-def steering_exclusions(snapshot: Snapshot, topology: Topology) -> tuple[str, ...]:
-    """Nodes of entirely idle leaves: light jobs kept off them leave whole leaves to heavy jobs."""
-    idle_leaf: dict[str, bool] = {}
-    members: dict[str, list[str]] = {}
-    for node in snapshot.nodes:
-        leaf = topology.leaf_of(node.name)
-        members.setdefault(leaf, []).append(node.name)
-        idle = node.available and node.gpus_alloc == 0
-        idle_leaf[leaf] = idle_leaf.get(leaf, True) and idle
-    excluded: list[str] = []
-    for leaf, idle in sorted(idle_leaf.items()):
-        if idle and not leaf.startswith("~"):
-            excluded.extend(sorted(members[leaf]))
-    return tuple(excluded)
-
-
-def largest_free_outside(snapshot: Snapshot, excluded: frozenset[str]) -> dict[str, int]:
-    """Per partition ("" = any), the most free GPUs on one node outside the excluded set."""
-    best: dict[str, int] = {"": 0}
-    for node in snapshot.nodes:
-        if node.name in excluded:
-            continue
-        free = node.gpus_free
-        best[""] = max(best[""], free)
-        for partition in node.partitions:
-            best[partition] = max(best.get(partition, 0), free)
-    return best
 
 
 def fits_fragmented(job: Job, largest_free: Mapping[str, int]) -> bool:
