@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -16,12 +15,15 @@ from rich.table import Table
 from rich.text import Text
 
 from dike_slurm.cli import app, console, err_console
-from dike_slurm.errors import DikeError, InputError
+from dike_slurm.errors import InputError
 from dike_slurm.render import RENDER_KINDS
 
 if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` need none of them
+    from dike_slurm.apply import CycleReport
     from dike_slurm.config import Config
-    from dike_slurm.engine import CyclePlan, CycleReport, Engine
+    from dike_slurm.engine import Engine
+    from dike_slurm.reconcile import CyclePlan
+    from dike_slurm.state import StateStore
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
 _CONTROL = {c: " " for c in range(32)} | {127: " "}
@@ -57,13 +59,16 @@ def _config(path: Optional[Path]) -> Config:
     return load_config(path)
 
 
-def _open(config: Config, *, writing: bool) -> Engine:
-    from dike_slurm.backends import open_backend
-    from dike_slurm.engine import Engine
+def _store(config: Config, *, writing: bool) -> StateStore:
     from dike_slurm.state import StateStore
 
-    store = StateStore(config.engine.state_db, read_only=not writing)
-    return Engine(config, open_backend(config), store)
+    return StateStore(config.engine.state_db, read_only=not writing)
+
+
+def _open(config: Config, *, writing: bool) -> Engine:
+    from dike_slurm.service import open_engine
+
+    return open_engine(config, _store(config, writing=writing))
 
 
 def _lock(config: Config):
@@ -77,7 +82,7 @@ def _gpuh(seconds: float) -> str:
 
 
 def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
-    from dike_slurm.engine import describe_value
+    from dike_slurm.reconcile import describe_value
 
     outcome = {id(w): o for w, o in report.outcomes} if report else {}
     table = Table(title=f"{'changes written' if report and report.applied else 'plan (dry run)'}: "
@@ -99,23 +104,14 @@ def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
     return table
 
 
-def _summary(report: CycleReport) -> str:
-    plan = report.plan
-    managed = sum(1 for p in plan.jobs if p.managed)
-    written = sum(1 for _, o in report.outcomes if o.ok)
-    verb = "written" if report.applied else "planned"
-    text = (f"cycle: {len(plan.jobs)} jobs in scope ({managed} managed, {plan.out_of_scope} out of scope), "
-            f"{written if report.applied else len(plan.writes)} change(s) {verb}, {report.errors} error(s), "
-            f"{report.slurm_calls} Slurm call(s) ({report.write_calls} write), {report.seconds:.2f} s")
-    return text
-
-
 def _print_cycle(report: CycleReport) -> None:
     """One cycle for a person: the table of changes and the summary line (the service logs instead)."""
+    from dike_slurm.service import summary_line
+
     plan = report.plan
     if plan.writes:
         console.print(_plan_table(plan, report))
-    console.print(_summary(report), highlight=False)
+    console.print(summary_line(report), highlight=False)
     for note in plan.notes + report.notes:
         err_console.print(_safe(f"note: {note}"))
     for reason, count in plan.accounting_skipped.items():
@@ -136,87 +132,25 @@ def run_command(
     finishes (each write is atomic with its audit row) and the loop stops. SIGHUP: the
     configuration is read again before the next cycle (a bad file keeps the old one).
     """
-    import sqlite3
-
-    from dike_slurm.engine import write_metrics
-    from dike_slurm.state import StateError
+    from dike_slurm.service import Service, Signals, run_cycle
 
     config = _config(config_path)
     _setup_logging(config, verbose or not once)
-    log = logging.getLogger("dike_slurm.run")
-    stopping: list[int] = []
-    reload: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
-    if not once:
-        signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
-        signal.signal(signal.SIGHUP, lambda signum, _: reload.append(signum))
-    failures = 0
-    with ExitStack() as stack:
-        if apply:
-            stack.enter_context(_lock(config))
-        engine = _open(config, writing=apply)
-        while True:
-            started = time.monotonic()
-            try:
-                try:
-                    report = engine.cycle(apply=apply)
-                except sqlite3.Error as exc:  # disk full, file removed...: one line, not a traceback
-                    raise StateError(f"state store {config.engine.state_db}: {exc}") from None
-            except DikeError as exc:
-                if once:
-                    raise
-                failures += 1
-                log.error("cycle failed: %s", exc)
-            else:
-                failures = 0
-                if once:
-                    _print_cycle(report)
-                else:  # a service: one log line per cycle (and per write), notes as warnings
-                    log.info(_summary(report))
-                    for note in report.plan.notes + report.notes:
-                        log.warning(note)
-                if config.engine.metrics_file is not None:
-                    write_metrics(report, config.engine.metrics_file)
-                if once and (report.errors or (apply and engine.store.breaker() is not None)):
-                    raise typer.Exit(1)
-            if once:
-                return
-            if engine.backend.finished():
-                _print_simulation_summary(engine)
-                return
-            wait = config.engine.interval_s
-            if failures:
-                wait = min(config.engine.interval_s, RETRY_BASE_S * 2 ** (failures - 1))
-                log.warning("retrying in %g s (failure %d in a row)", wait, failures)
-            while engine.backend.realtime and not stopping and not reload and time.monotonic() - started < wait:
-                time.sleep(min(0.2, wait))
-            if stopping:
-                log.info("%s: stopping after the cycle", signal.Signals(stopping[0]).name)
-                return
-            if reload:
-                reload.clear()
-                engine, config = _reload(engine, config, config_path, log)
-
-
-RETRY_BASE_S = 5.0
-
-
-def _reload(engine: Engine, config: Config, config_path: Optional[Path], log: logging.Logger):
-    """SIGHUP: the new configuration, or the old one when the new one is invalid."""
-    from dike_slurm.backends import open_backend
-    from dike_slurm.engine import Engine
-
-    try:
-        new_config = _config(config_path)
-        new_engine = Engine(new_config, open_backend(new_config), engine.store)
-    except DikeError as exc:
-        log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", exc)
-        return engine, config
-    if new_config.engine.state_db != config.engine.state_db:
-        log.warning("SIGHUP: engine.state_db changed; it takes effect on restart only")
-    log.warning("SIGHUP: configuration reloaded (policy %s, interval %g s)",
-                new_engine.policy.name, new_config.engine.interval_s)
-    return new_engine, new_config
+    signals = Signals()
+    signals.install(service=not once)
+    with _lock(config) if apply else nullcontext():
+        if once:
+            engine = _open(config, writing=apply)
+            report = run_cycle(engine, apply=apply)
+            _print_cycle(report)
+            if report.errors or (apply and engine.store.breaker() is not None):
+                raise typer.Exit(1)
+            return
+        service = Service(config, _store(config, writing=apply), lambda: _config(config_path), apply=apply,
+                          signals=signals)
+        finished = service.run()
+    if finished:
+        _print_simulation_summary(service.engine)
 
 
 def _print_simulation_summary(engine: Engine) -> None:
@@ -288,7 +222,7 @@ def explain_command(
     config_path: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Why this job has its level, priority and constraint, and what the engine changed on it."""
-    from dike_slurm.engine import describe_value
+    from dike_slurm.reconcile import describe_value
 
     config = _config(config_path)
     engine = _open(config, writing=False)
@@ -318,7 +252,7 @@ def explain_command(
 
 
 def _explain_job(job_plan, priority_field: str) -> None:
-    from dike_slurm.engine import describe_value
+    from dike_slurm.reconcile import describe_value
 
     job = job_plan.job
     lines = [
@@ -350,7 +284,7 @@ def revert_command(
     config_path: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Undo every change the engine made to active jobs (SiteFactor, Priority, Nice, comment, constraints)."""
-    from dike_slurm.engine import describe_value
+    from dike_slurm.reconcile import describe_value
 
     config = _config(config_path)
     with _lock(config) if apply else nullcontext():

@@ -6,12 +6,14 @@ import random
 
 import pytest
 
+from dike_slurm.admin_comment import admin_comment_text
 from dike_slurm.backends.base import FakeBackend, JobField, SwitchRequest
 from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
-from dike_slurm.engine import Engine, admin_comment_text, priority_value, score_ceiling
+from dike_slurm.engine import Engine
 from dike_slurm.errors import PolicyError
 from dike_slurm.model import JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.reconcile import priority_value, score_ceiling
 from dike_slurm.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running

@@ -1,0 +1,281 @@
+"""Apply: a cycle plan's writes through the backend, each audited ahead in the state store.
+
+Every write and requeue has its audit row committed as "unconfirmed" before Slurm is called,
+then completed with the result (and, for a write, the field the engine now owns), so a crash at
+any point leaves the attempt in the audit. The circuit breakers, the cycle deadline and the
+preemption grace signal are enforced here; afterwards the cycle's levels, promotions and runs
+are remembered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from dike_slurm.backends.base import Backend, JobField, WriteOutcome
+from dike_slurm.config import Config
+from dike_slurm.decisions import Requeue
+from dike_slurm.model import Job
+from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, PlannedWrite, describe_value
+from dike_slurm.requeue_guard import requeue_groups
+from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, StateStore
+
+log = logging.getLogger("dike_slurm.engine")
+
+FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the state (not the audit)
+_UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """What a cycle did (nothing but the plan when not applied)."""
+
+    plan: CyclePlan
+    applied: bool
+    outcomes: tuple[tuple[PlannedWrite, WriteOutcome], ...]
+    requeued: tuple[tuple[Requeue, WriteOutcome], ...]
+    errors: int
+    seconds: float
+    slurm_calls: int
+    write_calls: int
+    notes: tuple[str, ...] = ()
+
+
+def change_text(write: PlannedWrite) -> str:
+    """A write as the audit shows it: each field from the value it replaces to the new one."""
+    originals = dict(write.originals)
+    return "; ".join(
+        f"{key.value} {describe_value(originals.get(key))} -> {describe_value(value)}"
+        for key, value in write.update.values
+    ) or "released " + ", ".join(f.value for f in write.restores)
+
+
+class Applier:
+    """Writes plans to one cluster and records them in one state store."""
+
+    def __init__(
+        self, config: Config, backend: Backend, store: StateStore, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = store
+        self.clock = clock
+        self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
+
+    def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:
+        """Write the plan, audit every write, remember levels, runs and promotions."""
+        started = self.clock() if started is None else started
+        engine = self.config.engine
+        calls_before = self.backend.calls
+        cycle = self.store.next_cycle()
+        outcomes: list[tuple[PlannedWrite, WriteOutcome]] = []
+        requeued: list[tuple[Requeue, WriteOutcome]] = []
+        notes: list[str] = []
+        errors = 0
+        succeeded: set[tuple[int, JobField]] = set()
+        stopped = ""
+        tripped = self.store.breaker()
+        if tripped is None and plan.breaker:
+            tripped = self._trip(plan.breaker)
+        if tripped is not None:
+            stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
+                       f"`dike-slurm breaker reset`")
+            notes.append(stopped)
+            self._audit_skipped(plan, cycle, plan.writes, stopped)
+        for index, write in enumerate(() if stopped else plan.writes):
+            if errors >= engine.breaker_max_errors:
+                stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
+                self._trip(f"{errors} failed writes in cycle {cycle}")
+            elif self.clock() - started > engine.cycle_deadline_s:
+                stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
+            if stopped:
+                notes.append(stopped)
+                self._audit_skipped(plan, cycle, plan.writes[index:], stopped)
+                break
+            outcome = self._write(write, plan.time, cycle)
+            outcomes.append((write, outcome))
+            if outcome.ok:
+                succeeded.update((write.job_id, f) for f in write.update.fields)
+            elif not outcome.job_gone:
+                errors += 1
+        running_jobs = {p.job.job_id: p.job for p in plan.jobs}
+        for group in requeue_groups(plan.requeues):
+            if stopped or errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s:
+                with self.store.transaction():
+                    for requeue in group:
+                        self.store.audit(AuditEntry(
+                            plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
+                            "none", False, stopped or "error limit or cycle deadline reached", requeue.reason,
+                        ))
+                continue
+            if engine.preempt_signal is not None:
+                waiting = self._grace(group, running_jobs, plan.time, cycle)
+                errors += sum(1 for o in waiting.values() if o is not None and not o.ok and not o.job_gone)
+                if waiting:
+                    notes.append(
+                        f"job(s) {', '.join(map(str, waiting))} signalled {engine.preempt_signal}: requeued once "
+                        f"{engine.preempt_grace_s:g}s have passed"
+                    )
+                    continue
+            for requeue in group:
+                outcome = self._requeue(requeue, plan.time, cycle)
+                requeued.append((requeue, outcome))
+                if not outcome.ok and not outcome.job_gone:
+                    errors += 1
+        self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok})
+        seconds = self.clock() - started
+        write_calls = self.backend.calls - calls_before
+        report = CycleReport(
+            plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
+            plan.read_calls + write_calls, write_calls, tuple(notes),
+        )
+        with self.store.transaction():
+            self.store.record_cycle(_summary(report))
+        return report
+
+    def _requeue(self, requeue: Requeue, now: float, cycle: int) -> WriteOutcome:
+        """`scontrol requeue`, with its audit row written ahead (as `_write` does for updates)."""
+        with self.store.transaction():
+            entry_id = self.store.audit(AuditEntry(
+                now, cycle, requeue.job_id, "requeue", "requeued", f"requeue {requeue.job_id}",
+                "none: a requeue cannot be undone", False, _UNCONFIRMED, requeue.reason,
+            ))
+        outcome = self.backend.requeue(requeue.job_id)
+        with self.store.transaction():
+            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+        log.info("job %s: requeued (%s)%s", requeue.job_id, requeue.reason,
+                 "" if outcome.ok else f" FAILED: {outcome.message}")
+        return outcome
+
+    def _grace(
+        self, group: list[Requeue], jobs: Mapping[int, Job], now: float, cycle: int
+    ) -> dict[int, WriteOutcome | None]:
+        """Signal the victims not signalled in their current run; the ones still inside their grace
+        period (None: signalled earlier). Empty: every victim's grace has passed, requeue them."""
+        engine = self.config.engine
+        signal = engine.preempt_signal
+        assert signal is not None
+        waiting: dict[int, WriteOutcome | None] = {}
+        for requeue in group:
+            job = jobs.get(requeue.job_id)
+            since = job.start_time if job is not None and job.start_time is not None else 0.0
+            sent = self.store.last_done(requeue.job_id, "signal", since)
+            if sent is not None:
+                if now - sent < engine.preempt_grace_s:
+                    waiting[requeue.job_id] = None
+                continue
+            with self.store.transaction():
+                entry_id = self.store.audit(AuditEntry(
+                    now, cycle, requeue.job_id, "signal", f"signal {signal} before requeue", f"signal {requeue.job_id}",
+                    "none: a signal cannot be undone", False, _UNCONFIRMED, requeue.reason,
+                ))
+            outcome = self.backend.signal(requeue.job_id, signal)
+            with self.store.transaction():
+                self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+            waiting[requeue.job_id] = outcome
+        return waiting
+
+    def _trip(self, reason: str) -> str:
+        with self.store.transaction():
+            self.store.trip_breaker(reason)
+        log.error("circuit breaker tripped: %s", reason)
+        return reason
+
+    def _audit_skipped(self, plan: CyclePlan, cycle: int, writes, why: str) -> None:
+        """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""
+        with self.store.transaction():
+            for write in writes:
+                self.store.audit(AuditEntry(
+                    plan.time, cycle, write.job_id, "skipped", change_text(write), "(not run)",
+                    "none", False, why, write.reason,
+                ))
+
+    def _write(self, write: PlannedWrite, now: float, cycle: int) -> WriteOutcome:
+        originals = dict(write.originals)
+        change = change_text(write)
+        undo = self.backend.describe(write.undo) if write.undo.values else "none"
+        # Write-ahead: the audit row exists (as unconfirmed) before Slurm is called, so a crash
+        # between the call and its record still leaves the attempt in the audit.
+        with self.store.transaction():
+            entry_id = self.store.audit(AuditEntry(
+                now, cycle, write.job_id, "update", change,
+                self.backend.describe(write.update) if write.update.values else "(none)", undo,
+                False, _UNCONFIRMED, write.reason,
+            ))
+        if write.update.values:
+            outcome = self.backend.apply(write.update)
+        else:
+            outcome = WriteOutcome(True, "(none: Slurm already holds the original)")
+        with self.store.transaction():
+            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+            if outcome.ok:
+                for key, value in write.update.values:
+                    if key not in write.restores:
+                        self.store.record_write(write.job_id, key, originals[key], value, now)
+                self.store.release(write.job_id, write.restores)
+            elif outcome.job_gone and write.kind == "placement":
+                self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
+        log.info(
+            "job %s: %s (%s)%s", write.job_id, change, write.reason,
+            "" if outcome.ok else f" FAILED: {outcome.message}",
+        )
+        return outcome
+
+    def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int]) -> None:
+        memory = self.store.jobs()
+        memories = []
+        for job_plan in plan.jobs:
+            if not job_plan.managed:
+                continue
+            job = job_plan.job
+            old = memory.get(job.job_id) or JobMemory(job.job_id, plan.time)
+            written_level = old.written_level
+            if (job.job_id, self.strategy_field) in succeeded:
+                written_level = job_plan.level
+            at_promotion = old.attained_at_promotion_gpu_s
+            promotions = old.promotions
+            if job_plan.promoted:
+                at_promotion = job.attained_gpu_s
+                promotions += 1
+            memories.append(replace(
+                old,
+                last_seen=plan.time,
+                level=job_plan.level,
+                written_level=written_level,
+                attained_gpu_s=job.attained_gpu_s,
+                attained_at_promotion_gpu_s=at_promotion,
+                promotions=promotions,
+                requeues=old.requeues + (1 if job.job_id in requeued else 0),
+                hands_off=job_plan.hands_off,
+                hands_off_reason=job_plan.hands_off_reason,
+                reason=job_plan.reason,
+            ))
+        lookback_start = plan.time - self.config.accounting.lookback_days * 86400.0
+        with self.store.transaction():
+            self.store.remember(memories)
+            for job_plan in plan.jobs:  # a user took these over: the engine no longer owns them
+                if job_plan.hands_off:
+                    self.store.release(job_plan.job.job_id, job_plan.hands_off)
+            self.store.add_runs(plan.new_runs)
+            if plan.accounting_ok:
+                self.store.set_last_sync(plan.time)
+            self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
+            self.store.forget_jobs(plan.time - FORGET_AFTER_S)
+
+
+def _summary(report: CycleReport) -> CycleSummary:
+    plan = report.plan
+    return CycleSummary(
+        started=plan.time,
+        seconds=report.seconds,
+        policy=plan.policy,
+        applied=report.applied,
+        jobs=len(plan.jobs),
+        managed=sum(1 for p in plan.jobs if p.managed),
+        writes=sum(1 for _, o in report.outcomes if o.ok),
+        errors=report.errors,
+        slurm_calls=report.slurm_calls,
+        note="; ".join(plan.notes + report.notes),
+    )

@@ -1,0 +1,156 @@
+"""The engine as a service: a cycle every engine.interval_s, until a signal stops it.
+
+A failed cycle (Slurm down, a command timed out) is one log line and is retried with backoff:
+5 s doubling up to interval_s. SIGTERM/SIGINT: the current cycle finishes (each write is atomic
+with its audit row) and the loop stops. SIGHUP: the configuration is read again before the next
+cycle (an invalid one is logged and the running one kept). The clock, the sleep and the engine
+factory are parameters, so the loop runs in tests without waiting or a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dike_slurm.apply import CycleReport
+from dike_slurm.backends import open_backend
+from dike_slurm.config import Config
+from dike_slurm.engine import Engine
+from dike_slurm.errors import DikeError
+from dike_slurm.metrics import write_metrics
+from dike_slurm.state import StateError, StateStore
+
+log = logging.getLogger("dike_slurm.run")
+
+RETRY_BASE_S = 5.0
+POLL_S = 0.2  # how often a wait between cycles looks for a signal
+
+
+def open_engine(config: Config, store: StateStore) -> Engine:
+    """An engine on the backend the configuration names."""
+    return Engine(config, open_backend(config), store)
+
+
+def retry_wait_s(failures: int, interval_s: float) -> float:
+    """The wait after `failures` failed cycles in a row: 5 s doubling, at most interval_s."""
+    return min(interval_s, RETRY_BASE_S * 2 ** (failures - 1))
+
+
+def summary_line(report: CycleReport) -> str:
+    """One cycle in one line: jobs, changes, errors, Slurm calls, time."""
+    plan = report.plan
+    managed = sum(1 for p in plan.jobs if p.managed)
+    written = sum(1 for _, o in report.outcomes if o.ok)
+    verb = "written" if report.applied else "planned"
+    return (f"cycle: {len(plan.jobs)} jobs in scope ({managed} managed, {plan.out_of_scope} out of scope), "
+            f"{written if report.applied else len(plan.writes)} change(s) {verb}, {report.errors} error(s), "
+            f"{report.slurm_calls} Slurm call(s) ({report.write_calls} write), {report.seconds:.2f} s")
+
+
+def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
+    """One cycle, then the metrics file (when configured); a state store failure (disk full, file
+    removed) raises a StateError, one line rather than a traceback."""
+    try:
+        report = engine.cycle(apply=apply)
+    except sqlite3.Error as exc:
+        raise StateError(f"state store {engine.config.engine.state_db}: {exc}") from None
+    if engine.config.engine.metrics_file is not None:
+        write_metrics(report, engine.config.engine.metrics_file)
+    return report
+
+
+@dataclass
+class Signals:
+    """What the signal handlers asked for; the service looks between cycles and while it waits."""
+
+    stop: int | None = None  # the signal that asked the service to stop
+    reload: bool = False
+
+    def install(self, *, service: bool) -> None:
+        """SIGTERM lets the cycle finish; a service also stops on SIGINT and reloads on SIGHUP."""
+        signal.signal(signal.SIGTERM, self._stop)
+        if service:
+            signal.signal(signal.SIGINT, self._stop)
+            signal.signal(signal.SIGHUP, self._reload)
+
+    def _stop(self, signum: int, _frame: object) -> None:
+        if self.stop is None:
+            self.stop = signum
+
+    def _reload(self, _signum: int, _frame: object) -> None:
+        self.reload = True
+
+
+class Service:
+    """The loop around one engine; `engine` and `config` are the running ones (SIGHUP replaces them)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: StateStore,
+        load_config: Callable[[], Config],
+        *,
+        apply: bool,
+        signals: Signals | None = None,
+        make_engine: Callable[[Config, StateStore], Engine] = open_engine,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self.load_config = load_config
+        self.apply = apply
+        self.signals = signals or Signals()
+        self.make_engine = make_engine
+        self.clock = clock
+        self.sleep = sleep
+        self.engine = make_engine(config, store)
+        self.failures = 0  # failed cycles in a row
+
+    def run(self) -> bool:
+        """Cycle until a signal stops the loop (False) or the cluster finishes (True: a simulated
+        cluster ran to the end of its trace)."""
+        while True:
+            started = self.clock()
+            try:
+                report = run_cycle(self.engine, apply=self.apply)
+            except DikeError as exc:
+                self.failures += 1
+                log.error("cycle failed: %s", exc)
+            else:
+                self.failures = 0
+                log.info(summary_line(report))
+                for note in report.plan.notes + report.notes:
+                    log.warning(note)
+            if self.engine.backend.finished():
+                return True
+            wait = self.config.engine.interval_s
+            if self.failures:
+                wait = retry_wait_s(self.failures, wait)
+                log.warning("retrying in %g s (failure %d in a row)", wait, self.failures)
+            while (self.engine.backend.realtime and self.signals.stop is None and not self.signals.reload
+                   and self.clock() - started < wait):
+                self.sleep(min(POLL_S, wait))
+            if self.signals.stop is not None:
+                log.info("%s: stopping after the cycle", signal.Signals(self.signals.stop).name)
+                return False
+            if self.signals.reload:
+                self.signals.reload = False
+                self._reload()
+
+    def _reload(self) -> None:
+        """SIGHUP: the new configuration, or the old one when the new one is invalid."""
+        try:
+            config = self.load_config()
+            engine = self.make_engine(config, self.engine.store)
+        except DikeError as exc:
+            log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", exc)
+            return
+        if config.engine.state_db != self.config.engine.state_db:
+            log.warning("SIGHUP: engine.state_db changed; it takes effect on restart only")
+        log.warning("SIGHUP: configuration reloaded (policy %s, interval %g s)",
+                    engine.policy.name, config.engine.interval_s)
+        self.engine, self.config = engine, config

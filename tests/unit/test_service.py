@@ -1,0 +1,221 @@
+"""The service loop with a fake clock and stand-in engines: backoff, signals, reload, error counts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dike_slurm.apply import CycleReport
+from dike_slurm.config import Config
+from dike_slurm.errors import ConfigError, SlurmError
+from dike_slurm.reconcile import CyclePlan
+from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
+
+STORE = object()  # the state store is only handed from engine to engine
+
+
+class Clock:
+    """Monotonic time that moves only when the service sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+class Backend:
+    def __init__(self, realtime: bool = True) -> None:
+        self.realtime = realtime
+        self.ended = False
+
+    def finished(self) -> bool:
+        return self.ended
+
+
+class FakeEngine:
+    """Runs one scripted step per cycle: a step that raises is a failed cycle."""
+
+    def __init__(self, config: Config, store: object, steps: list[Callable[[], None]], clock: Clock) -> None:
+        self.config, self.store, self.steps, self.clock = config, store, steps, clock
+        self.backend = Backend()
+        self.policy = SimpleNamespace(name=config.engine.policy)
+        self.starts: list[float] = []
+
+    def cycle(self, *, apply: bool) -> CycleReport:
+        self.starts.append(self.clock.now)
+        self.steps.pop(0)()
+        plan = CyclePlan(self.clock.now, self.config.engine.policy, "site_factor", (), (), (), (), (), 0)
+        return CycleReport(plan, apply, (), (), 0, 0.1, 6, 0)
+
+
+def config(**engine: object) -> Config:
+    return Config.model_validate({"engine": {"interval_s": 60, **engine}})
+
+
+def ok() -> None:
+    pass
+
+
+def slurm_down() -> None:
+    raise SlurmError("squeue: timed out after 30 s")
+
+
+def service(steps: list[Callable[[], None]], **engine: object) -> tuple[Service, Clock, list[FakeEngine]]:
+    clock = Clock()
+    made: list[FakeEngine] = []
+
+    def make_engine(cfg: Config, store: object) -> FakeEngine:
+        made.append(FakeEngine(cfg, store, steps, clock))
+        return made[-1]
+
+    svc = Service(config(**engine), STORE, lambda: config(interval_s=11), apply=True,  # type: ignore[arg-type]
+                  make_engine=make_engine, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    return svc, clock, made
+
+
+def gaps(starts: list[float]) -> list[float]:
+    return [round(b - a, 6) for a, b in zip(starts, starts[1:])]
+
+
+def test_the_retry_wait_doubles_from_5_s_up_to_the_interval():
+    assert [retry_wait_s(n, 60) for n in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+    assert retry_wait_s(1, 3) == 3 and RETRY_BASE_S == 5
+
+
+def test_failed_cycles_back_off_and_a_success_resets_the_wait(caplog):
+    steps: list[Callable[[], None]] = [slurm_down] * 5 + [ok, slurm_down]
+    svc, clock, made = service(steps)
+    steps.append(lambda: setattr(svc.signals, "stop", signal.SIGTERM))
+    with caplog.at_level(logging.INFO, logger="dike_slurm.run"):
+        assert svc.run() is False
+    assert gaps(made[0].starts) == pytest.approx([5, 10, 20, 40, 60, 60, 5], abs=0.21)
+    assert "retrying in 40 s (failure 4 in a row)" in caplog.text
+    assert caplog.text.count("cycle failed: squeue: timed out after 30 s") == 6
+    assert "SIGTERM: stopping after the cycle" in caplog.text
+
+
+def test_errors_are_counted_in_a_row_and_reset_by_a_good_cycle():
+    counts: list[int] = []
+    steps: list[Callable[[], None]] = [slurm_down, slurm_down]
+    svc, _, _ = service(steps)
+    steps += [lambda: counts.append(svc.failures), ok, lambda: counts.append(svc.failures), slurm_down,
+              lambda: counts.append(svc.failures)]
+    steps.append(lambda: setattr(svc.signals, "stop", signal.SIGINT))
+    svc.run()
+    # each seen during a cycle: after two failed ones, after a good one, after one failed one
+    assert counts == [2, 0, 1]
+    assert svc.failures == 0
+
+
+def test_a_state_store_failure_is_a_failed_cycle_not_a_crash():
+    def disk_full() -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    steps: list[Callable[[], None]] = [disk_full]
+    svc, _, _ = service(steps)
+    steps.append(lambda: setattr(svc.signals, "stop", signal.SIGTERM))
+    assert svc.run() is False
+    assert svc.failures == 0  # the second cycle succeeded
+
+
+def test_other_exceptions_are_not_swallowed():
+    def bug() -> None:
+        raise KeyError("a bug")
+
+    svc, _, _ = service([bug])
+    with pytest.raises(KeyError):
+        svc.run()
+
+
+def test_a_stop_signal_ends_the_loop_after_the_cycle_without_waiting():
+    steps: list[Callable[[], None]] = [ok]
+    svc, clock, made = service(steps)
+    steps.append(lambda: setattr(svc.signals, "stop", signal.SIGTERM))
+    assert svc.run() is False
+    assert made[0].starts == pytest.approx([0, 60], abs=0.21) and not steps
+
+
+def test_a_stop_during_the_wait_ends_it_early():
+    steps: list[Callable[[], None]] = [ok]
+    svc, clock, _ = service(steps)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1:
+            svc.signals.stop = signal.SIGTERM
+
+    svc.sleep = sleep
+    assert svc.run() is False
+    assert clock.now == pytest.approx(1.0, abs=0.21)
+
+
+def test_the_reload_flag_builds_a_new_engine_on_the_same_store_before_the_next_cycle(caplog):
+    steps: list[Callable[[], None]] = []
+    svc, clock, made = service(steps)
+    steps += [lambda: setattr(svc.signals, "reload", True), ok, ok]
+    steps.append(lambda: setattr(svc.signals, "stop", signal.SIGTERM))
+    with caplog.at_level(logging.INFO, logger="dike_slurm.run"):
+        svc.run()
+    assert len(made) == 2 and made[1].store is STORE and svc.engine is made[1]
+    assert svc.config.engine.interval_s == 11 and not svc.signals.reload
+    assert made[0].starts == [0] and gaps(made[1].starts) == pytest.approx([11, 11], abs=0.21)
+    assert made[1].starts[0] == 0  # the flag ends the wait: the reloaded engine cycles at once
+    assert "SIGHUP: configuration reloaded (policy dike, interval 11 s)" in caplog.text
+
+
+def test_an_invalid_configuration_on_reload_keeps_the_running_one(caplog):
+    steps: list[Callable[[], None]] = []
+    svc, _, made = service(steps)
+
+    def broken() -> Config:
+        raise ConfigError("engine.bogus: extra inputs are not permitted")
+
+    svc.load_config = broken
+    steps += [lambda: setattr(svc.signals, "reload", True), lambda: setattr(svc.signals, "stop", signal.SIGTERM)]
+    svc.run()
+    assert len(made) == 1 and svc.engine is made[0] and svc.config.engine.interval_s == 60
+    assert "SIGHUP: configuration not reloaded, keeping the running one" in caplog.text
+
+
+def test_a_finished_cluster_ends_the_loop_and_a_simulated_one_never_sleeps():
+    steps: list[Callable[[], None]] = [ok, ok]
+    svc, clock, made = service(steps)
+    made[0].backend.realtime = False
+    steps.append(lambda: setattr(made[0].backend, "ended", True))
+    assert svc.run() is True
+    assert clock.slept == 0 and len(made[0].starts) == 3
+
+
+def test_the_installed_handlers_set_the_flags():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    signals = Signals()
+    try:
+        signals.install(service=True)
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.reload and signals.stop == signal.SIGINT  # the first stop signal is the one named
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def test_one_cycle_rewrites_the_metrics_file(tmp_path: Path):
+    path = tmp_path / "metrics" / "dike.prom"
+    engine = FakeEngine(config(metrics_file=str(path)), STORE, [ok], Clock())
+    report = run_cycle(engine, apply=False)  # type: ignore[arg-type]
+    assert report.slurm_calls == 6
+    assert "dike_slurm_slurm_calls 6.0" in path.read_text()
