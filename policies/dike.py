@@ -29,6 +29,7 @@ from dike_slurm.policies.common import (
     split_active,
     usage_fractions,
 )
+from dike_slurm.policies.node_hold import plan_node_hold, with_node_hold
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
@@ -73,6 +74,13 @@ class DikeParams(PolicyParams):
         1800.0, ge=0, description="the site's checkpoint interval, to estimate the work a requeue loses; 0: unknown"
     )
     max_requeues_per_cycle: int = Field(4, ge=0)
+    hold_nodes: Literal["never", "promoted", "blocked"] = Field(
+        "never",
+        description=(
+            "keep lower-ranked jobs off (ExcNodeList) the nodes closest to fitting a blocked heavy job: the first "
+            "one that starvation promotion lifted (promoted), the first one at all (blocked), or never"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_lists(self) -> DikeParams:
@@ -200,14 +208,26 @@ class DikePolicy(Policy):
         placements = (
             self._placements(snapshot, params, pending) if params.consolidate or params.steer_light_jobs else []
         )
-        if not params.preemption:
+        if not params.preemption and params.hold_nodes == "never":
             return Decisions(tuple(priorities), tuple(placements))
         comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
-        plan = self._preemptions(
-            snapshot, params, priorities, pending, running, lambda job: is_comm_heavy(job, comm_gpus, comm_rules)
-        )
+        heavy = lambda job: is_comm_heavy(job, comm_gpus, comm_rules)  # noqa: E731
+        one_leaf = heavy if params.consolidate else (lambda job: False)
+        level_of_job = {p.job_id: p.level for p in priorities}
+        score_of_job = {p.job_id: p.score for p in priorities}
+        ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
+        plan = self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf) if params.preemption else PreemptionPlan()
         pinned = plan.pinned
         placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
+        if params.hold_nodes != "never":
+            promoted = {p.job_id for p in priorities if p.promoted}
+            hold = plan_node_hold(
+                snapshot, ranked, running, plan, heavy=heavy,
+                eligible=(lambda job: job.job_id in promoted) if params.hold_nodes == "promoted" else (lambda job: True),
+                one_leaf=one_leaf, max_scan=PreemptionLimits.max_scan,
+            )
+            if hold is not None:
+                placements = with_node_hold(placements, hold)
         return Decisions(tuple(priorities), tuple(placements), plan.requeues)
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
@@ -260,14 +280,11 @@ class DikePolicy(Policy):
         self,
         snapshot: Snapshot,
         params: DikeParams,
-        priorities: list[SetPriority],
-        pending: tuple[Job, ...],
+        level_of_job: dict[int, int],
+        ranked: list[Job],
         running: tuple[Job, ...],
-        comm_heavy,
+        one_leaf,
     ) -> PreemptionPlan:
-        level_of_job = {p.job_id: p.level for p in priorities}
-        score_of_job = {p.job_id: p.score for p in priorities}
-        ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
         now, min_run, backoff = snapshot.time, params.min_runtime_s, params.preemption_backoff
         interval = params.checkpoint_interval_s
 
@@ -289,7 +306,7 @@ class DikePolicy(Policy):
             outranks=lambda blocked, victim: level_of_job[blocked.job_id] < level_of_job[victim.job_id],
             may_preempt=may_preempt,
             loss=loss,
-            one_leaf=comm_heavy if params.consolidate else (lambda job: False),
+            one_leaf=one_leaf,
             limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle),
             reason=lambda blocked, victim: (
                 f"level {level_of_job[victim.job_id]} job preempted for level-{level_of_job[blocked.job_id]} "

@@ -39,7 +39,7 @@ class PreemptionPlan:
         return frozenset(p.job_id for p in self.pins)
 
 
-class _Nodes:
+class NodeLedger:
     """Free GPUs per node and the running jobs on each, as the plan goes along."""
 
     def __init__(self, snapshot: Snapshot, running: Sequence[Job]) -> None:
@@ -61,14 +61,15 @@ class _Nodes:
             nodes_per_leaf[leaf] = nodes_per_leaf.get(leaf, 0) + 1
         self.largest_leaf = max(nodes_per_leaf.values(), default=0)  # nodes under the largest leaf
 
-    def usable(self, job: Job) -> list[int]:
+    def usable(self, job: Job, honour_exclusions: bool = True) -> list[int]:
         """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList).
 
         A job already pinned (an earlier cycle's plan, e.g. waiting out a grace signal) is planned
         on its pinned nodes only, so the plan carries on; if it no longer can, the pin is not
-        asserted again and the engine clears it."""
+        asserted again and the engine clears it. `honour_exclusions=False` ignores the ExcNodeList,
+        which may be one the engine wrote itself in an earlier cycle."""
         per_node, partition = job.gpus_per_node, job.partition
-        excluded = set(job.placement.exclude_nodes)
+        excluded = set(job.placement.exclude_nodes) if honour_exclusions else set()
         required = set(job.placement.require_nodes)
         return [
             i for i, total in enumerate(self.gpus)
@@ -90,7 +91,7 @@ class _Nodes:
             self.free[node] -= per_node
 
 
-def _pick(candidates: list[tuple[float, int]], count: int, nodes: _Nodes, one_leaf: bool) -> list[int] | None:
+def pick_nodes(candidates: list[tuple[float, int]], count: int, nodes: NodeLedger, one_leaf: bool) -> list[int] | None:
     """The `count` cheapest (cost, node) candidates, all under one leaf when asked."""
     if len(candidates) < count:
         return None
@@ -134,7 +135,7 @@ def plan_preemptions(
     candidates = [v for v in running if v.nodes and may_preempt(v)]
     if not candidates:
         return PreemptionPlan()
-    nodes = _Nodes(snapshot, running)
+    nodes = NodeLedger(snapshot, running)
     preemptible = {v.job_id for v in candidates}
     taken: set[int] = set()
     requeues: list[Requeue] = []
@@ -147,7 +148,7 @@ def plan_preemptions(
         usable = nodes.usable(job)
         single = one_leaf(job) and count <= nodes.largest_leaf
         free_now = [(0.0, i) for i in usable if nodes.free[i] >= per_node]
-        fitting = _pick(free_now, count, nodes, single)
+        fitting = pick_nodes(free_now, count, nodes, single)
         if fitting is not None:
             nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
             continue
@@ -179,7 +180,7 @@ def plan_preemptions(
             if missing <= 0:
                 options.append((cost, node))
                 victims_on[node] = chosen
-        picked = _pick(options, count, nodes, single)
+        picked = pick_nodes(options, count, nodes, single)
         if picked is None:
             continue
         victims: dict[int, Job] = {}

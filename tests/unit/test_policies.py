@@ -255,6 +255,53 @@ def test_dike_preemption_backs_off_instead_of_a_per_job_cap():
     assert requeues(ran=8 * 1800 + 60, preemptions=3)  # never immune: only slower
 
 
+def test_dike_holds_the_nodes_closest_to_fitting_the_first_blocked_heavy_job():
+    params = FIXED.model_copy(update={"preemption": False, "hold_nodes": "blocked"})
+    # Every node half busy. Leaf s2's jobs started 1 h ago, leaf s1's 40 h ago: with heavy-tailed
+    # run times the young ones are the likelier to end first, so s2 is held for the 16-GPU job.
+    jobs = [
+        running(10, "a", gpus=4, ran=40 * GPUH, node="n1"), running(11, "a", gpus=4, ran=40 * GPUH, node="n2"),
+        running(12, "a", gpus=4, ran=GPUH, node="n3"), running(13, "a", gpus=4, ran=GPUH, node="n4"),
+        pending(1, "c", gpus=16, waited=7200),  # heavy, first in line
+        pending(2, "d", gpus=2, waited=60),  # light, behind it: fits on s2 now, kept off it
+        pending(3, "d", gpus=24, waited=30),  # 3 nodes: without s2's two it could never run, so not kept off
+    ]
+    alloc = {f"n{i}": 4 for i in range(1, 5)}
+    decisions = DikePolicy().decide(snapshot(jobs, alloc=alloc), params, RNG)
+    light = decisions.placement_of(2)
+    assert isinstance(light, SetPlacement) and light.placement.exclude_nodes == ("n3", "n4")
+    assert "held for blocked heavy job 1" in light.reason
+    assert not decisions.placement_of(3).placement.exclude_nodes
+    assert not decisions.placement_of(1).placement.exclude_nodes  # the held job itself is not kept off
+    assert decisions.requeues == ()
+    # "promoted" holds only for a job that starvation promotion lifted; "never" (the default) not at all.
+    for mode in ("promoted", "never"):
+        quiet = DikePolicy().decide(snapshot(jobs, alloc=alloc), params.model_copy(update={"hold_nodes": mode}), RNG)
+        assert quiet.placement_of(2) is None or not quiet.placement_of(2).placement.exclude_nodes
+    # Level 1 (2 GPU-hours served) but waiting 3 days, past max_wait_s: promoted to level 0.
+    starving = [*jobs[:4], pending(1, "c", gpus=16, waited=3 * 86400, attained_gpu_s=2 * GPUH), *jobs[5:]]
+    promoted = DikePolicy().decide(
+        snapshot(starving, alloc=alloc), params.model_copy(update={"hold_nodes": "promoted"}), RNG
+    )
+    assert promoted.placement_of(2).placement.exclude_nodes == ("n3", "n4")
+
+
+def test_dike_node_hold_adds_to_the_steering_exclusions_and_leaves_jobs_that_fit_first_alone():
+    params = FIXED.model_copy(update={"preemption": False, "hold_nodes": "blocked", "steer_light_jobs": True})
+    # Leaf s2 idle (steering keeps light jobs off it); s1 full but n1's job is young.
+    jobs = [
+        running(10, "a", gpus=8, ran=GPUH, node="n1"), running(11, "a", gpus=6, ran=30 * GPUH, node="n2"),
+        pending(5, "e", gpus=16, waited=9000),  # fits on s2 as it is: takes it, nobody held for it
+        pending(1, "c", gpus=8, waited=7200),  # a whole node: blocked once s2 is taken
+        pending(2, "d", gpus=1, waited=60),
+    ]
+    decisions = DikePolicy().decide(snapshot(jobs, alloc={"n1": 8, "n2": 6}), params, RNG)
+    light = decisions.placement_of(2)
+    # n1's 8 GPUs go first (its job is the youngest): held for job 1, on top of s2's steering.
+    assert light.placement.exclude_nodes == ("n1", "n3", "n4")
+    assert "steered" in light.reason and "held for blocked heavy job 1" in light.reason
+
+
 def test_dike_params_reject_bad_thresholds():
     with pytest.raises(ValueError, match="ascending"):
         DikeParams(thresholds_gpuh=[5.0, 1.0])
