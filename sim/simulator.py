@@ -1,10 +1,14 @@
 """The discrete-event replay: one trace, one policy, Slurm-like scheduling of a simulated cluster.
 
-Events sit in a heap ordered by (time, kind, sequence): at one instant run ends come first, then
-submissions, then wake-ups (a job becoming eligible, a Switches wait running out), then the
-policy cycle and the backfill tick. After the instant, Slurm's main scheduler runs if anything
-changed, then its backfill scheduler if the tick fell. See docs/replay.md for the semantics and
-the simplifications.
+A simulator you step, in SimPy's manner: `step()` handles the next event of one heap, `run(until)`
+steps to a time or to the end. Events are ordered by (time, round, kind, sequence). At one
+instant they are handled in rounds: those due when the instant begins, then those that round
+added for the same instant, and so on; within a round run ends come first, then submissions,
+then wake-ups (a job becoming eligible, a Switches wait running out), then the policy cycle and
+the backfill tick. When no event of the instant is left, Slurm's passes follow as one more round
+(sim/scheduler.py): the main pass if anything changed, the backfill pass if its tick fell and
+something changed since its last pass. See docs/replay.md for the semantics and the
+simplifications.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-import numpy as np
-
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement
 from dike_slurm.errors import DikeError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
@@ -27,13 +29,13 @@ from dike_slurm.policies.common import CommRule, is_comm_heavy
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
+from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
+from dike_slurm.sim.scheduler import Shape, SlurmScheduler, next_tick
 from dike_slurm.sim.trace import TraceJob
 from dike_slurm.sim.usage import DecayedUsage
 
-PENDING, RUNNING, DONE = 0, 1, 2
-# Event kinds, in the order they are handled at one instant.
-FINISH, SUBMIT, WAKE, CYCLE, BACKFILL = 0, 1, 2, 3, 4
-INFINITY = math.inf
+# Event kinds, in the order they are handled within a round; the passes make a round of their own.
+FINISH, SUBMIT, WAKE, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(7)
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
 
 
@@ -41,9 +43,8 @@ class SimulationStuck(DikeError):
     """The replay cannot progress: jobs wait forever on an idle cluster."""
 
 
-# GPU slot table values: a slot of a job without time limit, and a GPU the node does not have.
-SLOT_UNLIMITED = 1e300
-SLOT_ABSENT = INFINITY
+class EmptySchedule(DikeError):
+    """`step()` was called with no event left."""
 
 
 @dataclass(frozen=True)
@@ -146,87 +147,23 @@ class SimStats:
     last_end: float = -INFINITY
 
 
-class SimJob:
-    """A job's mutable state during the replay."""
+@dataclass(frozen=True)
+class Awaiting:
+    """A policy cycle waiting for its decisions (`Simulator.decide`)."""
 
-    __slots__ = (
-        "trace", "heavy", "state", "eligible_at", "pending_since", "attained", "promoted_at",
-        "run_count", "preemptions", "last_run_s", "work_left", "restart_due", "start", "nodes",
-        "leaves", "slowdown", "planned_end", "finish_token", "score", "level", "order_epoch",
-        "placement", "allowed", "switch_wait_start", "pending_view",
-        "running_base", "first_start", "pending_total", "all_consolidated", "gpu_seconds",
-        "shape", "fewest_leaves", "preemptible", "lost_gpu_s",
-    )
-
-    def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int, preemptible: bool) -> None:
-        self.trace = trace
-        self.preemptible = preemptible
-        self.lost_gpu_s = 0.0
-        self.heavy = heavy
-        self.fewest_leaves = fewest_leaves
-        self.state = PENDING
-        self.eligible_at = trace.submit + trace.eligible_delay_s
-        self.pending_since = trace.submit
-        self.attained = 0.0  # GPU-seconds of finished runs
-        self.promoted_at = 0.0
-        self.run_count = 0
-        self.preemptions = 0
-        self.last_run_s = 0.0
-        self.work_left = trace.duration_s
-        self.restart_due = False
-        self.start = 0.0
-        self.nodes: list[int] = []
-        self.leaves = 0
-        self.slowdown = 1.0
-        self.planned_end = INFINITY
-        self.finish_token = -1
-        self.score: float | None = None
-        self.level = 0
-        self.order_epoch = -1
-        self.placement: Placement = NO_PLACEMENT
-        self.allowed: np.ndarray | None = None
-        self.switch_wait_start: float | None = None
-        self.pending_view: Job | None = None
-        self.running_base: Job | None = None
-        self.first_start: float | None = None
-        self.pending_total = 0.0
-        self.all_consolidated = True
-        self.gpu_seconds = 0.0
-        self.shape = (trace.partition, trace.gpus_per_node, trace.cpus_per_node, trace.num_nodes)
-
-    def limit_end(self, start: float) -> float:
-        """When a run starting at `start` reaches the time limit (infinity: unlimited)."""
-        limit = self.trace.time_limit_s
-        return start + limit if limit is not None else INFINITY
-
-
-class _Reservations:
-    """The GPUs one scheduling pass has promised to blocked higher-priority jobs."""
-
-    def __init__(self, node_count: int) -> None:
-        self.reserved = np.zeros(node_count, dtype=np.int64)  # GPUs promised on each node
-        self.by_node: dict[int, list[list[float]]] = {}  # node -> [[start T, GPUs to spare at T]]
-        self.count = 0
-
-    def admits(self, candidates: np.ndarray, gpus_per_node: int, end: float) -> np.ndarray:
-        """Candidates whose use until `end` leaves every reservation starting before it intact."""
-        for node, entries in self.by_node.items():
-            if candidates[node]:
-                for start, spare in entries:
-                    if start < end and spare < gpus_per_node:
-                        candidates[node] = False
-                        break
-        return candidates
-
-    def consume(self, nodes: Iterable[int], gpus_per_node: int, end: float) -> None:
-        for node in nodes:
-            for entry in self.by_node.get(node, ()):
-                if entry[0] < end:
-                    entry[1] -= gpus_per_node
+    snapshot: Snapshot
+    views: Mapping[int, Job]
+    then: Callable[[], None] | None  # the scheduling pass the cycle came before, to finish
 
 
 class Simulator:
-    """Replays one trace under one policy on a simulated cluster."""
+    """Replays one trace under one policy on a simulated cluster.
+
+    With `decides=False` the policy in the slot is only asked what it declares (its requeue
+    minimum, its usage owner): at each policy cycle the simulator stops with the snapshot in
+    `awaiting` until `decide(decisions)` hands it what was decided elsewhere (the live engine:
+    sim/backend.py).
+    """
 
     def __init__(
         self,
@@ -237,6 +174,8 @@ class Simulator:
         settings: SimSettings,
         timeline: Timeline,
         on_finish: Callable[[JobResult], None],
+        *,
+        decides: bool = True,
     ) -> None:
         self.trace: Iterator[TraceJob] = iter(trace)
         self.cluster = cluster
@@ -245,21 +184,21 @@ class Simulator:
         self.settings = settings
         self.timeline = timeline
         self.on_finish = on_finish
+        self.decides = decides
         self.rng = random.Random(settings.seed)
         self.stats = SimStats()
+        self.scheduler = SlurmScheduler(cluster, settings, self.stats, timeline.origin, self._start, self._wake)
         self.may_requeue = policy.requeue_min_run_s(params) is not None
         self.requeue_limits = requeue_limits(policy, params, settings.max_requeues_per_cycle)
-        self.single_leaf_possible = bool(cluster.topology.switches) and cluster.leaf_count < len(cluster)
-        self.events: list[tuple[float, int, int, SimJob | None]] = []
+        self.events: list[tuple[float, int, int, int, SimJob | None]] = []
         self.sequence = 0
         self.now = -INFINITY
+        self.round = 0  # of the event being handled
+        self.instant_open = False  # events of this instant were handled, its passes are not scheduled yet
+        self.awaiting: Awaiting | None = None
         self.active: dict[int, SimJob] = {}  # submit order
         self.engine_placed: set[int] = set()  # jobs carrying a constraint the policy asked for
         self.pending_count = 0
-        self.pending_shapes: Counter[tuple[str, int, int, int]] = Counter()  # eligible pending jobs
-        self.order: list[SimJob] = []  # scored pending jobs, best first (as of the last cycle)
-        self.tail: list[SimJob] = []  # pending jobs not scored yet, in arrival order
-        self.order_epoch = 0
         self.cycle_armed = False
         self.backfill_armed = False
         self.backfill_due = False
@@ -277,50 +216,84 @@ class Simulator:
         self.history_sorted = SortedBlocks()
         self.node_views: list[Node] = list(cluster.nodes)
         self.dirty_nodes: set[int] = set()
-        self.slots = self._slot_table()
-        self.fit_cache: dict[tuple[str, int, int, int], bool] = {}
         self.shares = dict(settings.user_shares)
+        self._push_next_submit()
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> SimStats:
-        """Replay the whole trace; results go to `on_finish` as jobs end."""
-        self._push_next_submit()
-        events = self.events
-        while events:
-            now = events[0][0]
-            batch = []
-            while events and events[0][0] == now:
-                batch.append(heapq.heappop(events))
-            self.now = now
-            while batch:
-                for _, kind, token, job in batch:
-                    self.stats.events += 1
-                    if kind == FINISH:
-                        if job is not None and job.finish_token == token:
-                            self._finish(job, now)
-                    elif kind == SUBMIT:
-                        self._submit(job, now)  # type: ignore[arg-type]
-                    elif kind == WAKE:
-                        if job is not None and job.state == PENDING:
-                            self._count_shape(job)  # it became eligible
-                        self._touch()
-                    elif kind == CYCLE:
-                        self._cycle(now)
-                    else:
-                        self._backfill_tick(now)
-                batch = []
-                while events and events[0][0] == now:  # pushed for this same instant
-                    batch.append(heapq.heappop(events))
-            if self.changed:
-                self.changed = False
-                self._main_pass(now)
-            if self.backfill_due:
-                self.backfill_due = False
-                if self.backfill_changed:
-                    self.backfill_changed = False
-                    self._backfill_pass(now)
+    def run(self, until: float | None = None) -> SimStats:
+        """Step until simulated time `until` (events at `until` are left) or to the end; stop early
+        when a policy cycle awaits decisions (`decides=False`). Returns the counters."""
+        limit = INFINITY if until is None else until
+        while self.awaiting is None and self.peek() < limit:
+            self.step()
         return self.stats
+
+    def peek(self) -> float:
+        """The time of the next step (infinity when nothing is left)."""
+        if self.instant_open:
+            return self.now
+        return self.events[0][0] if self.events else INFINITY
+
+    def step(self) -> None:
+        """Handle the next event; when the current instant has no event left, schedule its passes first."""
+        if self.awaiting is not None:
+            raise DikeError("a policy cycle awaits its decisions (Simulator.decide)")
+        events = self.events
+        if self.instant_open and not (events and events[0][0] == self.now):
+            self._end_instant()
+            if not events:
+                return
+        if not events:
+            raise EmptySchedule("the simulation has no event left")
+        now, self.round, kind, token, job = heapq.heappop(events)
+        self.now = now
+        if kind >= MAIN_PASS:
+            if kind == MAIN_PASS:
+                self._pass(self.scheduler.main_pass, now)
+            elif self.backfill_changed:
+                self.backfill_changed = False
+                self._pass(self.scheduler.backfill_pass, now)
+            return
+        self.instant_open = True
+        self.stats.events += 1
+        if kind == FINISH:
+            if job is not None and job.finish_token == token:
+                self._finish(job, now)
+        elif kind == SUBMIT:
+            self._submit(job, now)  # type: ignore[arg-type]
+        elif kind == WAKE:
+            if job is not None and job.state == PENDING:
+                self.scheduler.count_eligible(job)  # it became eligible
+            self._touch()
+        elif kind == CYCLE:
+            self._cycle(now)
+        else:
+            self._backfill_tick(now)
+
+    def _end_instant(self) -> None:
+        """The instant's events are handled: Slurm's passes follow, as the instant's last round."""
+        self.instant_open = False
+        if self.changed:
+            self.changed = False
+            self._push(self.now, MAIN_PASS)
+        if self.backfill_due:
+            self.backfill_due = False
+            self._push(self.now, BACKFILL_PASS)
+
+    def _pass(self, scheduler_pass: Callable[[float, set[Shape]], None], now: float) -> None:
+        """A scheduling pass; a postponed cycle is evaluated first if a job it covers could start."""
+        if not self.pending_count:
+            return
+        fitting = self.scheduler.fitting_shapes()
+        if self.postponed_cycle is not None and self._waiting_job_could_start(fitting):
+            self._evaluate(now, then=lambda: self._pass_after_cycle(scheduler_pass, now))
+        else:
+            scheduler_pass(now, fitting)
+
+    def _pass_after_cycle(self, scheduler_pass: Callable[[float, set[Shape]], None], now: float) -> None:
+        self.changed = False  # this pass sees the decisions
+        scheduler_pass(now, self.scheduler.fitting_shapes())
 
     def _touch(self) -> None:
         """Something the schedulers care about changed: both passes should look again."""
@@ -334,10 +307,15 @@ class Simulator:
         self.backfill_due = True
         self._push(now + self.settings.bf_interval_s, BACKFILL, None)
 
-    def _push(self, time: float, kind: int, job: SimJob | None) -> int:
+    def _push(self, time: float, kind: int, job: SimJob | None = None) -> int:
+        """Schedule an event; one for the current instant goes to the round after this one."""
         self.sequence += 1
-        heapq.heappush(self.events, (time, kind, self.sequence, job))
+        heapq.heappush(self.events, (time, self.round + 1 if time == self.now else 0, kind, self.sequence, job))
         return self.sequence
+
+    def _wake(self, time: float) -> None:
+        """A scheduling pass is due at `time` (a Switches wait runs out)."""
+        self._push(time, WAKE)
 
     def _push_next_submit(self) -> None:
         for trace_job in self.trace:
@@ -375,40 +353,22 @@ class Simulator:
 
     def _enter_pending(self, job: SimJob) -> None:
         job.state = PENDING
-        job.order_epoch = -1
         job.pending_view = None
-        self.tail.append(job)
+        self.scheduler.enqueue(job, self.now)
         self.pending_count += 1
-        if job.eligible_at <= self.now:
-            self._count_shape(job)
         self._touch()
+        origin = self.timeline.origin
         if not self.cycle_armed:
             self.cycle_armed = True
-            self._push(self._next_tick(self.settings.interval_s), CYCLE, None)
+            self._push(next_tick(origin, self.settings.interval_s, self.now), CYCLE)
         if not self.backfill_armed:
             self.backfill_armed = True
-            self._push(self._next_tick(self.settings.bf_interval_s), BACKFILL, None)
-
-    def _next_tick(self, period: float, after: float | None = None) -> float:
-        """The first multiple of `period` after the trace's first submission that is not before
-        `after` (default: now)."""
-        origin = self.timeline.origin
-        return origin + math.ceil(((self.now if after is None else after) - origin) / period) * period
-
-    def _count_shape(self, job: SimJob) -> None:
-        """Count an eligible pending job under its shape (what `_fitting_shapes` looks at)."""
-        self.pending_shapes[job.shape] += 1
-
-    def _leave_pending(self, job: SimJob) -> None:
-        """A pending job starts (it was eligible, so its shape was counted)."""
-        self.pending_count -= 1
-        self.pending_shapes[job.shape] -= 1
-        if not self.pending_shapes[job.shape]:
-            del self.pending_shapes[job.shape]
+            self._push(next_tick(origin, self.settings.bf_interval_s, self.now), BACKFILL)
 
     def _start(self, job: SimJob, nodes: list[int], now: float) -> None:
+        """The scheduler starts a pending job on `nodes`."""
         trace = job.trace
-        self._leave_pending(job)
+        self.pending_count -= 1
         job.state = RUNNING
         job.pending_total += now - job.pending_since
         job.start = now
@@ -426,11 +386,8 @@ class Simulator:
         job.running_base = None
         if job.first_start is None:
             job.first_start = now
-        gpus_per_node, cpus_per_node = trace.gpus_per_node, trace.cpus_per_node
-        self.cluster.allocate(nodes, gpus_per_node, cpus_per_node)
-        self._occupy_slots(nodes, gpus_per_node, job.planned_end)
+        self.scheduler.occupy(job)
         self.dirty_nodes.update(nodes)
-        self.fit_cache.clear()
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, trace.gpus)
         self.stats.starts += 1
 
@@ -441,10 +398,8 @@ class Simulator:
         job.attained += trace.gpus * length
         job.gpu_seconds += trace.gpus * length
         job.last_run_s = length
-        self.cluster.release(job.nodes, trace.gpus_per_node, trace.cpus_per_node)
-        self._free_slots(job.nodes, trace.gpus_per_node, job.planned_end)
+        self.scheduler.vacate(job)
         self.dirty_nodes.update(job.nodes)
-        self.fit_cache.clear()
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -trace.gpus)
         self.timeline.add_busy(job.start, now, trace.gpus)
         job.finish_token = -1
@@ -512,33 +467,6 @@ class Simulator:
             _, oldest = self.history.popleft()
             self.history_sorted.remove(oldest)
 
-    # ------------------------------------------------------------------ GPU slots (for planning)
-
-    def _slot_table(self) -> np.ndarray:
-        """Per node, the planned end of each GPU's current job (-inf free, +inf no such GPU), sorted."""
-        widest = int(self.cluster.gpus.max()) if len(self.cluster) else 0
-        table = np.full((len(self.cluster), max(widest, 1)), -INFINITY)
-        for node, gpus in enumerate(self.cluster.gpus.tolist()):
-            table[node, gpus:] = SLOT_ABSENT
-        return table
-
-    def _occupy_slots(self, nodes: list[int], gpus_per_node: int, planned_end: float) -> None:
-        table = self.slots
-        value = min(planned_end, SLOT_UNLIMITED)
-        for node in nodes:
-            row = table[node]
-            row[:gpus_per_node] = value  # free slots (-inf) sort first
-            row.sort()
-
-    def _free_slots(self, nodes: list[int], gpus_per_node: int, planned_end: float) -> None:
-        table = self.slots
-        value = min(planned_end, SLOT_UNLIMITED)
-        for node in nodes:
-            row = table[node]
-            held = np.flatnonzero(row == value)[:gpus_per_node]
-            row[held] = -INFINITY
-            row.sort()
-
     # ------------------------------------------------------------------ policy cycles
 
     def _cycle(self, now: float) -> None:
@@ -550,9 +478,9 @@ class Simulator:
             return
         self.stats.cycles += 1
         self._check_not_stuck(now)
-        self._push(now + self.settings.interval_s, CYCLE, None)
+        self._push(now + self.settings.interval_s, CYCLE)
         self.postponed_cycle = now
-        if self.may_requeue or self._waiting_job_could_start(self._fitting_shapes()):
+        if self.may_requeue or self._waiting_job_could_start(self.scheduler.fitting_shapes()):
             self._evaluate(now)
         else:
             self.stats.postponed_cycles += 1
@@ -560,38 +488,50 @@ class Simulator:
     def _check_not_stuck(self, now: float) -> None:
         """Fail clearly when jobs wait on an idle cluster with nothing left to happen but cycles
         (constraints that no node satisfies, kept by the policy), instead of cycling forever."""
-        idle = len(self.active) == self.pending_count and all(kind >= CYCLE for _, kind, _, _ in self.events)
+        idle = len(self.active) == self.pending_count and all(kind >= CYCLE for _, _, kind, _, _ in self.events)
         if not idle:
             self.idle_since = None
             return
         if self.idle_since is None:
             self.idle_since = now
         elif now - self.idle_since > STUCK_AFTER_S:
-            stuck = [job.trace.display_id for job in self._pending_in_order()][:3]
+            stuck = [job.trace.display_id for job in self.scheduler.pending_in_order()][:3]
             raise SimulationStuck(
                 f"{self.pending_count} job(s) cannot start on an idle cluster for {STUCK_AFTER_S / 86400:g} "
                 f"simulated days (e.g. job {', '.join(stuck)}): the constraints the policy keeps on them "
                 "fit no node"
             )
 
-    def _waiting_job_could_start(self, fitting: set[tuple[str, int, int, int]]) -> bool:
+    def _waiting_job_could_start(self, fitting: set[Shape]) -> bool:
         """Whether an eligible job already waiting when the postponed cycle fell due fits now."""
         if not fitting:
             return False
         due, now = self.postponed_cycle, self.now
-        for job in self._pending_in_order():
+        for job in self.scheduler.pending_in_order():
             if job.shape in fitting and job.trace.submit <= due and job.eligible_at <= now:  # type: ignore[operator]
                 return True
         return False
 
-    def _evaluate(self, now: float) -> None:
-        """Run the policy on a snapshot of this instant and apply its decisions."""
+    def _evaluate(self, now: float, then: Callable[[], None] | None = None) -> None:
+        """A policy cycle on a snapshot of this instant: the policy decides now, or the simulator
+        stops until `decide` is called."""
         self.postponed_cycle = None
         snapshot, views = self._snapshot(now)
         self.stats.decide_calls += 1
-        decisions = self.policy.decide(snapshot, self.params, self.rng)
-        self._apply(decisions, views, now)
+        self.awaiting = Awaiting(snapshot, views, then)
+        if self.decides:
+            self.decide(self.policy.decide(snapshot, self.params, self.rng))
+
+    def decide(self, decisions: Decisions) -> None:
+        """Apply the decisions for the awaited snapshot and carry on where the cycle came in."""
+        awaiting = self.awaiting
+        if awaiting is None:
+            raise DikeError("no policy cycle awaits decisions")
+        self.awaiting = None
+        self._apply(decisions, awaiting.views, awaiting.snapshot.time)
         self._touch()
+        if awaiting.then is not None:
+            awaiting.then()
 
     def _snapshot(self, at: float) -> tuple[Snapshot, dict[int, Job]]:
         views: dict[int, Job] = {}
@@ -683,7 +623,7 @@ class Simulator:
                 job.pending_view = None
             if job.state == PENDING:
                 scored.append(job)
-        self._set_order(scored)
+        self.scheduler.set_order(scored)
         if decisions.requeues:
             running = {job_id: view for job_id, view in views.items() if view.state is JobState.RUNNING}
             decisions, refused = guard_requeues(decisions, running, now, self.requeue_limits)
@@ -694,15 +634,6 @@ class Simulator:
             if job is not None and job.state == RUNNING:
                 self._preempt(job, now)
         self.timeline.add_levels(now, Counter(map(attrgetter("level"), decisions.priorities)))
-
-    def _set_order(self, scored: list[SimJob]) -> None:
-        self.order_epoch += 1
-        epoch = self.order_epoch
-        for job in scored:
-            job.order_epoch = epoch
-        scored.sort(key=lambda j: (-j.score, j.trace.submit, j.trace.job_id))  # type: ignore[operator]
-        self.order = scored
-        self.tail = [j for j in self.tail if j.state == PENDING and j.order_epoch != epoch]
 
     def _apply_placements(self, decisions: Decisions, now: float) -> None:
         """The cycle's placements are the wanted constraints: one not re-asserted is removed."""
@@ -732,209 +663,6 @@ class Simulator:
     def _set_placement(self, job: SimJob, placement: Placement) -> None:
         if placement == job.placement:
             return
-        job.placement = placement
-        job.allowed = None if placement.is_empty else self.cluster.allowed_mask(job.trace.partition, placement)
-        job.switch_wait_start = None
         job.pending_view = None
         job.running_base = None
-        if placement.max_switches == 1 and self.single_leaf_possible and job.state == PENDING:
-            # Measured on Slurm 22.05 (tests/integration/test_switches_clock_lab.py): the wait
-            # runs from when the job carries the constraint, also while it fits nowhere. A live
-            # engine sets it at the first cycle that sees the job; a cycle postponed here (nothing
-            # could start) would have set it then, so the clock starts at that cycle.
-            waiting_since = max(job.pending_since, job.eligible_at)
-            self._start_switch_clock(job, min(self.now, self._next_tick(self.settings.interval_s, waiting_since)))
-
-    def _switch_wait(self, placement: Placement) -> int:
-        """Seconds a Switches=1@W job waits for one leaf: W capped by max_switch_wait."""
-        wait = self.settings.max_switch_wait_s
-        return wait if placement.switches_wait_s is None else min(wait, placement.switches_wait_s)
-
-    def _start_switch_clock(self, job: SimJob, at: float) -> None:
-        job.switch_wait_start = at
-        wait = self._switch_wait(job.placement)
-        if at + wait > self.now:  # an earlier end (a clock started at a postponed cycle) is due now
-            self._push(at + wait, WAKE, None)  # the pass that lets it run spread
-
-    # ------------------------------------------------------------------ scheduling
-
-    def _fitting_shapes(self) -> set[tuple[str, int, int, int]]:
-        """The pending shapes that fit the free resources now (placement constraints ignored)."""
-        cluster = self.cluster
-        if cluster.free_total <= 0:
-            return set()
-        cache = self.fit_cache
-        fitting = set()
-        for shape in self.pending_shapes:
-            fits = cache.get(shape)
-            if fits is None:
-                partition, gpus_per_node, cpus_per_node, count = shape
-                if cluster.may_fit(gpus_per_node, count):
-                    mask = cluster.partition_masks.get(partition, cluster.all_nodes)
-                    fits = bool(np.count_nonzero(cluster.candidates(mask, gpus_per_node, cpus_per_node)) >= count)
-                else:
-                    fits = False
-                cache[shape] = fits
-            if fits:
-                fitting.add(shape)
-        return fitting
-
-    def _pending_in_order(self) -> Iterator[SimJob]:
-        epoch = self.order_epoch
-        for job in self.order:
-            if job.state == PENDING and job.order_epoch == epoch:
-                yield job
-        for job in self.tail:
-            if job.state == PENDING and job.order_epoch != epoch:
-                yield job
-
-    def _constraints(self, job: SimJob, now: float) -> tuple[np.ndarray, bool]:
-        """(allowed nodes, must stay within one leaf) for a pending job now."""
-        cluster = self.cluster
-        allowed = job.allowed if job.allowed is not None else cluster.partition_masks.get(job.trace.partition, cluster.all_nodes)
-        placement = job.placement
-        if placement.max_switches != 1 or not self.single_leaf_possible:
-            return allowed, False  # Slurm's cons_tres ignores Switches > 1
-        if job.switch_wait_start is None:  # a requeued job: from its first try again
-            self._start_switch_clock(job, now)
-        return allowed, now - job.switch_wait_start < self._switch_wait(placement)
-
-    def _ready_to_schedule(self) -> set[tuple[str, int, int, int]]:
-        """The fitting shapes; a postponed cycle is evaluated first if a job it covers could start."""
-        if not self.pending_count:
-            return set()
-        fitting = self._fitting_shapes()
-        if self.postponed_cycle is not None and self._waiting_job_could_start(fitting):
-            self._evaluate(self.now)
-            self.changed = False  # this pass sees the decisions
-            fitting = self._fitting_shapes()
-        return fitting
-
-    def _main_pass(self, now: float) -> None:
-        """Slurm's main scheduler, run on events: priority order, and the first job that cannot
-        start blocks everything below it in its partition (only backfill may pass it)."""
-        fitting = self._ready_to_schedule()
-        if not fitting:
-            return
-        self.stats.passes += 1
-        cluster = self.cluster
-        blocked_partitions: set[str] = set()
-        partitions = len({shape[0] for shape in self.pending_shapes})
-        tested = 0
-        for job in self._pending_in_order():
-            if tested >= self.settings.bf_max_job_test or len(blocked_partitions) >= partitions:
-                break
-            if job.eligible_at > now or job.trace.partition in blocked_partitions:
-                continue
-            tested += 1
-            shape = job.shape
-            allowed, single_leaf = self._constraints(job, now)
-            nodes = None
-            if shape in fitting:
-                _, gpus_per_node, cpus_per_node, count = shape
-                nodes = cluster.choose(cluster.candidates(allowed, gpus_per_node, cpus_per_node), count, single_leaf)
-            if nodes is None:
-                blocked_partitions.add(job.trace.partition)
-                continue
-            self._start(job, nodes, now)
-            fitting = self._fitting_shapes()
-            if not fitting:
-                break
-
-    def _backfill_pass(self, now: float) -> None:
-        """Slurm's backfill: priority order, blocked jobs get reservations by the running jobs'
-        time limits, and a lower job starts only where it delays none of them."""
-        fitting = self._ready_to_schedule()
-        if not fitting:
-            return
-        self.stats.backfill_passes += 1
-        settings = self.settings
-        cluster = self.cluster
-        reservations = _Reservations(len(cluster))
-        failed: dict[tuple, float] = {}  # shape -> shortest planned end that could not start
-        blocked: list[tuple[SimJob, np.ndarray, bool, tuple]] = []
-        unplannable: set[tuple] = set()  # shapes no reservation can be found for in this pass
-        left = Counter(self.pending_shapes)  # pending jobs not visited yet, by shape
-        fitting_left = sum(left[shape] for shape in fitting)
-        planned = 0
-        tested = 0
-        for job in self._pending_in_order():
-            if not fitting_left or tested >= settings.bf_max_job_test:
-                break  # no job left that could start now
-            if job.eligible_at > now:
-                continue
-            shape = job.shape
-            left[shape] -= 1
-            if shape in fitting:
-                fitting_left -= 1
-            tested += 1
-            allowed, single_leaf = self._constraints(job, now)
-            end = job.limit_end(now)
-            _, gpus_per_node, cpus_per_node, count = shape
-            key = (id(allowed), gpus_per_node, cpus_per_node, count, single_leaf)
-            if shape not in fitting or (key in failed and failed[key] <= end):
-                blocked.append((job, allowed, single_leaf, key))
-                continue
-            candidates = cluster.candidates(allowed, gpus_per_node, cpus_per_node)
-            if np.count_nonzero(candidates) < count:
-                failed[key] = -INFINITY
-                blocked.append((job, allowed, single_leaf, key))
-                continue
-            # It could start: first promise resources to the blocked jobs above it.
-            while planned < len(blocked) and reservations.count < settings.backfill_reservations:
-                entry = blocked[planned]
-                planned += 1
-                # Later reservations only make it harder: a shape that found none never will.
-                if entry[3] not in unplannable and not self._reserve(entry, reservations, now):
-                    unplannable.add(entry[3])
-            if reservations.count:
-                candidates = reservations.admits(candidates, gpus_per_node, end)
-            nodes = cluster.choose(candidates, count, single_leaf)
-            if nodes is None:
-                failed[key] = min(failed.get(key, INFINITY), end)
-                blocked.append((job, allowed, single_leaf, key))
-                continue
-            self._start(job, nodes, now)
-            reservations.consume(nodes, gpus_per_node, end)
-            fitting = self._fitting_shapes()
-            fitting_left = sum(left[shape] for shape in fitting)
-        self.stats.reservations += reservations.count
-
-    def _reserve(self, entry: tuple[SimJob, np.ndarray, bool, tuple], reservations: _Reservations, now: float) -> bool:
-        """Plan a blocked job: the earliest time enough GPUs free up (by the running jobs' time
-        limits) on allowed nodes, and hold them; nothing is held past the backfill window or an
-        unlimited running job. False when no reservation could be made."""
-        job, allowed, single_leaf, _ = entry
-        trace = job.trace
-        cluster = self.cluster
-        gpus_per_node, count = trace.gpus_per_node, trace.num_nodes
-        usable = allowed & (cluster.cpus >= trace.cpus_per_node)
-        column = gpus_per_node - 1 + reservations.reserved
-        width = self.slots.shape[1]
-        ready = np.full(len(cluster), INFINITY)
-        inside = usable & (column < width)
-        rows = np.flatnonzero(inside)
-        ready[rows] = self.slots[rows, column[rows]]
-        np.maximum(ready, now, out=ready)
-        if single_leaf:
-            start = INFINITY
-            for leaf in np.unique(cluster.leaf_of[rows]).tolist():
-                times = ready[rows[cluster.leaf_of[rows] == leaf]]
-                if len(times) >= count:
-                    start = min(start, float(np.partition(times, count - 1)[count - 1]))
-        elif len(rows) >= count:
-            start = float(np.partition(ready[rows], count - 1)[count - 1])
-        else:
-            start = INFINITY
-        if start == INFINITY or start > now + self.settings.bf_window_s:
-            return False
-        nodes = cluster.choose(ready <= start, count, single_leaf)
-        if nodes is None:
-            return False
-        for node in nodes:
-            held_by_then = int(np.searchsorted(self.slots[node], start, side="right"))
-            spare = held_by_then - int(reservations.reserved[node]) - gpus_per_node
-            reservations.by_node.setdefault(node, []).append([start, spare])
-            reservations.reserved[node] += gpus_per_node
-        reservations.count += 1
-        return True
+        self.scheduler.constrain(job, placement, self.now)

@@ -1,0 +1,67 @@
+"""A job's mutable state during the replay, shared by the event loop and the scheduler model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dike_slurm.model import NO_PLACEMENT, Job, Placement
+from dike_slurm.sim.trace import TraceJob
+
+PENDING, RUNNING, DONE = 0, 1, 2
+INFINITY = math.inf
+
+
+class SimJob:
+    """A job's mutable state during the replay."""
+
+    __slots__ = (
+        "trace", "heavy", "state", "eligible_at", "pending_since", "attained", "promoted_at",
+        "run_count", "preemptions", "last_run_s", "work_left", "restart_due", "start", "nodes",
+        "leaves", "slowdown", "planned_end", "finish_token", "score", "level", "order_epoch",
+        "placement", "allowed", "switch_wait_start", "pending_view",
+        "running_base", "first_start", "pending_total", "all_consolidated", "gpu_seconds",
+        "shape", "fewest_leaves", "preemptible", "lost_gpu_s",
+    )
+
+    def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int, preemptible: bool) -> None:
+        self.trace = trace
+        self.preemptible = preemptible
+        self.lost_gpu_s = 0.0
+        self.heavy = heavy
+        self.fewest_leaves = fewest_leaves
+        self.state = PENDING
+        self.eligible_at = trace.submit + trace.eligible_delay_s
+        self.pending_since = trace.submit
+        self.attained = 0.0  # GPU-seconds of finished runs
+        self.promoted_at = 0.0
+        self.run_count = 0
+        self.preemptions = 0
+        self.last_run_s = 0.0
+        self.work_left = trace.duration_s
+        self.restart_due = False
+        self.start = 0.0
+        self.nodes: list[int] = []
+        self.leaves = 0
+        self.slowdown = 1.0
+        self.planned_end = INFINITY
+        self.finish_token = -1
+        self.score: float | None = None
+        self.level = 0
+        self.order_epoch = -1
+        self.placement: Placement = NO_PLACEMENT
+        self.allowed: np.ndarray | None = None
+        self.switch_wait_start: float | None = None
+        self.pending_view: Job | None = None
+        self.running_base: Job | None = None
+        self.first_start: float | None = None
+        self.pending_total = 0.0
+        self.all_consolidated = True
+        self.gpu_seconds = 0.0
+        self.shape = (trace.partition, trace.gpus_per_node, trace.cpus_per_node, trace.num_nodes)
+
+    def limit_end(self, start: float) -> float:
+        """When a run starting at `start` reaches the time limit (infinity: unlimited)."""
+        limit = self.trace.time_limit_s
+        return start + limit if limit is not None else INFINITY
