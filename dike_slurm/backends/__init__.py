@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 from dike_slurm.backends.base import Backend
 from dike_slurm.config import Config
+from dike_slurm.errors import ConfigError
+
+# Backends outside the core (the simulated cluster lives in dike_slurm.sim), by name.
+ENTRY_POINT_GROUP = "dike_slurm.backends"
 
 
 def open_backend(config: Config) -> Backend:
@@ -13,10 +19,14 @@ def open_backend(config: Config) -> Backend:
         from dike_slurm.backends.pyslurm import PyslurmBackend
 
         return PyslurmBackend.create(config.slurm)
-    if kind == "simulated":
-        from dike_slurm.backends.simulated import SimulatedBackend
+    if kind == "cli":
+        from dike_slurm.backends.cli import SlurmCliBackend
 
-        return SimulatedBackend.from_config(config)
-    from dike_slurm.backends.cli import SlurmCliBackend
-
-    return SlurmCliBackend(config.slurm)
+        return SlurmCliBackend(config.slurm)
+    points = entry_points(group=ENTRY_POINT_GROUP, name=kind)
+    if not points:
+        raise ConfigError(
+            f"slurm.backend = {kind!r} is not installed (no entry point {kind!r} in the group "
+            f"{ENTRY_POINT_GROUP!r}; reinstall dike-slurm: pip install -e .)"
+        )
+    return next(iter(points)).load().from_config(config)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.backends.base import JobField
-from dike_slurm.backends.simulated import SimulatedBackend
+from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.errors import ConfigError
