@@ -155,7 +155,7 @@ def run_command(
 
 def _print_simulation_summary(engine: Engine) -> None:
     """A simulated cluster ran to the end of its trace: the replay metrics of the outcome."""
-    from dike_slurm.backends.simulated import SimulatedBackend
+    from dike_slurm.sim.backend import SimulatedBackend
 
     if not isinstance(engine.backend, SimulatedBackend):
         return
