@@ -36,7 +36,8 @@ from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise
 from dike_slurm.sim.replay import load_input, sim_settings
-from dike_slurm.sim.simulator import JobResult, Simulator, Timeline
+from dike_slurm.sim.records import JobResult, Timeline
+from dike_slurm.sim.simulator import Simulator
 
 # TODO(admin_comment): the AdminComment format's one home in the core (engine.py's _COMMENT_LEVEL)
 _LEVEL = re.compile(r"^dike:level=(\d+)\b")

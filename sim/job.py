@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
-from dike_slurm.model import NO_PLACEMENT, Job, Placement
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement
+from dike_slurm.policies.common import is_comm_heavy
+from dike_slurm.sim.cluster import SimCluster
+from dike_slurm.sim.records import SimSettings
 from dike_slurm.sim.trace import TraceJob
 
 PENDING, RUNNING, DONE = 0, 1, 2
@@ -61,7 +65,29 @@ class SimJob:
         self.gpu_seconds = 0.0
         self.shape = (trace.partition, trace.gpus_per_node, trace.cpus_per_node, trace.num_nodes)
 
+    @classmethod
+    def from_trace(cls, trace: TraceJob, settings: SimSettings, cluster: SimCluster) -> SimJob:
+        """A job of the trace as it arrives, with its communication class and whether it may be preempted."""
+        return cls(trace, _is_heavy(trace, settings), cluster.fewest_leaves(trace.gpus), _is_preemptible(trace, settings))
+
     def limit_end(self, start: float) -> float:
         """When a run starting at `start` reaches the time limit (infinity: unlimited)."""
         limit = self.trace.time_limit_s
         return start + limit if limit is not None else INFINITY
+
+
+def _is_preemptible(trace: TraceJob, settings: SimSettings) -> bool:
+    """`preemptible` as a share: each job's draw depends only on the seed and its id."""
+    share = settings.preemptible
+    if share >= 1.0 or share <= 0.0:
+        return share >= 1.0
+    return random.Random(f"{settings.seed}/{trace.job_id}").random() < share
+
+
+def _is_heavy(trace: TraceJob, settings: SimSettings) -> bool:
+    probe = Job(
+        job_id=trace.job_id, user=trace.user, state=JobState.PENDING, submit_time=trace.submit,
+        gpus=trace.gpus, num_nodes=trace.num_nodes, account=trace.account,
+        partition=trace.partition, name=trace.name, comment=trace.comment,
+    )
+    return is_comm_heavy(probe, settings.comm_gpus, settings.comm_rules)

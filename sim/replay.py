@@ -20,7 +20,8 @@ from dike_slurm.policies.dike import DikeParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
-from dike_slurm.sim.simulator import SimSettings, SimStats, Simulator, Timeline
+from dike_slurm.sim.records import SimSettings, SimStats, Timeline
+from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceBuild, build_trace
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.

@@ -7,16 +7,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dike_slurm.model import Placement
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.job import INFINITY, PENDING, SimJob
-
-if TYPE_CHECKING:
-    from dike_slurm.sim.simulator import SimSettings, SimStats
+from dike_slurm.sim.records import SimSettings, SimStats
 
 Shape = tuple[str, int, int, int]  # partition, GPUs per node, CPUs per node, nodes
 

@@ -9,6 +9,10 @@ the backfill tick. When no event of the instant is left, Slurm's passes follow a
 (sim/scheduler.py): the main pass if anything changed, the backfill pass if its tick fell and
 something changed since its last pass. See docs/replay.md for the semantics and the
 simplifications.
+
+Over 500 lines for a reason: the loop, the job lifecycle, the policy cycle and the snapshot views
+share the jobs' mutable state (the views are cached per job and invalidated by the lifecycle);
+split further, each part would reach into the others' fields.
 """
 
 from __future__ import annotations
@@ -18,18 +22,18 @@ import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement
 from dike_slurm.errors import DikeError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.common import CommRule, is_comm_heavy
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
 from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
+from dike_slurm.sim.records import JobResult, SimSettings, SimStats, Timeline
 from dike_slurm.sim.scheduler import Shape, SlurmScheduler, next_tick
 from dike_slurm.sim.trace import TraceJob
 from dike_slurm.sim.usage import DecayedUsage
@@ -45,106 +49,6 @@ class SimulationStuck(DikeError):
 
 class EmptySchedule(DikeError):
     """`step()` was called with no event left."""
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    """Everything the simulator needs besides the trace, the cluster and the policy."""
-
-    interval_s: float = 60.0
-    comm_penalty: float = 1.0
-    restart_cost_s: float = 120.0  # a requeued job's restart (reload, warm-up) before it progresses
-    checkpoint_interval_s: float = 1800.0  # jobs checkpoint every this much work; 0: nothing is lost
-    preemptible: float = 1.0  # share of jobs that may be preempted, drawn per job from the seed
-    max_requeues_per_cycle: int = 2  # engine.max_requeues_per_cycle: the live engine's rate limit
-    seed: int = 0
-    usage_half_life_s: float = 168 * 3600.0
-    user_shares: Mapping[str, float] = field(default_factory=dict)
-    history_window_s: float = 30 * 86400.0  # finished jobs whose GPU service the snapshot carries
-    max_switch_wait_s: int = 300  # SchedulerParameters=max_switch_wait (Slurm's default 300)
-    bf_max_job_test: int = 500  # SchedulerParameters=bf_max_job_test
-    bf_window_s: float = 86400.0  # SchedulerParameters=bf_window (1440 minutes)
-    bf_interval_s: float = 30.0  # SchedulerParameters=bf_interval
-    backfill_reservations: int = 16  # blocked jobs planned per pass (Slurm plans every tested job)
-    requeueable: bool = True  # slurm.conf JobRequeue (default 1: batch jobs may be requeued)
-    comm_gpus: int = 8  # communication-heavy threshold (the Dike policy's comm_gpus)
-    comm_rules: tuple[CommRule, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """One finished job as the metrics and jobs-NAME.csv see it."""
-
-    job_id: int
-    display_id: str
-    user: str
-    gpus: int
-    submit: float
-    start: float  # first start
-    end: float
-    wait_s: float  # time pending, every pending period summed
-    jct_s: float
-    duration_s: float  # trace run time, consolidated and alone
-    level: int  # last level the policy gave the job
-    leaves: int  # leaf switches spanned by the last run
-    preemptions: int
-    heavy: bool
-    consolidated: bool  # every run within the fewest leaves that can hold the job
-    gpu_seconds: float  # GPUs x wall time of every run (restart and slow-down included)
-    lost_gpu_s: float = 0.0  # GPU-seconds of runs whose work was lost to preemption, restarts included
-
-
-@dataclass
-class Timeline:
-    """GPU use and queue levels over simulated time, in fixed-width bins."""
-
-    origin: float
-    width: float
-    busy_gpu_s: list[float] = field(default_factory=list)
-    level_sums: list[Counter] = field(default_factory=list)  # per bin: level -> sum of job counts
-    level_samples: list[int] = field(default_factory=list)  # per bin: cycles sampled
-
-    def _grow(self, index: int) -> None:
-        while len(self.busy_gpu_s) <= index:
-            self.busy_gpu_s.append(0.0)
-            self.level_sums.append(Counter())
-            self.level_samples.append(0)
-
-    def add_busy(self, start: float, end: float, gpus: int) -> None:
-        if end <= start:
-            return
-        first = max(0, int((start - self.origin) // self.width))
-        last = max(0, int((end - self.origin) // self.width))
-        self._grow(last)
-        for index in range(first, last + 1):
-            low = self.origin + index * self.width
-            overlap = min(end, low + self.width) - max(start, low)
-            if overlap > 0:
-                self.busy_gpu_s[index] += overlap * gpus
-
-    def add_levels(self, time: float, counts: Mapping[int, int]) -> None:
-        index = max(0, int((time - self.origin) // self.width))
-        self._grow(index)
-        self.level_sums[index].update(counts)
-        self.level_samples[index] += 1
-
-
-@dataclass
-class SimStats:
-    """Counters of one replay (deterministic: no wall-clock time in here)."""
-
-    events: int = 0
-    passes: int = 0  # main scheduler passes (on events)
-    backfill_passes: int = 0  # backfill passes (every bf_interval when something changed)
-    cycles: int = 0  # policy cycles due (every interval while jobs wait)
-    decide_calls: int = 0
-    postponed_cycles: int = 0  # cycles at which no waiting job could start (evaluated later)
-    starts: int = 0
-    preemptions: int = 0
-    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
-    reservations: int = 0
-    first_submit: float = INFINITY
-    last_end: float = -INFINITY
 
 
 @dataclass(frozen=True)
@@ -319,27 +223,8 @@ class Simulator:
 
     def _push_next_submit(self) -> None:
         for trace_job in self.trace:
-            job = SimJob(
-                trace_job, self._is_heavy(trace_job), self.cluster.fewest_leaves(trace_job.gpus),
-                self._is_preemptible(trace_job),
-            )
-            self._push(trace_job.submit, SUBMIT, job)
+            self._push(trace_job.submit, SUBMIT, SimJob.from_trace(trace_job, self.settings, self.cluster))
             return
-
-    def _is_preemptible(self, trace_job: TraceJob) -> bool:
-        """`preemptible` as a share: each job's draw depends only on the seed and its id."""
-        share = self.settings.preemptible
-        if share >= 1.0 or share <= 0.0:
-            return share >= 1.0
-        return random.Random(f"{self.settings.seed}/{trace_job.job_id}").random() < share
-
-    def _is_heavy(self, trace_job: TraceJob) -> bool:
-        probe = Job(
-            job_id=trace_job.job_id, user=trace_job.user, state=JobState.PENDING, submit_time=trace_job.submit,
-            gpus=trace_job.gpus, num_nodes=trace_job.num_nodes, account=trace_job.account,
-            partition=trace_job.partition, name=trace_job.name, comment=trace_job.comment,
-        )
-        return is_comm_heavy(probe, self.settings.comm_gpus, self.settings.comm_rules)
 
     # ------------------------------------------------------------------ job life
 

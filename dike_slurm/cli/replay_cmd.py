@@ -16,7 +16,7 @@ from dike_slurm.errors import ConfigError, InputError
 if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs, not with the CLI
     from dike_slurm.config import Config
     from dike_slurm.sim.replay import PolicyRun, ReplayInput
-    from dike_slurm.sim.simulator import SimSettings
+    from dike_slurm.sim.records import SimSettings
 
 PROGRESS_AFTER_S = 3.0  # a progress bar appears only for replays slower than this
 SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")

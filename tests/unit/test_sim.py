@@ -14,7 +14,8 @@ from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.simulator import JobResult, SimSettings, SimulationStuck, Simulator, Timeline
+from dike_slurm.sim.records import JobResult, SimSettings, Timeline
+from dike_slurm.sim.simulator import SimulationStuck, Simulator
 from dike_slurm.sim.trace import TraceJob
 
 ONE_NODE = "NodeName=n1 Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n"
@@ -372,3 +373,47 @@ def test_a_replay_that_cannot_progress_stops_with_a_clear_error():
     # Job 1 gets its constraint at the cycle of its submission, before the scheduler tries it.
     with pytest.raises(SimulationStuck, match=r"1 job\(s\) cannot start on an idle cluster .* job 1\)"):
         simulate([job(1, 0, 8, 100), job(2, 1, 8, 100)], ExcludeEverything(), PolicyParams())
+
+
+# ----------------------------------------------------------------------------- stepping
+
+def stepping_simulator(decides=True):
+    trace = [job(1, 0, 8, 100), job(2, 10, 8, 50), job(3, 10, 4, 30, user="bob")]
+    cluster = SimCluster(parse_slurm_conf(ONE_NODE), Topology())
+    recorder = Recorder()
+    policy = default_registry().create("fifo")
+    simulator = Simulator(
+        trace, cluster, policy, policy.Params(), SimSettings(), Timeline(origin=0.0, width=60.0), recorder,
+        decides=decides,
+    )
+    return simulator, recorder
+
+
+def test_run_until_leaves_the_events_at_that_time_and_stepping_on_ends_as_one_run():
+    whole, whole_results = stepping_simulator()
+    whole.run()
+    stepped, results = stepping_simulator()
+    stepped.run(until=100.0)
+    assert stepped.now < 100.0 and stepped.peek() == 100.0 and results.results == {}  # job 1 ends at 100: not yet
+    steps = 0
+    while stepped.peek() < float("inf"):
+        stepped.step()
+        steps += 1
+    assert steps > 0 and results.results == whole_results.results and stepped.stats == whole.stats
+
+
+def test_a_simulator_that_does_not_decide_stops_at_each_cycle_until_decide():
+    decided, _ = stepping_simulator()
+    decided.run()
+    simulator, results = stepping_simulator(decides=False)
+    policy = default_registry().create("fifo")
+    cycles = 0
+    while simulator.run().decide_calls > cycles:
+        awaiting = simulator.awaiting
+        assert awaiting is not None
+        with pytest.raises(Exception, match="awaits"):
+            simulator.step()
+        simulator.decide(policy.decide(awaiting.snapshot, policy.Params(), random.Random(0)))
+        cycles += 1
+    assert simulator.awaiting is None and cycles == decided.stats.decide_calls > 0
+    assert simulator.stats == decided.stats and len(results.results) == 3

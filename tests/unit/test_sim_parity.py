@@ -22,7 +22,8 @@ from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.dike import DikePolicy
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.replay import sim_settings
-from dike_slurm.sim.simulator import JobResult, Simulator, Timeline
+from dike_slurm.sim.records import JobResult, Timeline
+from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceJob
 from dike_slurm.state import StateStore
 
