@@ -12,7 +12,6 @@ callback), so the replay and the engine share one scheduling model.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.admin_comment import comment_level
 from dike_slurm.backends.base import (
     Backend,
     ClusterState,
@@ -39,8 +39,6 @@ from dike_slurm.sim.replay import load_input, sim_settings
 from dike_slurm.sim.records import JobResult, Timeline
 from dike_slurm.sim.simulator import Simulator
 
-# TODO(admin_comment): the AdminComment format's one home in the core (engine.py's _COMMENT_LEVEL)
-_LEVEL = re.compile(r"^dike:level=(\d+)\b")
 _TIMELINE_BINS = 200
 
 
@@ -100,9 +98,9 @@ class SimulatedBackend(Backend):
         priorities = []
         for job in snapshot.jobs:
             raw = self.raw.get(job.job_id, {})
-            level = _LEVEL.match(str(raw.get(JobField.ADMIN_COMMENT, "")))
+            level = comment_level(str(raw.get(JobField.ADMIN_COMMENT, "")))
             score = raw.get(JobField.SITE_FACTOR) or raw.get(JobField.PRIORITY) or -int(raw.get(JobField.NICE, 0))
-            priorities.append(SetPriority(job.job_id, int(level.group(1)) if level else 0, float(score), "engine"))
+            priorities.append(SetPriority(job.job_id, level if level is not None else 0, float(score), "engine"))
         placements = tuple(SetPlacement(job_id, p, "engine") for job_id, p in self.placements.items())
         requeues = tuple(Requeue(job_id, "engine") for job_id in self.requeues)
         self.requeues = []
