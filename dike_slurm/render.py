@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 from dike_slurm.errors import InputError
 
-if TYPE_CHECKING:  # jinja2 and the parsers load when a file is rendered, not with the CLI
+if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is rendered, not with the CLI
     from jinja2 import Environment
 
     from dike_slurm.config import Config
+    from dike_slurm.policies.base import Policy, PolicyParams
 
 RENDER_KINDS = ("systemd", "timer", "cron", "slurm-conf")
 _TEMPLATE_OF = {
@@ -52,16 +53,20 @@ def _plain(path: Path | str, what: str) -> str:
     return text
 
 
-def consolidation_wait_s(config: Config) -> int:
-    """The longest Switches wait the configured policy asks for (the max_switch_wait it needs)."""
-    params = config.policy_params(config.engine.policy)
-    for name in ("max_consolidation_wait_s", "consolidation_wait_s"):
-        if hasattr(params, name):
-            return int(getattr(params, name))
-    return DEFAULT_SWITCH_WAIT_S
+def _policy(config: Config) -> tuple[Policy, PolicyParams]:
+    from dike_slurm.registry import default_registry
+
+    policy = default_registry().create(config.engine.policy)
+    return policy, config.policy_params(policy.name)
 
 
-def _leaves(config: Config) -> list[dict[str, str]]:
+def _switch_wait_s(policy: Policy, params: PolicyParams) -> int:
+    """The longest Switches wait the policy asks for (the max_switch_wait it needs); Slurm's default if none."""
+    wait = policy.switch_wait_s(params)
+    return DEFAULT_SWITCH_WAIT_S if wait is None else int(wait)
+
+
+def _leaves(config: Config, prefix: str) -> list[dict[str, str]]:
     from dike_slurm.parsing.hostlists import compress_hostlist
     from dike_slurm.parsing.slurm_conf import parse_topology_conf
 
@@ -75,7 +80,6 @@ def _leaves(config: Config) -> list[dict[str, str]]:
         topology = parse_topology_conf(path.read_text(encoding="utf-8"), source=str(path))
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
-    prefix = getattr(config.policy_params(config.engine.policy), "leaf_feature_prefix", "leaf_")
     return [
         {"nodes": compress_hostlist(topology.switches[leaf].nodes), "feature": f"{prefix}{leaf}"}
         for leaf in topology.leaves
@@ -93,6 +97,8 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
     writable = sorted({_plain(state_db.parent, "state_db folder"), _plain(lock_file.parent, "lock_file folder")}
                       | ({_plain(config.engine.metrics_file.parent, "metrics_file folder")}
                          if config.engine.metrics_file is not None else set()))
+    policy, params = _policy(config)
+    prefix = policy.leaf_feature_prefix(params)
     interval_s = int(round(config.engine.interval_s))
     minutes = max(1, round(config.engine.interval_s / 60))
     context = {
@@ -108,8 +114,8 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "schedule": "* * * * *" if minutes == 1 else f"*/{minutes} * * * *",
         "lock_file": _plain(lock_file, "lock_file"),
         "log_file": "/var/log/dike-slurm.log",
-        "wait_s": consolidation_wait_s(config),
-        "leaves": _leaves(config) if kind == "slurm-conf" else [],
-        "feature_prefix": getattr(config.policy_params(config.engine.policy), "leaf_feature_prefix", "leaf_"),
+        "wait_s": _switch_wait_s(policy, params),
+        "leaves": _leaves(config, prefix) if kind == "slurm-conf" else [],
+        "feature_prefix": prefix,
     }
     return _environment().get_template(_TEMPLATE_OF[kind]).render(**context)

@@ -59,3 +59,17 @@ class Policy(ABC):
         not move when other jobs come and go.
         """
         return None
+
+    def switch_wait_s(self, params: PolicyParams) -> int | None:
+        """The longest wait of the Switches constraints `decide` sets with these parameters; None: it sets none.
+
+        `dike-slurm render slurm-conf` prints it as the `max_switch_wait` Slurm needs to honour them.
+        """
+        return None
+
+    def leaf_feature_prefix(self, params: PolicyParams) -> str:
+        """The node feature naming a leaf switch in `decide`'s Features constraints: prefix + switch name.
+
+        `dike-slurm render slurm-conf` prints the node features the site must configure with it.
+        """
+        return "leaf_"

@@ -143,6 +143,14 @@ class DikePolicy(Policy):
     description = "Dike: K feedback queues from attained GPU-hours, fairness/wait mix, comm-aware placement."
     Params = DikeParams
 
+    def switch_wait_s(self, params: PolicyParams) -> int | None:
+        assert isinstance(params, DikeParams)
+        return params.max_consolidation_wait_s
+
+    def leaf_feature_prefix(self, params: PolicyParams) -> str:
+        assert isinstance(params, DikeParams)
+        return params.leaf_feature_prefix
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         assert isinstance(params, DikeParams)
         now = snapshot.time

@@ -51,6 +51,10 @@ class TiresiasPolicy(Policy):
         assert isinstance(params, TiresiasParams)
         return float(len(params.thresholds_gpu_s) + 1)
 
+    def switch_wait_s(self, params: PolicyParams) -> int | None:
+        assert isinstance(params, TiresiasParams)
+        return params.consolidation_wait_s
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         assert isinstance(params, TiresiasParams)
         levels = len(params.thresholds_gpu_s) + 1

@@ -148,13 +148,16 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         admin_level = next((line.split("|")[1] for line in rows.splitlines() if "|" in line), None)
     except DikeError:
         admin_level = None
-    policy = config.policy_params(config.engine.policy)
-    wait = getattr(policy, "max_consolidation_wait_s", None)
+    from dike_slurm.registry import default_registry
+
+    policy = default_registry().create(config.engine.policy)
+    params = config.policy_params(policy.name)
+    wait = policy.switch_wait_s(params)
     return diagnose(
         version=version, json_format=json_check, config=show_config, admin_level=admin_level,
         is_root=os.geteuid() == 0, strategy=config.engine.priority_strategy,
         max_consolidation_wait_s=float(wait) if wait is not None else None,
-        preemption=bool(getattr(policy, "preemption", False)),
+        preemption=policy.requeue_min_run_s(params) is not None,  # the hook a preemptive policy declares
     )
 
 
