@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from dike_slurm.backends.base import Backend, JobField, WriteOutcome
 from dike_slurm.config import Config
-from dike_slurm.decisions import Requeue
+from dike_slurm.decisions import Requeue, service_forgiven
 from dike_slurm.model import Job
 from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, PlannedWrite, describe_value
 from dike_slurm.requeue_guard import requeue_groups
@@ -234,11 +234,8 @@ class Applier:
             written_level = old.written_level
             if (job.job_id, self.strategy_field) in succeeded:
                 written_level = job_plan.level
-            at_promotion = old.attained_at_promotion_gpu_s
-            promotions = old.promotions
-            if job_plan.promoted:
-                at_promotion = job.attained_gpu_s
-                promotions += 1
+            at_promotion = service_forgiven(old.attained_at_promotion_gpu_s, job_plan.promoted, job.attained_gpu_s)
+            promotions = old.promotions + (1 if job_plan.promoted else 0)
             memories.append(replace(
                 old,
                 last_seen=plan.time,

@@ -19,6 +19,15 @@ class SetPriority:
     promoted: bool = False  # starvation promotion: attained service counted so far is forgiven
 
 
+def service_forgiven(before_gpu_s: float, promoted: bool, attained_gpu_s: float) -> float:
+    """The attained service that no longer counts towards the job's level after this cycle.
+
+    A promotion forgives all the service attained so far; otherwise what an earlier promotion
+    forgave stays forgiven. The engine (what it remembers) and the simulator both record it so.
+    """
+    return attained_gpu_s if promoted else before_gpu_s
+
+
 @dataclass(frozen=True)
 class SetPlacement:
     """Ask Slurm to place a pending job under this constraint."""

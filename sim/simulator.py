@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement
+from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, service_forgiven
 from dike_slurm.errors import DikeError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
@@ -502,9 +502,10 @@ class Simulator:
                 continue
             job.score = decision.score
             job.level = decision.level
-            if decision.promoted and job.state == PENDING:
+            if decision.promoted:
                 view = views.get(decision.job_id)
-                job.promoted_at = view.attained_gpu_s if view is not None else job.attained
+                attained = view.attained_gpu_s if view is not None else job.attained
+                job.promoted_at = service_forgiven(job.promoted_at, decision.promoted, attained)
                 job.pending_view = None
             if job.state == PENDING:
                 scored.append(job)
