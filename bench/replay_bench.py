@@ -4,7 +4,7 @@
 
 Each replay runs in a fresh interpreter (`--child`), so its peak RSS (ru_maxrss) is its own:
 nothing of the parent (the engine-cycle benchmark's 50 MB of JSON, other replays) is counted.
-The child swaps the simulator's `heapq` for a recorder that logs every push (time, kind) and
+The child swaps the simulator's `heapq` for a recorder that logs every push (time, round, kind) and
 every pop to a file; after the replay (and its peak memory reading) the child pushes and pops
 exactly that sequence through heapq with tuples of the same shape: the floor, an event loop
 that does nothing per event, measured in the same process so that replays can run side by side.
@@ -43,13 +43,16 @@ class RecordingHeapq:
 
     def __init__(self, folder: Path) -> None:
         self.times = array("d")
+        self.rounds = array("q")  # the simulator's heap entries are (time, round, kind, sequence, job)
         self.kinds = array("b")  # event kind for a push, -1 for a pop
         self._times_file = (folder / "times.bin").open("wb")
+        self._rounds_file = (folder / "rounds.bin").open("wb")
         self._kinds_file = (folder / "kinds.bin").open("wb")
 
     def heappush(self, heap: list, item: tuple) -> None:
         self.times.append(item[0])
-        self.kinds.append(item[1])
+        self.rounds.append(item[1])
+        self.kinds.append(item[2])
         heapq.heappush(heap, item)
         if len(self.kinds) >= _FLUSH:
             self.flush()
@@ -62,26 +65,29 @@ class RecordingHeapq:
 
     def flush(self) -> None:
         self.times.tofile(self._times_file)
+        self.rounds.tofile(self._rounds_file)
         self.kinds.tofile(self._kinds_file)
         del self.times[:]
+        del self.rounds[:]
         del self.kinds[:]
 
     def close(self) -> None:
         self.flush()
         self._times_file.close()
+        self._rounds_file.close()
         self._kinds_file.close()
 
 
 def floor_seconds(folder: Path) -> tuple[float, int]:
     """CPU seconds to push and pop the recorded events through heapq (and how many were popped)."""
     times = array("d")
+    rounds = array("q")
     kinds = array("b")
-    with (folder / "times.bin").open("rb") as handle:
-        times.frombytes(handle.read())
-    with (folder / "kinds.bin").open("rb") as handle:
-        kinds.frombytes(handle.read())
-    time_list, kind_list = times.tolist(), kinds.tolist()
-    del times, kinds
+    for values, name in ((times, "times"), (rounds, "rounds"), (kinds, "kinds")):
+        with (folder / f"{name}.bin").open("rb") as handle:
+            values.frombytes(handle.read())
+    time_list, round_list, kind_list = times.tolist(), rounds.tolist(), kinds.tolist()
+    del times, rounds, kinds
     push, pop = heapq.heappush, heapq.heappop
     heap: list = []
     sequence = 0
@@ -92,7 +98,7 @@ def floor_seconds(folder: Path) -> tuple[float, int]:
             pop(heap)
             popped += 1
         else:
-            push(heap, (time_list[sequence], kind, sequence, None))
+            push(heap, (time_list[sequence], round_list[sequence], kind, sequence, None))
             sequence += 1
     return time.process_time() - started, popped
 
