@@ -17,15 +17,24 @@ from dike_slurm.sim.replay import load_input, run_policy, sim_settings
 from dike_slurm.state import StateStore
 
 
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trace")
+def generate(out: Path, *extra: str) -> Path:
     subprocess.run(
         [sys.executable, "-m", "dike_slurm", "trace", "generate", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
-         "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out)],
+         "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out), *extra],
         check=True, capture_output=True, timeout=120,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    return generate(tmp_path_factory.mktemp("trace"))
+
+
+@pytest.fixture(scope="module")
+def busy_trace(tmp_path_factory) -> Path:
+    """Three times the cluster's GPUs offered: heavy jobs wait behind light ones."""
+    return generate(tmp_path_factory.mktemp("busy"), "--load", "3")
 
 
 def config(trace: Path, state: Path) -> Config:
@@ -90,3 +99,18 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
     assert backend.summary() == replayed.metrics.summary
     # with Dike's default preemption on, both paths requeued jobs through the same guard
     assert replayed.metrics.summary["preemptions"] > 0 and replayed.stats.requeues_refused > 0
+
+
+def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_path):
+    """Dike's node hold writes ExcNodeList on many pending jobs and takes it off again as the
+    held job changes: the engine's diff, restores and the simulator's placements stay in step."""
+    cfg = config(busy_trace, tmp_path / "state.sqlite")
+    cfg = cfg.model_copy(update={"policies": {"dike": {**cfg.policies["dike"], "hold_nodes": "blocked"}}})
+    backend, reports = run_to_the_end(cfg, apply=True)
+    replay_input = load_input(busy_trace / "sacct.txt", busy_trace / "slurm.conf", None)
+    replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
+    assert backend.summary() == replayed.metrics.summary
+    held = [w for r in reports for w, o in r.outcomes if o.ok and "held for blocked heavy job" in w.reason]
+    assert held and all(JobField.EXCLUDED_NODES in w.update.fields for w in held)
+    released = [w for r in reports for w, o in r.outcomes if o.ok and JobField.EXCLUDED_NODES in w.restores]
+    assert released, "a hold that moved on put the jobs' ExcNodeList back"
