@@ -1,4 +1,4 @@
-"""`dike-slurm eval`: replay a corpus of cases under every policy (sim/evaluate.py does the work)."""
+"""`dike-slurm eval`: replay a corpus of cases under every policy (sim/evaluate.py runs, sim/eval_report.py tabulates)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="print eval.json instead of tables"),
 ) -> None:
     """Replay every case under every policy at penalties 0 and 1; tables, targets, JSON and a report."""
-    from dike_slurm.sim import evaluate
+    from dike_slurm.sim import eval_report, evaluate
 
     folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
     plan = evaluate.make_plan(folders, quick=quick, only=variant or ())
     config = evaluate.load_config(config_path)
     if results is not None:
-        evaluate.check_results_file(results)
+        eval_report.check_results_file(results)
     for reason in plan.skipped:
         err_console.print(f"skipped {reason}", highlight=False, markup=False)
     err_console.print(f"{len(plan.cases)} cases, {plan.runs()} replays, {workers} workers", highlight=False)
@@ -42,7 +42,7 @@ def eval_command(
     result = evaluate.evaluate(plan, config, workers=workers, command=command,
                                log=lambda line: err_console.print(line, highlight=False, markup=False))
     try:
-        table_list = evaluate.write_outputs(result, out, results_md=results, html=html)
+        table_list = eval_report.write_outputs(result, out, results_md=results, html=html)
     except Exception:
         saved = out.with_name(out.name + ".unrendered.json")  # hours of replays are not thrown away
         saved.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
@@ -54,12 +54,12 @@ def eval_command(
         console.print_json(json.dumps(result, default=str))
         return
     _print_tables(table_list)
-    console.print(evaluate.LEGEND, markup=False, highlight=False)
+    console.print(eval_report.LEGEND, markup=False, highlight=False)
     console.print(f"wrote {out}/eval.json, results.md{', report.html' if html and 'html_error' not in result else ''}"
                   f"{f' and {results}' if results else ''} ({result['wall_s'] / 60:.1f} min)", highlight=False)
 
 
-def _print_tables(table_list) -> None:  # noqa: ANN001 - evaluate.Table
+def _print_tables(table_list) -> None:  # noqa: ANN001 - eval_report.Table
     from rich.table import Table
 
     for table in table_list:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim import evaluate
+from dike_slurm.sim import eval_report, evaluate
 from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,13 +70,13 @@ def test_ratios_and_means_come_from_the_run_summaries(result):
             mean = sum(summary[(row["variant"], row["setting"], s)]["avg_jct_s"] for s in seeds) / len(seeds)
             assert row["metrics"]["avg_jct_s"] == pytest.approx(mean)
             assert row["fifo_ratio"] == pytest.approx(fifo / mean)
-        fifo_row = evaluate._row(case, "fifo", "pen1")
+        fifo_row = eval_report.row_of(case, "fifo", "pen1")
         assert fifo_row["fifo_ratio"] == 1.0
 
 
 def test_overall_is_the_geometric_mean_over_cases(result):
     for variant in ("tiresias", "dike"):
-        ratios = [evaluate._row(c, variant, "pen1")["fifo_ratio"] for c in result["cases"]]
+        ratios = [eval_report.row_of(c, variant, "pen1")["fifo_ratio"] for c in result["cases"]]
         expected = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         assert result["overall"][variant]["pen1"]["geomean"] == pytest.approx(expected)
         assert result["overall"][variant]["pen1"]["cases"] == 2
@@ -84,14 +84,14 @@ def test_overall_is_the_geometric_mean_over_cases(result):
 
 def test_targets_follow_the_numbers(result):
     for entry, case in zip(result["targets"]["cases"], result["cases"]):
-        fifo, dike = evaluate._row(case, "fifo", "pen1")["metrics"], evaluate._row(case, "dike", "pen1")["metrics"]
+        fifo, dike = eval_report.row_of(case, "fifo", "pen1")["metrics"], eval_report.row_of(case, "dike", "pen1")["metrics"]
         cells = entry["cells"]
         assert cells["jct"]["status"] == ("PASS" if dike["avg_jct_s"] <= 1.01 * fifo["avg_jct_s"] else "FAIL")
         assert cells["p95"]["status"] == ("PASS" if dike["p95_jct_s"] <= 1.05 * fifo["p95_jct_s"] else "FAIL")
         assert cells["lost"]["status"] == ("PASS" if dike["lost_gpu_fraction"] <= 0.05 else "FAIL")
         # srtf_preemptive was not run, so the criteria that need it say so instead of passing.
         assert cells["capture"]["status"] == "not run"
-        half = evaluate._row(case, "dike", "pen1_half")["fifo_ratio_seeds"]
+        half = eval_report.row_of(case, "dike", "pen1_half")["fifo_ratio_seeds"]
         assert cells["half"]["status"] == ("PASS" if min(half.values()) >= 1 / 1.01 else "FAIL")
 
 
@@ -104,24 +104,24 @@ def _fake(fifo: float, dike: float, oracle: float, tiresias: float) -> dict:
 
 
 def test_capture_and_tiresias_apply_only_where_the_oracle_gains_ten_percent():
-    small = evaluate.targets(_fake(100.0, 99.0, 95.0, 99.0))["cases"][0]["cells"]
+    small = eval_report.targets(_fake(100.0, 99.0, 95.0, 99.0))["cases"][0]["cells"]
     assert small["capture"]["status"] == "n/a" and small["tiresias"]["status"] == "n/a"
     # oracle 2x: dike 1.5x captures log 1.5 / log 2 = 58% (FAIL); tiresias/dike = 1.2 (PASS).
-    big = evaluate.targets(_fake(100.0, 100 / 1.5, 50.0, 80.0))["cases"][0]["cells"]
+    big = eval_report.targets(_fake(100.0, 100 / 1.5, 50.0, 80.0))["cases"][0]["cells"]
     assert big["capture"]["status"] == "FAIL" and big["capture"]["value"] == "58%"
     assert big["tiresias"]["status"] == "PASS"
-    assert evaluate.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["capture"]["status"] == "PASS"
-    assert evaluate.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["tiresias"]["status"] == "FAIL"
-    assert evaluate.targets(_fake(100.0, 102.0, 95.0, 99.0))["cases"][0]["cells"]["jct"]["status"] == "FAIL"
+    assert eval_report.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["capture"]["status"] == "PASS"
+    assert eval_report.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["tiresias"]["status"] == "FAIL"
+    assert eval_report.targets(_fake(100.0, 102.0, 95.0, 99.0))["cases"][0]["cells"]["jct"]["status"] == "FAIL"
 
 
 def test_files_tables_and_results_section(result, tmp_path):
     docs = tmp_path / "results.md"
-    docs.write_text(f"# intro kept\n\n{evaluate.RESULTS_BEGIN}\nold\n{evaluate.RESULTS_END}\ntail kept\n", encoding="utf-8")
+    docs.write_text(f"# intro kept\n\n{eval_report.RESULTS_BEGIN}\nold\n{eval_report.RESULTS_END}\ntail kept\n", encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old run", encoding="utf-8")
-    table_list = evaluate.write_outputs(result, out, results_md=docs)
+    table_list = eval_report.write_outputs(result, out, results_md=docs)
     assert sorted(p.name for p in out.iterdir()) == ["eval.json", "report.html", "results.md"]
     assert json.loads((out / "eval.json").read_text(encoding="utf-8"))["overall"] == json.loads(json.dumps(result["overall"]))
     text = docs.read_text(encoding="utf-8")
@@ -129,7 +129,7 @@ def test_files_tables_and_results_section(result, tmp_path):
     assert "Made by `test`" in text
     zeta = next(t for t in table_list if t.title == "case zeta")
     dike_row = next(r for r in zeta.rows if r[:2] == ["pen 1", "dike"])
-    assert dike_row[-1] == f"{evaluate._row(result['cases'][0], 'dike', 'pen1')['fifo_ratio']:.3f}"
+    assert dike_row[-1] == f"{eval_report.row_of(result['cases'][0], 'dike', 'pen1')['fifo_ratio']:.3f}"
     assert "| " + " | ".join(dike_row) + " |" in text
     assert "<img src=\"data:image/svg+xml;base64," in (out / "report.html").read_text(encoding="utf-8")
 
@@ -181,9 +181,9 @@ def test_a_failing_report_keeps_the_numbers(result, tmp_path, monkeypatch):
     def broken(*_args):
         raise RuntimeError("no plot today")
 
-    monkeypatch.setattr(evaluate, "render_html", broken)
+    monkeypatch.setattr(eval_report, "render_html", broken)
     out = tmp_path / "out"
-    evaluate.write_outputs(dict(result), out)
+    eval_report.write_outputs(dict(result), out)
     assert sorted(p.name for p in out.iterdir()) == ["eval.json", "results.md"]
     written = json.loads((out / "eval.json").read_text(encoding="utf-8"))
     assert written["html_error"] == "RuntimeError: no plot today"

@@ -1,0 +1,345 @@
+"""The corpus evaluation's result as tables: overall geometric means, issue 9's targets, the
+per-case tables, and the files `dike-slurm eval` writes (eval.json, results.md, report.html,
+the generated section of docs/results.md). Computation only, then rendering; no replays.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dike_slurm.errors import InputError
+from dike_slurm.sim.evaluate import BASELINE_SETTING, FIFO, TARGET_SETTING
+
+RESULTS_BEGIN = "<!-- eval:begin (written by `dike-slurm eval --results`; edit above or below, not inside) -->"
+RESULTS_END = "<!-- eval:end -->"
+
+
+def row_of(case: dict, variant: str, setting: str) -> dict | None:
+    """The case's row of one variant in one setting (None when it did not run)."""
+    return next((r for r in case["rows"] if r["variant"] == variant and r["setting"] == setting), None)
+
+
+def overall(result: dict) -> dict:
+    """Geometric mean over cases of fifo/policy average JCT, per variant and setting."""
+    table = {}
+    for setting in result["settings"]:
+        for variant in result["variants"]:
+            ratios = [row["fifo_ratio"] for case in result["cases"]
+                      if (row := row_of(case, variant["label"], setting["key"])) and row["fifo_ratio"]]
+            if ratios:
+                table.setdefault(variant["label"], {})[setting["key"]] = {
+                    "geomean": math.exp(sum(math.log(r) for r in ratios) / len(ratios)),
+                    "min": min(ratios), "max": max(ratios), "cases": len(ratios),
+                }
+    return table
+
+
+# ---------------------------------------------------------------------------------------- targets
+
+# Issue 9's "Done when", checked per case (penalty 1, all preemptible, unless the criterion says).
+CRITERIA = (
+    ("jct", "avg JCT <= 1.01 fifo"),
+    ("capture", "oracle gain captured >= 70%"),
+    ("tiresias", ">= 1.10x tiresias"),
+    ("p95", "p95 JCT <= 1.05 fifo"),
+    ("worst_user", "worst user <= fifo"),
+    ("lost", "lost GPU-h <= 5%"),
+    ("p99_preempt", "p99 preempt/job <= 5"),
+    ("pen0", "pen 0: avg JCT <= 1.01 fifo"),
+    ("half", "half: avg JCT <= 1.01 fifo"),
+)
+ORACLE = "srtf_preemptive"
+ORACLE_GAIN = 1.10
+
+
+def _cell(passed: bool | None, value: str, detail: str = "") -> dict:
+    status = "n/a" if passed is None else ("PASS" if passed else "FAIL")
+    return {"status": status, "value": value, "detail": detail}
+
+
+def _not_run(what: str) -> dict:
+    return {"status": "not run", "value": "", "detail": f"{what} not run"}
+
+
+def targets(result: dict) -> dict:
+    """PASS/FAIL per case and criterion, from the rows' numbers."""
+    cases = []
+    for case in result["cases"]:
+        fifo, dike = row_of(case, FIFO, TARGET_SETTING), row_of(case, "dike", TARGET_SETTING)
+        cells: dict[str, dict] = {}
+        if fifo is None or dike is None:
+            cells = {key: _not_run("dike or fifo at penalty 1") for key, _ in CRITERIA}
+            cases.append({"case": case["name"], "cells": cells})
+            continue
+        f, d = fifo["metrics"], dike["metrics"]
+        cells["jct"] = _cell(d["avg_jct_s"] <= 1.01 * f["avg_jct_s"], f"{f['avg_jct_s'] / d['avg_jct_s']:.3f}x",
+                             "fifo/dike avg JCT")
+        oracle = row_of(case, ORACLE, TARGET_SETTING)
+        gain = oracle["fifo_ratio"] if oracle else None
+        if gain is None:
+            cells["capture"] = _not_run(ORACLE)
+        elif gain < ORACLE_GAIN:
+            cells["capture"] = _cell(None, f"oracle {gain:.3f}x", "oracle gains < 10%: no target")
+        else:
+            share = math.log(f["avg_jct_s"] / d["avg_jct_s"]) / math.log(gain)
+            cells["capture"] = _cell(share >= 0.7, f"{share:.0%}", f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+        tiresias = row_of(case, "tiresias", TARGET_SETTING)
+        if gain is not None and gain < ORACLE_GAIN:
+            cells["tiresias"] = _cell(None, "", "oracle gains < 10%: no target")
+        elif tiresias is None or gain is None:
+            cells["tiresias"] = _not_run("tiresias" if tiresias is None else ORACLE)
+        else:
+            over = tiresias["metrics"]["avg_jct_s"] / d["avg_jct_s"]
+            cells["tiresias"] = _cell(over >= 1.10, f"{over:.3f}x", "tiresias/dike avg JCT")
+        cells["p95"] = _cell(d["p95_jct_s"] <= 1.05 * f["p95_jct_s"], f"{d['p95_jct_s'] / f['p95_jct_s']:.3f}x",
+                             "dike/fifo p95 JCT")
+        cells["worst_user"] = _cell(d["worst_user_slowdown"] <= f["worst_user_slowdown"],
+                                    f"{d['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
+                                    "dike vs fifo worst-user slowdown")
+        cells["lost"] = _cell(d["lost_gpu_fraction"] <= 0.05, f"{d['lost_gpu_fraction']:.2%}", "GPU-hours lost / all")
+        cells["p99_preempt"] = _cell(d["p99_preemptions_per_job"] <= 5, f"{d['p99_preemptions_per_job']:g}",
+                                     "p99 preemptions per job")
+        pen0 = row_of(case, "dike", "pen0")
+        cells["pen0"] = (_not_run("penalty 0") if pen0 is None or pen0["fifo_ratio"] is None else
+                         _cell(pen0["fifo_ratio"] >= 1 / 1.01, f"{pen0['fifo_ratio']:.3f}x", "fifo/dike avg JCT at penalty 0"))
+        half = row_of(case, "dike", "pen1_half")
+        if half is None or not half["fifo_ratio_seeds"]:
+            cells["half"] = _not_run("half preemptible")
+        else:
+            worst = min(half["fifo_ratio_seeds"].values())
+            cells["half"] = _cell(worst >= 1 / 1.01, f"{worst:.3f}x", "worst seed's fifo/dike avg JCT")
+        cases.append({"case": case["name"], "cells": cells})
+    return {"criteria": [{"key": k, "label": label} for k, label in CRITERIA], "cases": cases}
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+CASE_HEADERS = [
+    "setting", "policy", "avg JCT", "p95 JCT", "p99 JCT", "avg wait", "worst user", "Jain",
+    "preempt", "lost GPU-h", "lost", "max/job", "p99/job", "fifo/policy",
+]
+LEGEND = (
+    "Settings: pen 0 / pen 1 = communication penalty 0 / 1 with every job preemptible; pen 1 HALF = penalty 1 "
+    "with half of the jobs preemptible (drawn per job), mean of seeds 0 and 1. Times in hours; worst user = "
+    "worst-user slowdown; Jain = Jain fairness index of the users' mean slowdowns; preempt = preemptions; lost = share of GPU-hours "
+    "lost to preemption; max/job, p99/job = preemptions per job; fifo/policy = fifo avg JCT / policy avg JCT "
+    "(above 1 is better)."
+)
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f}"
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _headroom(case: dict) -> str:
+    fifo = row_of(case, FIFO, TARGET_SETTING)
+    if fifo is None or not case["avg_run_h"]:
+        return ""
+    return f"; fifo avg JCT / avg run time at pen 1: {fifo['metrics']['avg_jct_s'] / 3600 / case['avg_run_h']:.2f}"
+
+
+def tables(result: dict) -> list[Table]:
+    """Finished tables (strings) for the terminal, markdown and HTML: cases, overall, targets."""
+    labels = {s["key"]: s["label"] for s in result["settings"]}
+    out = []
+    for case in result["cases"]:
+        rows = []
+        for row in case["rows"]:
+            m = row["metrics"]
+            ratio = _num(row["fifo_ratio"], ".3f")
+            if len(row["fifo_ratio_seeds"]) > 1:
+                ratio += " (" + " / ".join(_num(v, ".3f") for v in row["fifo_ratio_seeds"].values()) + ")"
+            rows.append([
+                labels[row["setting"]], row["variant"], _hours(m["avg_jct_s"]), _hours(m["p95_jct_s"]),
+                _hours(m["p99_jct_s"]), _hours(m["avg_wait_s"]), _num(m["worst_user_slowdown"], ".2f"),
+                _num(m["user_jain_index"], ".3f"), _num(m["preemptions"], ".0f"), _num(m["preemption_lost_gpu_h"], ".1f"),
+                _num(m["lost_gpu_fraction"], ".2%"), _num(m["max_preemptions_per_job"], "g"),
+                _num(m["p99_preemptions_per_job"], "g"), ratio,
+            ])
+        info = case["input"]
+        notes = [f"{info['jobs_replayed']} jobs on {info['gpus']} GPUs ({info['nodes']} nodes, "
+                 f"{info['leaf_switches']} leaf switches), average run time {_num(case['avg_run_h'], '.2f')} h"
+                 f"{_headroom(case)}; replays took {case['wall_s']:.0f} s ({case['cpu_s']:.0f} CPU-s)."]
+        if any(row["setting"] in BASELINE_SETTING for row in case["rows"]):
+            notes.append("HALF rows: mean of seeds 0 and 1 (brackets: each seed's ratio); "
+                         "their fifo is fifo at penalty 1 (fifo never preempts).")
+        out.append(Table(f"case {case['name']}", list(CASE_HEADERS), rows, notes))
+    settings = [s for s in result["settings"]]
+    overall_rows = []
+    for variant in result["variants"]:
+        cells = result["overall"].get(variant["label"], {})
+        overall_rows.append([variant["label"]] + [
+            f"{cells[s['key']]['geomean']:.3f} ({cells[s['key']]['min']:.2f}-{cells[s['key']]['max']:.2f})"
+            if s["key"] in cells else "-" for s in settings
+        ])
+    out.append(Table("overall: geometric mean over cases of fifo/policy avg JCT (min-max)",
+                     ["policy"] + [s["label"] for s in settings], overall_rows,
+                     [f"{len(result['cases'])} cases; above 1 is better than fifo."]))
+    criteria = result["targets"]["criteria"]
+    target_rows = [[entry["case"]] + [f"{entry['cells'][c['key']]['status']} {entry['cells'][c['key']]['value']}".strip()
+                                      for c in criteria] for entry in result["targets"]["cases"]]
+    passed = sum(cell["status"] == "PASS" for e in result["targets"]["cases"] for cell in e["cells"].values())
+    failed = sum(cell["status"] == "FAIL" for e in result["targets"]["cases"] for cell in e["cells"].values())
+    out.append(Table("targets (issue 9): dike at penalty 1, every job preemptible, unless the column says",
+                     ["case"] + [c["label"] for c in criteria], target_rows,
+                     [f"{passed} PASS, {failed} FAIL. Capture and tiresias apply where srtf_preemptive gains >= 10% "
+                      "over fifo (oracle = srtf_preemptive); capture = log(fifo/dike) / log(fifo/oracle); "
+                      "worst user = worst-user slowdown; half = half of the jobs preemptible, every seed must pass."]))
+    if result["skipped_variants"]:
+        out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
+    return out
+
+
+def markdown(result: dict, table_list: Sequence[Table]) -> str:
+    """The generated section of docs/results.md: the command, then every table."""
+    git = result["git"]
+    modified = [path for path in git.get("modified", []) if path.startswith(("policies/", "sim/", "dike_slurm/"))]
+    commit = (git["commit"] or "unknown")[:12] + (" (with uncommitted changes" + (
+        f" to {', '.join(modified[:6])}{' ...' if len(modified) > 6 else ''}" if modified else "") + ")"
+        if git["dirty"] else "")
+    lines = [
+        f"Made by `{result['command']}` at commit {commit}, {result['workers']} workers, "
+        f"{result['wall_s'] / 60:.1f} min of replays.",
+        "",
+        LEGEND,
+        "",
+    ]
+    for table in table_list:
+        lines += [f"### {table.title}", "", "| " + " | ".join(table.headers) + " |",
+                  "|" + "|".join("---" for _ in table.headers) + "|"]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table.rows]
+        lines += [""] + [f"{note}" for note in table.notes] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def splice_results(text: str, section: str, source: str) -> str:
+    """docs/results.md with its generated section replaced (the markers must be there)."""
+    begin, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if begin < 0 or end < begin:
+        raise InputError(f"has no generated section (the lines {RESULTS_BEGIN!r} and {RESULTS_END!r})", source=source)
+    return text[: begin + len(RESULTS_BEGIN)] + "\n\n" + section + "\n" + text[end:]
+
+
+def check_results_file(path: Path) -> None:
+    """Fail before any replay when the results file cannot take the section."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
+    splice_results(text, "", str(path))
+
+
+# ---------------------------------------------------------------------------------------- files
+
+
+def _plot_uri(result: dict) -> str | None:
+    """A bar chart of fifo/policy avg JCT per case at penalty 1 (matplotlib, imported here)."""
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in result["cases"] if row_of(c, FIFO, TARGET_SETTING)]
+    variants = [v["label"] for v in result["variants"] if v["label"] != FIFO]
+    if not cases or not variants:
+        return None
+    figure, axes = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / len(variants)
+    for index, label in enumerate(variants):
+        values = [(row_of(c, label, TARGET_SETTING) or {}).get("fifo_ratio") or 0.0 for c in cases]
+        axes.bar([x + index * width for x in range(len(cases))], values, width, label=label)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(cases))])
+    axes.set_xticklabels([c["name"] for c in cases], rotation=15, fontsize=8)
+    axes.set_ylabel("fifo / policy avg JCT")
+    axes.set_yscale("log")
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.legend(fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(figure)
+    return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def render_html(result: dict, table_list: Sequence[Table]) -> str:
+    from dike_slurm.sim.report import template_environment
+
+    template = template_environment().get_template("eval.html.j2")
+    git = result["git"]
+    return template.render(
+        command=result["command"],
+        commit=(git["commit"] or "unknown")[:12] + (" (dirty)" if git["dirty"] else ""),
+        wall_min=f"{result['wall_s'] / 60:.1f}",
+        legend=LEGEND,
+        tables=list(table_list),
+        plot=_plot_uri(result),
+    )
+
+
+def write_outputs(result: dict, out: Path, *, results_md: Path | None = None, html: bool = True) -> list[Table]:
+    """eval.json, results.md and report.html into `out` (replaced whole), then docs' section."""
+    table_list = tables(result)
+    section = markdown(result, table_list)
+    files = {
+        "eval.json": json.dumps(result, indent=2, default=str) + "\n",
+        "results.md": section,
+    }
+    if html:
+        try:
+            files["report.html"] = render_html(result, table_list)
+        except Exception as exc:  # noqa: BLE001 - the report is optional; the numbers are not lost for it
+            result["html_error"] = f"{type(exc).__name__}: {exc}"
+            files["eval.json"] = json.dumps(result, indent=2, default=str) + "\n"
+    spliced = None
+    if results_md is not None:
+        spliced = splice_results(results_md.read_text(encoding="utf-8"), section, str(results_md))
+    out = out.absolute()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        mask = os.umask(0)
+        os.umask(mask)
+        staging.chmod(0o777 & ~mask)  # mkdtemp's 0700 would outlive the rename
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder: {exc.strerror}", source=str(out)) from None
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "x")
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    if spliced is not None and results_md is not None:
+        temporary = results_md.with_name(f".{results_md.name}.tmp")
+        temporary.write_text(spliced, encoding="utf-8")
+        os.replace(temporary, results_md)
+    return table_list
