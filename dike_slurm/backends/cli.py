@@ -5,11 +5,16 @@ configuration and `TZ=UTC` (so that sacct prints, and reads -S/-E, in UTC like t
 the engine). Job names, comments and accounts are data only: they never reach a command line
 except as the value of our own fields, which is a single argv element.
 
-Reads per cycle: `squeue --json`, `squeue -O` (Switches, which the JSON of 22.05 lacks),
-`sprio` (SiteFactor, which `scontrol show job` does not print in 22.05), the nodes (`sinfo
---json` on 22.05; `scontrol show nodes --json` from 23.11 on, where sinfo groups nodes),
-`sacct --parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf
-is configured. Writes: one `scontrol update JobId=N Key=Value...` per job and kind of change.
+Reads per cycle, the lean way (the default; dike_slurm.backends.squeue_format): `squeue -O` with
+the 28 fields the engine uses (jobs by id), `squeue -o %A%x` (ExcNodeList, which -O lacks), `sprio`
+(SiteFactor, which `scontrol show job` does not print in 22.05), `sinfo -N -O` (nodes), `sacct
+--parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf is
+configured. When squeue refuses a field of that format ("Invalid job format specification") or
+exits non-zero, the cycle reads the JSON instead (and fails with the JSON read's error if that
+fails too, e.g. slurmctld down): `squeue --json`, `squeue -O` (Switches, which the JSON of 22.05
+lacks), sprio, the nodes (`sinfo --json` on 22.05; `scontrol show nodes --json` from 23.11 on,
+where sinfo groups nodes). Writes: one `scontrol update JobId=N Key=Value...` per job and kind of
+change.
 
 The JSON format (Slurm 22.05's v0.0.38, or the v0.0.40+ family of 23.11 to 26.05) is taken from
 the `meta` block of squeue's output every cycle; dike_slurm.slurm_formats adapts each family to
@@ -35,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dike_slurm.accounting import ReadResult, read_sacct_parsable2
+from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import (
     Backend,
     ClusterState,
@@ -44,24 +50,13 @@ from dike_slurm.backends.base import (
     SwitchRequest,
     WriteOutcome,
 )
+from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Topology
+from dike_slurm.model import Job, Node, Topology
 from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
-from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
-from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
-from dike_slurm.slurm_formats import (
-    FormatError,
-    ReadCount,
-    SlurmFormat,
-    detect,
-    entries,
-    feature_list,
-    job_base_state,
-    node_state,
-    slurm_release,
-)
+from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
 
 log = logging.getLogger("dike_slurm.backends.cli")
 
@@ -71,8 +66,7 @@ SACCT_FORMAT = (
 )
 SWITCH_FORMAT = "JobID:|,ReqSwitch:|,Wait4Switch:|"
 SPRIO_FORMAT = "%i|%S|%Y"
-_NO_TIME_LIMIT = 0xFFFFFFFE  # Slurm's INFINITE (NO_VAL is one more)
-_NO_SWITCHES = SwitchRequest(0)
+_FORMAT_REFUSED = "Invalid job format specification"  # squeue's words for a -O field it does not know
 
 # stderr of scontrol when the job ended or started meanwhile: not an engine failure
 _JOB_GONE = ("Invalid job id specified", "Job has already finished", "no longer pending")
@@ -127,123 +121,6 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
     )
 
 
-def _number(value: Any) -> int | None:
-    """An integer as squeue/sinfo JSON prints it (plain, or {"set", "infinite", "number"} in newer plugins)."""
-    if type(value) is int:  # the common case first: called ~10 times per job
-        return value
-    if isinstance(value, dict):
-        if value.get("infinite") or not value.get("set", True):
-            return None
-        value = value.get("number")
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return int(value)
-    raise ValueError(f"not a number: {value!r}")
-
-
-def _epoch(value: Any) -> float | None:
-    number = _number(value)
-    return float(number) if number else None
-
-
-def _signed32(value: int) -> int:
-    """squeue's JSON prints a negative nice as its unsigned 32-bit pattern (-500 -> 4294966796)."""
-    return value - 2**32 if value >= 2**31 else value
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _hosts(value: Any) -> tuple[str, ...]:
-    try:
-        return expand_hostlist(_text(value))
-    except InputError:
-        return ()
-
-
-def _placement(
-    switch: SwitchRequest, features: str | None, exclude_nodes: tuple[str, ...], require_nodes: tuple[str, ...] = ()
-) -> Placement:
-    """What a pending job carries; most carry nothing and share one object."""
-    if not switch.count and features is None and not exclude_nodes and not require_nodes:
-        return NO_PLACEMENT
-    return Placement(
-        max_switches=switch.count or None,
-        switches_wait_s=switch.wait_s if switch.count else None,
-        features=features,
-        exclude_nodes=exclude_nodes,
-        require_nodes=require_nodes,
-    )
-
-
-def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchRequest]) -> Job:
-    """One job of `squeue --json` (v0.0.38 or v0.0.40+) as the domain Job.
-
-    ValueError for an entry that cannot be read, an unknown job state included.
-    """
-    job_id = _number(entry.get("job_id"))
-    if job_id is None:
-        raise ValueError("job without job_id")
-    state = JobState.parse(job_base_state(entry.get("job_state")))
-    array_job_id = _number(entry.get("array_job_id")) or None
-    alloc = parse_tres(_text(entry.get("tres_alloc_str")))
-    requested = parse_tres(_text(entry.get("tres_req_str")))
-    node_count = _number(entry.get("node_count")) or 1
-    gpus = alloc.gpus if state is JobState.RUNNING and alloc.gpus else requested.gpus
-    if not gpus:
-        per_job = parse_gres_gpus(_text(entry.get("tres_per_job")))
-        gpus = per_job or parse_gres_gpus(_text(entry.get("tres_per_node"))) * node_count
-    limit_min = _number(entry.get("time_limit"))
-    switch = switches.get(job_id, _NO_SWITCHES)
-    return Job.build(
-        job_id=job_id,
-        user=_text(entry.get("user_name")) or str(_number(entry.get("user_id"))),
-        state=state,
-        submit_time=_epoch(entry.get("submit_time")) or 0.0,
-        gpus=gpus,
-        num_nodes=node_count,
-        cpus=_number(entry.get("cpus")) or 1,
-        account=_text(entry.get("account")),
-        partition=_text(entry.get("partition")),
-        qos=_text(entry.get("qos")),
-        name=_text(entry.get("name")),
-        comment=_text(entry.get("comment")),
-        array_job_id=array_job_id,
-        array_task_id=_number(entry.get("array_task_id")) if array_job_id else None,
-        eligible_time=_epoch(entry.get("eligible_time")),
-        start_time=_epoch(entry.get("start_time")) if state is JobState.RUNNING else None,
-        time_limit_s=None if limit_min is None or limit_min >= _NO_TIME_LIMIT else limit_min * 60,
-        nodes=_hosts(entry.get("nodes")) if state is JobState.RUNNING else (),
-        placement=_placement(
-            switch, _text(entry.get("features")) or None, _hosts(entry.get("excluded_nodes")),
-            _hosts(entry.get("required_nodes")),
-        ),
-        priority=_number(entry.get("priority")),
-        nice=_signed32(_number(entry.get("nice")) or 0),
-        requeueable=bool(entry.get("requeue")),
-    )
-
-
-def node_from_sinfo(entry: Mapping[str, Any]) -> Node:
-    """One node of `sinfo --json` (v0.0.38) or `scontrol show nodes --json` (v0.0.40+) as the
-    domain Node (state words joined with '+': `IDLE+DRAIN`)."""
-    name = _text(entry.get("name"))
-    if not name:
-        raise ValueError("node without name")
-    partitions = entry.get("partitions")
-    return Node(
-        name=name,
-        gpus=parse_gres_gpus(_text(entry.get("gres"))),
-        gpus_alloc=parse_gres_gpus(_text(entry.get("gres_used"))),
-        cpus=_number(entry.get("cpus")) or 1,
-        state=node_state(entry),
-        features=feature_list(entry.get("active_features")) or feature_list(entry.get("features")),
-        partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
-    )
-
-
 def topology_from_scontrol(text: str) -> Topology:
     """`scontrol show topology`: upper switches list every node below them; keep only leaves' nodes."""
     lines = []
@@ -290,6 +167,10 @@ def field_argument(key: JobField, value: FieldValue) -> str:
     return f"{key.value}={text}"
 
 
+class _LeanRefused(Exception):
+    """squeue could not print the lean format (the reason); the cycle reads the JSON instead."""
+
+
 class SlurmCliBackend(Backend):
     """Slurm through its commands (the default backend; tested against a real Slurm 22.05)."""
 
@@ -302,8 +183,17 @@ class SlurmCliBackend(Backend):
         runner: Runner = run_command,
         clock: Callable[[], float] = time.time,
         environ: Mapping[str, str] | None = None,
+        job_read: str = "lean",
+        token: squeue_format.TokenSource = squeue_format.new_token,
     ) -> None:
+        """`job_read`: "lean" (squeue -O, JSON when squeue refuses it) or "json" (always the JSON);
+        `token`: the source of the per-call field terminator of the lean read."""
+        if job_read not in ("lean", "json"):
+            raise ValueError(f"job_read must be 'lean' or 'json', not {job_read!r}")
         self.settings = settings
+        self.job_read = job_read
+        self.token = token
+        self.lean_refused: str | None = None  # why squeue refused the lean read (then the JSON is read)
         self.runner = runner
         self.clock = clock
         env = dict(os.environ if environ is None else environ)
@@ -313,6 +203,11 @@ class SlurmCliBackend(Backend):
                 raise ConfigError(f"slurm.slurm_conf: no such file {settings.slurm_conf}")
             env["SLURM_CONF"] = str(settings.slurm_conf)
         self.env = MappingProxyType(env)
+        # The lean read: times as epoch seconds, and no SQUEUE_*/SINFO_* defaults of the caller
+        # (SQUEUE_ARRAY would list every task of a pending array, SQUEUE_SORT reorder nothing we need).
+        lean = {k: v for k, v in env.items() if not k.startswith(("SQUEUE_", "SINFO_"))}
+        lean["SLURM_TIME_FORMAT"] = "%s"
+        self.lean_env = MappingProxyType(lean)
         self._reads_until: float | None = None  # monotonic time: see limit_reads
         self.slurm_format: SlurmFormat | None = None  # of the last squeue read
         self.slurm_release: str | None = None
@@ -324,11 +219,19 @@ class SlurmCliBackend(Backend):
     def limit_reads(self, seconds: float | None) -> None:
         self._reads_until = None if seconds is None else time.monotonic() + seconds
 
-    def _run(self, *argv: str, timeout: float | None = None) -> CommandResult:
+    def _run(self, *argv: str, timeout: float | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
         self.calls += 1
-        return self.runner(argv, self.env, self.settings.command_timeout_s if timeout is None else timeout)
+        timeout = self.settings.command_timeout_s if timeout is None else timeout
+        return self.runner(argv, self.env if env is None else env, timeout)
 
-    def _read(self, *argv: str) -> str:
+    def _read(self, *argv: str, env: Mapping[str, str] | None = None) -> str:
+        result = self._read_result(*argv, env=env)
+        if result.returncode != 0:
+            detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SlurmError(f"{shlex.join(argv)} failed (exit {result.returncode}): {detail}")
+        return result.stdout
+
+    def _read_result(self, *argv: str, env: Mapping[str, str] | None = None) -> CommandResult:
         # Reads also stop at the cycle deadline (limit_reads); writes keep their whole timeout,
         # as a write cut short leaves Slurm's state unknown.
         timeout = self.settings.command_timeout_s
@@ -338,15 +241,11 @@ class SlurmCliBackend(Backend):
                 raise SlurmError(f"{shlex.join(argv)} not started: the cycle deadline has passed")
             timeout = min(timeout, left)
         try:
-            result = self._run(*argv, timeout=timeout)
+            return self._run(*argv, timeout=timeout, env=env)
         except SlurmError as exc:
             if timeout < self.settings.command_timeout_s:
                 raise SlurmError(f"{exc}: what was left of the cycle deadline") from None
             raise
-        if result.returncode != 0:
-            detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
-            raise SlurmError(f"{shlex.join(argv)} failed (exit {result.returncode}): {detail}")
-        return result.stdout
 
     def _json(self, *argv: str) -> dict[str, Any]:
         text = self._read(*argv)
@@ -365,6 +264,54 @@ class SlurmCliBackend(Backend):
 
     def read_cluster(self) -> ClusterState:
         now = self.clock()
+        if self.job_read == "json":
+            return self._read_json(now)
+        try:
+            return self._read_lean(now)
+        except _LeanRefused as refused:
+            # squeue could not do the -O read: the JSON read then either works (a Slurm whose
+            # squeue refuses a field or option: warn once) or fails with its own message (slurmctld
+            # down: no warning, one error)
+            cluster = self._read_json(now)
+            if self.lean_refused is None:
+                log.warning("squeue -O refused (%s): reading squeue --json instead", refused)
+            self.lean_refused = str(refused)
+            return cluster
+
+    def _read_lean(self, now: float) -> ClusterState:
+        """squeue -O, squeue -o (ExcNodeList), sprio, sinfo -N -O; _LeanRefused when squeue exits
+        non-zero or names a field it does not know."""
+        token = self.token()  # each call draws its own
+        squeue = self._command("squeue")
+        argv = (squeue, "-a", "--sort=i", "-O", squeue_format.job_format(token))  # by job id: the same order every cycle
+        result = self._read_result(*argv, env=self.lean_env)
+        # squeue names a field it does not know on stderr, prints it empty and exits 0
+        refused = [line for line in result.stderr.splitlines() if _FORMAT_REFUSED in line]
+        if refused:
+            raise _LeanRefused(" ".join(refused[0].split()))
+        if result.returncode != 0:
+            detail = " ".join((result.stderr.strip().splitlines() or ["no message"])[-1].split())
+            raise _LeanRefused(f"exit {result.returncode}: {detail}")
+        self.lean_refused = None
+        excluded_token = self.token()
+        excluded = self._read(squeue, "-a", "-o", squeue_format.excluded_format(excluded_token), env=self.lean_env)
+        lean = squeue_format.read_jobs(result.stdout, token, "squeue -O", excluded, excluded_token, "squeue -o %A%x")
+        site_factors = self._site_factors()
+        node_token = self.token()
+        text = self._read(self._command("sinfo"), "-N", "-O", squeue_format.node_format(node_token), env=self.lean_env)
+        nodes, node_count = squeue_format.read_nodes(text, node_token, "sinfo -N -O")
+        self.last_counts = (lean.count, node_count)
+        self.slurm_format = self.slurm_release = None
+        return ClusterState(
+            time=now,
+            jobs=lean.jobs,
+            nodes=tuple(nodes.values()),
+            topology=self._topology(),
+            site_factors=MappingProxyType(site_factors),
+            admin_comments=MappingProxyType(lean.admin_comments),
+        )
+
+    def _read_json(self, now: float) -> ClusterState:
         command = "squeue --json"
         queue = self._json(self._command("squeue"), "--json")
         fmt = detect(queue, command)

@@ -1,7 +1,8 @@
 """The contract of the command-line backend: the exact argv of every Slurm call it makes.
 
 A recording runner stands in for subprocess; its canned answers are shaped like Slurm 22.05's
-own output (squeue/sinfo --json are openapi v0.0.38, checked against the lab cluster).
+own output (squeue/sinfo --json are openapi v0.0.38, checked against the lab cluster; the lean
+`squeue -O` / `sinfo -N -O` text holds the same jobs and nodes, with a fixed token).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend
 from dike_slurm.config import SlurmSettings
@@ -74,6 +76,27 @@ SACCT = (
 )
 
 
+TOKEN = "^0123abcd"
+LEAN_JOBS = squeue_format.join_records([
+    ["JOBID", *(f.upper() for f in squeue_format.JOB_FIELDS[1:])],
+    ["53", "53", "N/A", "RUNNING", "dikeuser1", "research", "gpu", "normal", "1796025904", "1796025904",
+     "1796025910", "365-00:00:00", "2", "2", "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16", "N/A", "gres:gpu:8",
+     "(null)", "", "n[1-2]", "0", "0:00", "11003", "0", "1", "train", "", ""],
+    ["63", "60", "3", "PENDING", "dikeuser2", "teaching", "gpu", "normal", "1796025920", "1796025920",
+     "1796029520", "UNLIMITED", "1", "1", "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2", "N/A", "gres:gpu:2",
+     "leaf_s1", "", "", "1", "5:00", "11165", "-500", "1", "x`reboot`", "$(rm -rf /); dike:comm=high",
+     "dike:level=0 attained=0.0gpuh"],
+    ["50", "50", "N/A", "COMPLETED", "root", "", "gpu", "normal", "1796025800", "N/A", "1796025800", "UNLIMITED",
+     "1", "1", "cpu=1", "N/A", "N/A", "(null)", "", "", "0", "0:00", "0", "0", "0", "done", "", ""],
+], TOKEN)
+LEAN_EXCLUDED = squeue_format.join_records([["JOBID", "EXC_NODES"], ["53", ""], ["63", "n[3-4]"], ["50", ""]], TOKEN)
+LEAN_NODES = squeue_format.join_records([
+    ["NODELIST", "PARTITION", "CPUS", "GRES", "GRES_USED", "STATE", "AVAIL_FEATURES", "ACTIVE_FEATURES"],
+    ["n1", "gpu", "16", "gpu:8", "gpu:3", "mixed", "leaf_s1", "leaf_s1"],
+    ["n3", "gpu", "16", "gpu:8", "gpu:0", "idle+drain", "leaf_s2", "leaf_s2"],
+], TOKEN)
+
+
 class Recorder:
     """Stands in for subprocess: remembers each call, answers from a table keyed by argv prefix."""
 
@@ -108,10 +131,50 @@ def reads(prefix: str = "") -> dict[tuple[str, ...], CommandResult]:
     }
 
 
-def backend(recorder: Recorder, **settings) -> SlurmCliBackend:
+def lean_reads(prefix: str = "") -> dict[tuple[str, ...], CommandResult]:
+    return {
+        (f"{prefix}squeue", "-a", "-o"): ok(LEAN_EXCLUDED),
+        (f"{prefix}squeue", "-a", "--sort=i", "-O"): ok(LEAN_JOBS),
+        (f"{prefix}sinfo", "-N", "-O"): ok(LEAN_NODES),
+        **reads(prefix),
+    }
+
+
+def backend(recorder: Recorder, job_read: str = "json", **settings) -> SlurmCliBackend:
     return SlurmCliBackend(
-        SlurmSettings(**settings), runner=recorder, clock=lambda: 1796026000.0, environ={"PATH": "/usr/bin"}
+        SlurmSettings(**settings), runner=recorder, clock=lambda: 1796026000.0, environ={"PATH": "/usr/bin"},
+        job_read=job_read, token=lambda: TOKEN,
     )
+
+
+def test_the_lean_read_makes_exactly_these_calls_with_a_token_and_epoch_times():
+    recorder = Recorder(lean_reads())
+    backend(recorder, "lean").read_cluster()
+    lean_env = {"PATH": "/usr/bin", "TZ": "UTC", "SLURM_TIME_FORMAT": "%s"}
+    assert recorder.argvs == [
+        ["squeue", "-a", "--sort=i", "-O",
+         "JobID:^0123abcd,ArrayJobID:^0123abcd,ArrayTaskID:^0123abcd,State:^0123abcd,UserName:^0123abcd,"
+         "Account:^0123abcd,Partition:^0123abcd,QOS:^0123abcd,SubmitTime:^0123abcd,EligibleTime:^0123abcd,"
+         "StartTime:^0123abcd,TimeLimit:^0123abcd,NumNodes:^0123abcd,NumCPUs:^0123abcd,tres-alloc:^0123abcd,"
+         "tres-per-job:^0123abcd,tres-per-node:^0123abcd,Feature:^0123abcd,ReqNodes:^0123abcd,NodeList:^0123abcd,"
+         "ReqSwitch:^0123abcd,Wait4Switch:^0123abcd,PriorityLong:^0123abcd,Nice:^0123abcd,Requeue:^0123abcd,"
+         "Name:^0123abcd,Comment:^0123abcd,admin_comment:^0123abcd"],
+        ["squeue", "-a", "-o", "%A^0123abcd%x^0123abcd"],
+        ["sprio", "-h", "-o", "%i|%S|%Y"],
+        ["sinfo", "-N", "-O",
+         "NodeList:^0123abcd,PartitionName:^0123abcd,CPUs:^0123abcd,Gres:^0123abcd,GresUsed:^0123abcd,"
+         "StateComplete:^0123abcd,Features:^0123abcd,features_act:^0123abcd"],
+        ["scontrol", "show", "topology"],
+    ]
+    envs = [env for _, env, _ in recorder.calls]
+    assert envs == [lean_env, lean_env, {"PATH": "/usr/bin", "TZ": "UTC"}, lean_env, {"PATH": "/usr/bin", "TZ": "UTC"}]
+
+
+def test_the_lean_read_and_the_json_read_build_the_same_cluster():
+    lean = backend(Recorder(lean_reads()), "lean").read_cluster()
+    json_read = backend(Recorder(reads()), "json").read_cluster()
+    assert lean == json_read
+    assert [j.job_id for j in lean.jobs] == [53, 63] and lean.admin_comments[63] == "dike:level=0 attained=0.0gpuh"
 
 
 def test_read_cluster_makes_exactly_these_calls():
@@ -227,9 +290,14 @@ def test_a_refused_write_is_an_error_with_slurms_message():
 
 
 def test_a_failing_read_raises_with_the_command_and_slurms_message():
-    recorder = Recorder({("squeue", "--json"): CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
+    down = CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")
+    recorder = Recorder({("squeue", "--json"): down})
     with pytest.raises(SlurmError, match="squeue --json failed .*Unable to contact slurm controller"):
         backend(recorder).read_cluster()
+    recorder = Recorder({("squeue",): down})  # the lean read fails, then the JSON read says why
+    with pytest.raises(SlurmError, match="squeue --json failed .*Unable to contact slurm controller"):
+        backend(recorder, "lean").read_cluster()
+    assert [argv[:3] for argv in recorder.argvs] == [["squeue", "-a", "--sort=i"], ["squeue", "--json"]]
 
 
 def test_a_missing_slurm_conf_is_a_configuration_error(tmp_path):

@@ -2,7 +2,10 @@
 JSON, `squeue -O`, `sprio` and `scontrol show topology` text. Any input gives a value or the
 project's own InputError / SlurmError, never another exception.
 
-The budget is fixed: FUZZ_EXAMPLES examples per test (10 tests: 2,000 examples in all).
+The lean read (`squeue -O` / `sinfo -N -O` split on a per-call token) gets the same: any text,
+Slurm-like lines of any width, hostile free text; a job it reads is one Slurm printed.
+
+The budget is fixed: FUZZ_EXAMPLES examples per test (12 tests: 2,400 examples in all).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dike_slurm.accounting import read_sacct_json, read_sacct_parsable2
+from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import ClusterState
 from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend, topology_from_scontrol
 from dike_slurm.config import SlurmSettings
@@ -155,7 +159,7 @@ def backend(outputs: Mapping[str, str]) -> SlurmCliBackend:
             name = "sinfo"  # the node list of v0.0.40+
         return CommandResult(0, outputs.get(name, ""), "")
 
-    return SlurmCliBackend(SlurmSettings(), runner=runner, clock=lambda: 1_000_000.0)
+    return SlurmCliBackend(SlurmSettings(), runner=runner, clock=lambda: 1_000_000.0, job_read="json")
 
 
 def read(outputs) -> ClusterState | None:
@@ -252,3 +256,54 @@ def test_failed_commands_become_slurm_errors(code, stdout, stderr):
         return CommandResult(code, stdout, stderr)
 
     value_or_own_error(SlurmCliBackend(SlurmSettings(), runner=runner).read_cluster)
+
+
+# ---------------------------------------------------------------- the lean read
+
+TOKEN = "^5eed5eed"
+LEAN_FIELD = st.one_of(FIELD, ANY_TEXT, st.sampled_from(["N/A", "(null)", "UNLIMITED", "0:00", "5:00", "-500",
+                                                         "1796025904", TOKEN[:-1], "^", "\n", "\n7"]))
+
+
+def lean_lines(names: tuple[str, ...], first_title: str):
+    """Header-led token-terminated text, mostly well-formed: rows of about the right width."""
+    header = [first_title, *(n.upper() for n in names[1:])]
+    row = st.lists(LEAN_FIELD, min_size=len(names) - 1, max_size=len(names) + 1)
+    return st.lists(row, max_size=4).map(lambda rows: squeue_format.join_records([header, *rows], TOKEN))
+
+
+@fuzz
+@given(st.one_of(lean_lines(squeue_format.JOB_FIELDS, "JOBID"), ANY_TEXT),
+       st.one_of(lean_lines(squeue_format.EXCLUDED_FIELDS, "JOBID"), ANY_TEXT))
+def test_squeue_lean_text_never_crashes_and_reads_only_printed_jobs(queue, excluded):
+    read = value_or_own_error(squeue_format.read_jobs, queue, TOKEN, "squeue -O", excluded, TOKEN, "squeue -o")
+    if read is not None:
+        printed = {line.split(TOKEN, 1)[0] for line in queue.split(TOKEN + "\n")}
+        assert all(str(job.job_id) in printed for job in read.jobs)
+        assert read.count.read + read.count.left_out == read.count.printed
+
+
+@fuzz
+@given(st.one_of(lean_lines(squeue_format.NODE_FIELDS, "NODELIST"), ANY_TEXT))
+def test_sinfo_lean_text_never_crashes_and_reads_every_node(text):
+    read = value_or_own_error(squeue_format.read_nodes, text, TOKEN, "sinfo -N -O")
+    if read is not None:
+        nodes, count = read
+        assert len(nodes) == count.read > 0
+
+
+@fuzz
+@given(st.one_of(lean_lines(squeue_format.JOB_FIELDS, "JOBID"), ANY_TEXT), ANY_TEXT, st.integers(-1, 1))
+def test_the_lean_read_through_the_backend_never_crashes(queue, stderr, code):
+    def runner(argv, env, timeout):
+        if argv[0] == "squeue" and "-o" in argv:
+            return CommandResult(0, squeue_format.join_records([["JOBID", "EXC_NODES"]], TOKEN), "")
+        if argv[0] == "squeue":
+            return CommandResult(code, queue, stderr)
+        if argv[0] == "sinfo":
+            return CommandResult(0, squeue_format.join_records([["NODELIST", *"ABCDEFG"], ["n1", "gpu", "16", "gpu:8",
+                                                                "gpu:0", "idle", "", ""]], TOKEN), "")
+        return CommandResult(0, "", "")
+
+    backend = SlurmCliBackend(SlurmSettings(), runner=runner, clock=lambda: 1_000_000.0, token=lambda: TOKEN)
+    value_or_own_error(backend.read_cluster)

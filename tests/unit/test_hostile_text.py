@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import FakeBackend, JobField, JobUpdate
 from dike_slurm.backends.cli import CommandResult, SlurmCliBackend, run_command
 from dike_slurm.cli.engine_cmd import _plan_table, _safe
@@ -103,7 +104,7 @@ def test_cli_backend_reads_hostile_squeue_json_as_data(text: str) -> None:
             return CommandResult(0, json.dumps(NODES), "")
         return CommandResult(0, "", "")
 
-    cluster = SlurmCliBackend(SlurmSettings(), runner=runner).read_cluster()
+    cluster = SlurmCliBackend(SlurmSettings(), runner=runner, job_read="json").read_cluster()
     assert len(cluster.jobs) <= 1
     for job in cluster.jobs:
         assert job.name == text and job.comment == text  # kept verbatim as data
@@ -111,6 +112,46 @@ def test_cli_backend_reads_hostile_squeue_json_as_data(text: str) -> None:
         assert SlurmCliBackend(SlurmSettings()).update_commands(update) == [
             ["scontrol", "update", "JobId=7", "SiteFactor=5"]
         ]
+
+
+LEAN_TOKEN = "^a1b2c3d4"
+
+
+def lean_squeue(text: str) -> str:
+    """One pending job with `text` as user, account, name, comment and admin comment, as `squeue -O`
+    prints it (dike_slurm.backends.squeue_format: every field ends with the call's token)."""
+    values = {"JobID": "7", "ArrayJobID": "7", "ArrayTaskID": "N/A", "State": "PENDING", "UserName": text,
+              "Account": text, "Partition": "gpu", "QOS": "normal", "SubmitTime": "1", "EligibleTime": "1",
+              "StartTime": "N/A", "TimeLimit": "1:00:00", "NumNodes": "1", "NumCPUs": "1",
+              "tres-alloc": "cpu=1,gres/gpu=1", "tres-per-job": "N/A", "tres-per-node": "N/A", "Feature": text,
+              "ReqNodes": "", "NodeList": "", "ReqSwitch": "0", "Wait4Switch": "0:00", "PriorityLong": "1",
+              "Nice": "0", "Requeue": "1", "Name": text, "Comment": text, "admin_comment": text}
+    header = ["JOBID", *(f.upper() for f in squeue_format.JOB_FIELDS[1:])]
+    return squeue_format.join_records([header, [values[f] for f in squeue_format.JOB_FIELDS]], LEAN_TOKEN)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_cli_backend_reads_hostile_squeue_o_text_as_data_in_its_own_fields(text: str) -> None:
+    def runner(argv, env, timeout):
+        if argv[:2] == ["squeue", "-a"] and "-O" in argv:
+            return CommandResult(0, lean_squeue(text), "")
+        if argv[:3] == ["squeue", "-a", "-o"]:
+            return CommandResult(0, squeue_format.join_records([["JOBID", "EXC_NODES"], ["7", "n1"]], LEAN_TOKEN), "")
+        if argv[0] == "sinfo":
+            return CommandResult(0, squeue_format.join_records(
+                [["NODELIST", *"PCGUSFA"], ["n1", "gpu", "16", "gpu:8", "gpu:0", "idle", "", ""]], LEAN_TOKEN), "")
+        return CommandResult(0, "", "")
+
+    backend = SlurmCliBackend(SlurmSettings(), runner=lambda a, e, t: runner(list(a), e, t), job_read="lean",
+                              token=lambda: LEAN_TOKEN)
+    cluster = backend.read_cluster()
+    (job,) = cluster.jobs
+    assert (job.job_id, job.user, job.account, job.name, job.comment) == (7, text, text, text, text)
+    assert (job.gpus, job.time_limit_s, job.placement.exclude_nodes) == (1, 3600, ("n1",))  # no field shifted
+    assert job.placement.features == text and cluster.admin_comments == {7: text}
+    assert SlurmCliBackend(SlurmSettings()).update_commands(JobUpdate.of(7, {JobField.SITE_FACTOR: 5})) == [
+        ["scontrol", "update", "JobId=7", "SiteFactor=5"]
+    ]
 
 
 def test_non_utf8_output_of_a_slurm_command_is_decoded_not_fatal(tmp_path: Path) -> None:
