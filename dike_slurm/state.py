@@ -15,7 +15,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
@@ -286,11 +286,18 @@ class StateStore:
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples: this reads every owned field of every job, every cycle
         cursor.execute("SELECT job_id, field, original, written, written_at FROM owned ORDER BY job_id")
+        new, setattr_ = object.__new__, object.__setattr__
         for job_id, name, original, written, written_at in cursor:
             field = _FIELD_BY_NAME[name]
-            result.setdefault(job_id, {})[field] = OwnedField(
-                job_id, field, decode_value(field, original), decode_value(field, written), written_at
-            )
+            # OwnedField(...) filled in one step (its frozen __init__ sets one field at a time;
+            # 110,000 of them a cycle at 55,000 jobs); tests/unit/test_state_fast_read.py holds them equal
+            owned = new(OwnedField)
+            setattr_(owned, "__dict__", {"job_id": job_id, "field": field, "original": decode_value(field, original),
+                                         "written": decode_value(field, written), "written_at": written_at})
+            fields_of = result.get(job_id)
+            if fields_of is None:
+                fields_of = result[job_id] = {}
+            fields_of[field] = owned
         return result
 
     def record_write(self, job_id: int, field: JobField, original: FieldValue, written: FieldValue, at: float) -> None:
@@ -373,10 +380,18 @@ _JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attain
                 " requeues, hands_off, hands_off_reason, reason")  # JobMemory's field order
 
 
+_MEMORY_FIELDS = tuple(f.name for f in fields(JobMemory))  # = _JOB_COLUMNS
+
+
 def _job_memory(row: tuple) -> JobMemory:
+    """JobMemory(*row) filled in one step (its frozen __init__ sets 11 fields one at a time: 55,000
+    jobs a cycle); tests/unit/test_state_fast_read.py holds it equal to the constructor."""
+    values = dict(zip(_MEMORY_FIELDS, row))
     hands_off = row[8]
-    return JobMemory(*row[:8], tuple(_FIELD_BY_NAME[f] for f in hands_off.split(",") if f) if hands_off else (),
-                     *row[9:])
+    values["hands_off"] = tuple(_FIELD_BY_NAME[f] for f in hands_off.split(",") if f) if hands_off else ()
+    memory = object.__new__(JobMemory)
+    object.__setattr__(memory, "__dict__", values)
+    return memory
 
 
 @contextmanager
