@@ -68,6 +68,8 @@ class MetricsCollector:
     user_index: array = field(default_factory=lambda: array("l"))
     heavy: array = field(default_factory=lambda: array("b"))
     consolidated: array = field(default_factory=lambda: array("b"))
+    end: array = field(default_factory=lambda: array("d"))  # in finish order
+    service_gpu_s: array = field(default_factory=lambda: array("d"))  # the GPU service a finished job leaves in the history
     users: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
     preemptions_per_job: array = field(default_factory=lambda: array("l"))
@@ -89,6 +91,8 @@ class MetricsCollector:
         self.user_index.append(self.users.setdefault(result.user, len(self.users)))
         self.heavy.append(result.heavy)
         self.consolidated.append(result.consolidated)
+        self.end.append(result.end)
+        self.service_gpu_s.append(result.gpu_seconds)
         self.preemptions += result.preemptions
         self.preemptions_per_job.append(result.preemptions)
         self.gpu_seconds += result.gpu_seconds
@@ -125,6 +129,12 @@ class PolicyMetrics:
     level_series: dict[int, list[float]]
     bin_width_s: float
     origin: float
+    # Per time bin, the policy cycles that ran in it (0: none; the level series is NaN there).
+    cycles_per_bin: list[int] = field(default_factory=list)
+    # The finished jobs in finish order: when each ended and its GPU service (what the simulator
+    # hands a policy as `completed_service_gpu_s`), for the thresholds a history-derived policy used.
+    finished_end: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    finished_service_gpu_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, total_gpus: int) -> PolicyMetrics:
@@ -200,6 +210,9 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         level_series=level_series,
         bin_width_s=timeline.width,
         origin=timeline.origin,
+        cycles_per_bin=list(timeline.level_samples),
+        finished_end=np.array(collector.end, dtype=np.float64),
+        finished_service_gpu_s=np.array(collector.service_gpu_s, dtype=np.float64),
     )
 
 

@@ -1,139 +1,27 @@
-"""The replay report: matplotlib plots rendered first, then one self-contained HTML page (jinja2)."""
+"""The replay report: every value is computed here (comparison, headline, thresholds, settings) and
+the plots drawn (sim/report_plots.py) before one self-contained HTML page renders (jinja2)."""
 
 from __future__ import annotations
 
-import base64
-import io
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import jinja2
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-import numpy as np  # noqa: E402
+from dike_slurm.config import Config
+from dike_slurm.model import Snapshot
+from dike_slurm.policies.base import PolicyParams
+from dike_slurm.policies.dike import DikeParams, thresholds_gpu_s
+from dike_slurm.policies.tiresias import TiresiasParams
+from dike_slurm.sim.metrics import PolicyMetrics
+from dike_slurm.sim.report_compare import comparison, headline
+from dike_slurm.sim.report_plots import build_plots, policy_colours, top_users
 
-from dike_slurm.sim.metrics import COMPARISON_HEADERS, PolicyMetrics, comparison_rows  # noqa: E402
-
-CDF_POINTS = 600  # JCT CDF points drawn per policy (the data is subsampled evenly)
-TOP_USERS = 20  # users shown in the per-user slowdown plot (most jobs first)
-PLOT_STYLE = {"svg.hashsalt": "dike-slurm", "svg.fonttype": "path", "font.size": 9}
-
-
-@dataclass(frozen=True)
-class Plot:
-    title: str
-    caption: str
-    data_uri: str  # data:image/svg+xml;base64,...
-
-
-def _figure_uri(figure) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(figure)
-    return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _jct_cdf(runs: Sequence[tuple[str, PolicyMetrics]]) -> Plot:
-    figure, axes = plt.subplots(figsize=(7, 3.6))
-    for name, metrics in runs:
-        values = metrics.jct_sorted / 3600.0
-        if not len(values):
-            continue
-        picks = np.unique(np.linspace(0, len(values) - 1, min(len(values), CDF_POINTS)).astype(int))
-        axes.step(values[picks], (picks + 1) / len(values), where="post", label=name)
-    axes.set_xscale("log")
-    axes.set_xlabel("job completion time (hours, log scale)")
-    axes.set_ylabel("fraction of jobs")
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    return Plot("JCT distribution", "Cumulative fraction of jobs finished within a given JCT; left and high is better.", _figure_uri(figure))
-
-
-def _wait_by_size(runs: Sequence[tuple[str, PolicyMetrics]]) -> Plot:
-    sizes: list[str] = []
-    for _, metrics in runs:
-        sizes.extend(s for s in metrics.wait_by_size if s not in sizes)
-    figure, axes = plt.subplots(figsize=(7, 3.4))
-    width = 0.8 / max(len(runs), 1)
-    positions = np.arange(len(sizes))
-    for index, (name, metrics) in enumerate(runs):
-        heights = [metrics.wait_by_size.get(size, 0.0) / 3600.0 for size in sizes]
-        axes.bar(positions + index * width, heights, width, label=name)
-    axes.set_xticks(positions + width * (len(runs) - 1) / 2, sizes)
-    axes.set_xlabel("GPUs per job")
-    axes.set_ylabel("mean wait (hours)")
-    axes.grid(True, axis="y", alpha=0.3)
-    axes.legend()
-    return Plot("Wait by job size", "Mean time pending per job, by the number of GPUs it asked for.", _figure_uri(figure))
-
-
-def _user_slowdown(runs: Sequence[tuple[str, PolicyMetrics]], user_jobs: dict[str, int]) -> Plot:
-    users = sorted(user_jobs, key=lambda u: (-user_jobs[u], u))[:TOP_USERS]
-    figure, axes = plt.subplots(figsize=(7, 3.8))
-    width = 0.8 / max(len(runs), 1)
-    positions = np.arange(len(users))
-    for index, (name, metrics) in enumerate(runs):
-        axes.bar(positions + index * width, [metrics.user_slowdown.get(u, 0.0) for u in users], width, label=name)
-    axes.set_xticks(positions + width * (len(runs) - 1) / 2, [f"#{i + 1}" for i in range(len(users))])
-    axes.set_yscale("log")
-    axes.set_xlabel("users, most jobs first (names in the table below)")
-    axes.set_ylabel("mean slowdown (log scale)")
-    axes.grid(True, axis="y", alpha=0.3)
-    axes.legend()
-    return Plot(
-        "Per-user slowdown",
-        f"Mean slowdown (JCT / run time alone) of the {len(users)} users with the most jobs; "
-        "even bars mean fair treatment.",
-        _figure_uri(figure),
-    )
-
-
-def _time_axis(metrics: PolicyMetrics, count: int) -> np.ndarray:
-    return (np.arange(count) + 0.5) * metrics.bin_width_s / 86400.0
-
-
-def _utilization(runs: Sequence[tuple[str, PolicyMetrics]]) -> Plot:
-    figure, axes = plt.subplots(figsize=(7, 3.2))
-    for name, metrics in runs:
-        series = np.array(metrics.utilization_series)
-        axes.plot(_time_axis(metrics, len(series)), series * 100.0, label=name, linewidth=1)
-    axes.set_xlabel("days since the first submission")
-    axes.set_ylabel("GPUs allocated (%)")
-    axes.set_ylim(0, 105)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    return Plot("GPU utilisation over time", "Share of the cluster's GPUs allocated to jobs (restarts and slow-downs included).", _figure_uri(figure))
-
-
-def _levels(name: str, metrics: PolicyMetrics) -> Plot:
-    figure, axes = plt.subplots(figsize=(7, 3.2))
-    levels = sorted(metrics.level_series)
-    count = len(next(iter(metrics.level_series.values()))) if levels else 0
-    series = [np.nan_to_num(np.array(metrics.level_series[level])) for level in levels]
-    if levels:
-        axes.stackplot(_time_axis(metrics, count), series, labels=[f"level {level}" for level in levels], alpha=0.85)
-    axes.set_xlabel("days since the first submission")
-    axes.set_ylabel("active jobs")
-    axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper left")
-    return Plot(
-        f"Queue levels over time: {name}",
-        "Pending and running jobs in each queue level at the policy cycles (mean per time bin).",
-        _figure_uri(figure),
-    )
-
-
-def build_plots(runs: Sequence[tuple[str, PolicyMetrics]], user_jobs: dict[str, int]) -> list[Plot]:
-    """Every plot of the report, in page order."""
-    with plt.rc_context(PLOT_STYLE):
-        plots = [_jct_cdf(runs), _wait_by_size(runs), _user_slowdown(runs, user_jobs), _utilization(runs)]
-        for name, metrics in runs:
-            if len(metrics.level_series) > 1:
-                plots.append(_levels(name, metrics))
-    return plots
+BASELINE = "fifo"  # every metric is compared with this policy's, when it was replayed
 
 
 def template_environment() -> jinja2.Environment:
@@ -148,6 +36,95 @@ def template_environment() -> jinja2.Environment:
     )
 
 
+@dataclass(frozen=True)
+class Thresholds:
+    """The demotion thresholds a levelled policy used: how they were set, and their values."""
+
+    policy: str
+    rule: str
+    values: list[str]  # one text per threshold: "level i from ..."
+
+
+def _gpuh(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} GPU-h"
+
+
+def _listed(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:g}" for v in values)
+
+
+def thresholds_at(params: DikeParams, metrics: PolicyMetrics, at: float, history_window_s: float) -> tuple[list[float], str]:
+    """Dike's thresholds (GPU-seconds) and their origin at time `at`: its own rule
+    (`policies.dike.thresholds_gpu_s`) applied to what the simulator hands it then, the GPU service
+    of the jobs that ended within the history window."""
+    ends = metrics.finished_end
+    low, high = np.searchsorted(ends, at - history_window_s, "left"), np.searchsorted(ends, at, "right")
+    history = tuple(np.sort(metrics.finished_service_gpu_s[low:high]).tolist())
+    return thresholds_gpu_s(Snapshot(time=at, jobs=(), nodes=(), completed_service_gpu_s=history), params)
+
+
+def derived_thresholds(params: DikeParams, metrics: PolicyMetrics, history_window_s: float) -> list[tuple[float, list[float], str]]:
+    """(time, thresholds, origin) at the end of every time bin that had a policy cycle."""
+    series = []
+    for index, cycles in enumerate(metrics.cycles_per_bin):
+        if cycles:
+            at = metrics.origin + (index + 1) * metrics.bin_width_s
+            series.append((at, *thresholds_at(params, metrics, at, history_window_s)))
+    return series
+
+
+def thresholds_used(name: str, params: PolicyParams, metrics: PolicyMetrics, history_window_s: float) -> Thresholds | None:
+    """The thresholds of a policy with queue levels (Tiresias, Dike); None for the others. The
+    metrics are read only for thresholds derived from history."""
+    if isinstance(params, TiresiasParams):
+        return Thresholds(name, "configured (thresholds_gpu_s)", [_gpuh(v) for v in params.thresholds_gpu_s])
+    if not isinstance(params, DikeParams):
+        return None
+    if params.thresholds_gpuh is not None:
+        return Thresholds(name, "configured (thresholds_gpuh)", [_gpuh(h * 3600) for h in params.thresholds_gpuh])
+    series = derived_thresholds(params, metrics, history_window_s)
+    derived = [values for _, values, origin in series if origin.startswith("derived")]
+    fallback_bins = len(series) - len(derived)
+    rule = (
+        f"derived at every cycle: quantiles {_listed(params.quantiles())} of the GPU service of the jobs finished "
+        f"in the last {history_window_s / 86400:g} days; {_listed([v / 3600 for v in params.fallback_gpu_s()])} GPU-h "
+        f"while fewer than {params.min_history_jobs} had finished ({fallback_bins} of {len(series)} time bins with cycles)"
+    )
+    if not derived:
+        return Thresholds(name, rule, [f"{_gpuh(v)} (fallback throughout)" for v in params.fallback_gpu_s()])
+    columns = np.array(derived)
+    return Thresholds(
+        name,
+        rule,
+        [
+            f"{_gpuh(columns[-1, i])} at the end ({columns[:, i].min() / 3600:.2f}-{columns[:, i].max() / 3600:.2f} over the replay)"
+            for i in range(columns.shape[1])
+        ],
+    )
+
+
+def _parameter_text(value: object) -> str:
+    if value is None:
+        return "unset"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parameter_table(params: Mapping[str, PolicyParams]) -> tuple[list[str], list[list[str]]]:
+    """Every policy parameter as (headers, rows): a row per parameter, a column per policy that has
+    parameters ("-": not one of its)."""
+    dumps = {name: dump for name, p in params.items() if (dump := p.model_dump(mode="json"))}
+    keys = list(dict.fromkeys(key for dump in dumps.values() for key in dump))
+    rows = [[key] + [_parameter_text(dump[key]) if key in dump else "-" for dump in dumps.values()] for key in keys]
+    return ["parameter", *dumps], rows
+
+
+def describe_source(source: Mapping) -> str:
+    """summary.json's `config` in words: the file and who named it, or the defaults, then the variables."""
+    where = {"file": "(--config)", "env": "($DIKE_CONFIG)"}
+    base = f"{source['path']} {where[source['kind']]}" if source["path"] else "built-in defaults (no file)"
+    return base + "".join(f" + {variable}" for variable in source["variables"])
+
+
 def render_report(
     *,
     input_section: dict,
@@ -157,24 +134,55 @@ def render_report(
     penalty_rows: list[list[str]],
     penalty_headers: list[str],
     timings: dict[str, float],
+    config: Config | None = None,
+    config_source: Mapping | None = None,
 ) -> str:
-    """The whole report page; every number is computed before the template renders."""
-    plots = build_plots(runs, user_jobs)
-    top_users = sorted(user_jobs, key=lambda u: (-user_jobs[u], u))[:TOP_USERS]
+    """The whole report page; every number is computed before the template renders.
+
+    `config` gives the policy parameters and thresholds, `config_source` where it came from
+    (summary.json's `config`: kind, path, variables); without them the settings say they were not
+    passed.
+    """
+    names = [name for name, _ in runs]
+    baseline = BASELINE if BASELINE in names else names[0]
+    summaries = {name: metrics.summary for name, metrics in runs}
+    sentences = [headline(name, summaries[name], summaries[baseline], baseline) for name in names if name != baseline]
+    plots = build_plots(runs, user_jobs, baseline)
+    users = top_users(user_jobs)
     user_rows = [
-        [f"#{i + 1}", user, str(user_jobs[user])] + [f"{metrics.user_slowdown.get(user, 0.0):.2f}" for _, metrics in runs]
-        for i, user in enumerate(top_users)
+        [user, str(user_jobs[user])] + [f"{metrics.user_slowdown.get(user, 0.0):.2f}" for _, metrics in runs]
+        for user in users
     ]
+    params = {name: config.policy_params(name) for name in names} if config is not None else None
+    parameter_headers, parameter_rows = parameter_table(params) if params is not None else ([], [])
+    thresholds = [
+        row
+        for name, metrics in runs
+        if params is not None
+        and (row := thresholds_used(name, params[name], metrics, float(settings["history_window_days"]) * 86400.0))
+    ]
+    config_path = config_source["path"] if config_source is not None else None
     template = template_environment().get_template("report.html.j2")
     return template.render(
         input=input_section,
         settings=settings,
-        headers=list(COMPARISON_HEADERS),
-        rows=comparison_rows((name, metrics.summary) for name, metrics in runs),
+        baseline=baseline,
+        colours=policy_colours(names),
+        names=names,
+        headlines=sentences,
+        comparison=comparison(summaries, baseline),
         penalty_headers=penalty_headers,
         penalty_rows=penalty_rows,
         plots=plots,
-        user_headers=["", "user", "jobs"] + [name for name, _ in runs],
+        user_headers=["user", "jobs"] + names,
         user_rows=user_rows,
-        timings=timings,
+        params_passed=params is not None,
+        parameter_headers=parameter_headers,
+        parameter_rows=parameter_rows,
+        without_parameters=[name for name in params or () if not params[name].model_dump()],
+        thresholds=thresholds,
+        threshold_count=max((len(t.values) for t in thresholds), default=0),
+        config_line=describe_source(config_source) if config_source is not None else "",
+        config_text=Path(config_path).read_text(encoding="utf-8") if config_path else "",
+        timings={name: f"{seconds:.1f}" for name, seconds in timings.items()},
     )

@@ -1,0 +1,220 @@
+"""The replay report's computed values: ratios to fifo, the headline, colours, time units, the
+thresholds a policy used, and the rendered page's sections."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dike_slurm.config import load_config
+from dike_slurm.policies import dike as dike_module
+from dike_slurm.sim.replay import load_input, run_policy, sim_settings
+from dike_slurm.sim.report import derived_thresholds, describe_source, render_report, thresholds_at, thresholds_used
+from dike_slurm.sim.report_compare import METRICS, comparison, compare, headline
+from dike_slurm.sim.report_plots import (
+    LEVEL_RAMP,
+    POLICY_COLOURS,
+    SPARE_COLOURS,
+    filled_levels,
+    level_colours,
+    policy_colours,
+    time_unit,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+METRIC = {metric.key: metric for metric in METRICS}
+
+
+def summary(**values: float) -> dict:
+    """A summary.json policy entry: every metric 1.0 (jobs 10, no worst user) unless given."""
+    base = {metric.key: 1.0 for metric in METRICS}
+    base.update(jobs=10, worst_user="")
+    base.update(values)
+    return base
+
+
+def test_compare_gives_the_factor_and_which_way_is_better():
+    assert compare(METRIC["avg_jct_s"], 100.0, 290.0).text == "2.90x better"
+    assert compare(METRIC["p99_jct_s"], 180.0, 100.0).text == "1.80x worse"
+    assert compare(METRIC["user_jain_index"], 0.12, 0.33).text == "2.75x worse"
+    assert compare(METRIC["gpu_utilization"], 0.9, 0.6).text == "1.50x better"
+    assert compare(METRIC["avg_jct_s"], 100.2, 100.0).text == "same"  # within half a percent
+    assert compare(METRIC["jobs"], 5, 10).text == "same"  # a count that is neither better nor worse
+    assert compare(METRIC["preemptions"], 12, 0).text == "worse"  # no factor against 0
+    assert compare(METRIC["preemptions"], 0, 12).text == "better"
+
+
+def test_the_headline_calls_out_the_worse_tails():
+    fifo = summary(avg_jct_s=2.9 * 3600, p99_jct_s=10.0, user_jain_index=0.33)
+    dike = summary(avg_jct_s=3600.0, p99_jct_s=18.0, user_jain_index=0.12)
+    sentence, tail_worse = headline("dike", dike, fifo, "fifo")
+    assert sentence == "dike cuts average JCT 2.9x against fifo, but p99 JCT is 1.8x worse and user Jain index falls from 0.330 to 0.120."
+    assert tail_worse
+
+
+def test_the_headline_says_when_no_tail_is_worse_and_ignores_small_changes():
+    fifo = summary(avg_jct_s=7200.0, p95_jct_s=100.0)
+    tiresias = summary(avg_jct_s=3600.0, p95_jct_s=104.0)  # 4% worse: under the 5% called out
+    sentence, tail_worse = headline("tiresias", tiresias, fifo, "fifo")
+    assert sentence == (
+        "tiresias cuts average JCT 2.0x against fifo, and no tail is worse (p95 JCT, p99 JCT, p95 slowdown, "
+        "user Jain index and worst user slowdown)."
+    )
+    assert not tail_worse
+    slower, _ = headline("x", summary(avg_jct_s=9000.0, p95_slowdown=2.0), fifo, "fifo")
+    assert slower == "x raises average JCT 1.2x against fifo, and p95 slowdown is 2.0x worse."
+
+
+def test_comparison_rows_mark_the_best_value_and_leave_the_baseline_without_a_change():
+    rows = comparison(
+        {
+            "fifo": summary(avg_jct_s=7200.0, user_jain_index=0.5, preemptions=0, worst_user_slowdown=9.0, worst_user="ann"),
+            "dike": summary(avg_jct_s=3600.0, user_jain_index=0.4, preemptions=3),
+            "tiresias": summary(avg_jct_s=3600.0, user_jain_index=0.45, preemptions=5),
+        },
+        "fifo",
+    )
+    by_label = {row.label: row for row in rows}
+    assert [row.label for row in rows] == [metric.label for metric in METRICS]
+    jct = by_label["average JCT (h)"]
+    assert [c.text for c in jct.cells] == ["2.00", "1.00", "1.00"]
+    assert [c.best for c in jct.cells] == [False, True, True]  # ties are all marked
+    assert [c.change for c in jct.cells] == ["", "2.00x better", "2.00x better"]
+    assert [c.verdict for c in jct.cells] == ["", "better", "better"]
+    assert jct.better == "lower is better"
+    jain = by_label["user Jain index"]
+    assert [c.best for c in jain.cells] == [True, False, False] and jain.cells[1].verdict == "worse"
+    assert [c.best for c in by_label["preemptions"].cells] == [True, False, False]
+    assert by_label["worst user slowdown"].cells[0].text == "9.00 (ann)"
+    assert not any(c.best for c in by_label["jobs"].cells)  # neither better nor worse: no best
+
+
+def test_every_policy_has_one_colour_and_levels_use_none_of_them():
+    assert policy_colours(["dike", "fifo"]) == {"dike": POLICY_COLOURS["dike"], "fifo": POLICY_COLOURS["fifo"]}
+    assert policy_colours(["fifo", "mine", "other"])["mine"] == SPARE_COLOURS[0]
+    assert len(set(policy_colours(["a", "b", "c", "fifo"]).values())) == 4
+    assert not set(LEVEL_RAMP) & (set(POLICY_COLOURS.values()) | set(SPARE_COLOURS))
+    assert level_colours(3)[0] == LEVEL_RAMP[0] and len(set(level_colours(8))) == 7  # the palest one is left out
+    assert len(set(level_colours(3))) == 3
+
+
+@pytest.mark.parametrize(
+    ("span_s", "unit"), [(600.0, "minutes"), (3 * 3600.0, "minutes"), (86400.0, "hours"), (20 * 86400.0, "days")]
+)
+def test_time_axes_use_a_unit_that_suits_the_span(span_s, unit):
+    assert time_unit(span_s)[1] == unit
+
+
+def test_level_gaps_between_cycles_hold_the_last_value_and_nothing_is_drawn_outside():
+    nan = float("nan")
+    assert filled_levels([nan, 2.0, nan, nan, 3.0, nan]).tolist() == [0.0, 2.0, 2.0, 2.0, 3.0, 0.0]
+    assert filled_levels([nan, nan]).tolist() == [0.0, 0.0]
+
+
+def user_jobs(replay_input) -> dict[str, int]:  # noqa: ANN001
+    counts: dict[str, int] = {}
+    for job in replay_input.trace.jobs:
+        counts[job.user] = counts.get(job.user, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("trace")
+    result = subprocess.run(
+        [sys.executable, "-m", "dike_slurm", "trace", "generate", "--out", str(folder), "--jobs", "150",
+         "--nodes", "4", "--nodes-per-leaf", "2", "--seed", "5", "--load", "0.9"],
+        capture_output=True, text=True, cwd=REPO, timeout=300, env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+def test_derived_thresholds_are_the_ones_dike_computed_at_its_cycles(trace, monkeypatch):
+    """Every threshold set Dike computed in a replay, recomputed from the metrics at the same time."""
+    config = load_config(None, environ={}, overrides={"policies": {"dike": {"min_history_jobs": 20}}})
+    replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
+    settings = sim_settings(config, replay_input.conf)
+    used: list[tuple[float, list[float], str]] = []
+    original = dike_module.thresholds_gpu_s
+
+    def recording(snapshot, params):  # noqa: ANN001
+        values, origin = original(snapshot, params)
+        used.append((snapshot.time, values, origin))
+        return values, origin
+
+    monkeypatch.setattr(dike_module, "thresholds_gpu_s", recording)
+    run = run_policy("dike", replay_input, config, settings)
+    params = config.policy_params("dike")
+    assert {origin.split()[0] for _, _, origin in used} == {"fallback", "derived"}
+    for at, values, origin in used:
+        assert thresholds_at(params, run.metrics, at, settings.history_window_s) == (values, origin)
+    monkeypatch.undo()
+    series = derived_thresholds(params, run.metrics, settings.history_window_s)
+    assert len(series) == sum(1 for cycles in run.metrics.cycles_per_bin if cycles) > 0
+    shown = thresholds_used("dike", params, run.metrics, settings.history_window_s)
+    last = [v for _, v, origin in series if origin.startswith("derived")][-1]
+    assert shown.values[0].startswith(f"{last[0] / 3600:.2f} GPU-h at the end (")
+    assert "quantiles 0.5, 0.75" in shown.rule and "while fewer than 20 had finished" in shown.rule
+
+
+def test_configured_thresholds_are_shown_as_configured(trace):
+    config = load_config(None, environ={}, overrides={"policies": {"dike": {"thresholds_gpuh": [2, 16]}}})
+    metrics = None  # not read for configured thresholds
+    shown = thresholds_used("dike", config.policy_params("dike"), metrics, 86400.0)
+    assert shown.rule == "configured (thresholds_gpuh)" and shown.values == ["2.00 GPU-h", "16.00 GPU-h"]
+    tiresias = thresholds_used("tiresias", config.policy_params("tiresias"), metrics, 86400.0)
+    assert tiresias.values == ["1.00 GPU-h"]
+    assert thresholds_used("fifo", config.policy_params("fifo"), metrics, 86400.0) is None
+
+
+def test_the_page_has_the_headline_ratios_parameters_thresholds_and_configuration(trace, tmp_path):
+    config_file = tmp_path / "site.toml"
+    config_file.write_text("[policies.dike]\nmin_history_jobs = 20\npromote_knob = 6.0\n", encoding="utf-8")
+    config = load_config(config_file, environ={})
+    replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
+    settings = sim_settings(config, replay_input.conf)
+    runs = [(name, run_policy(name, replay_input, config, settings).metrics) for name in ("fifo", "tiresias", "dike")]
+    html = render_report(
+        input_section=replay_input.input_summary(),
+        settings={"history_window_days": settings.history_window_s / 86400.0, "seed": settings.seed},
+        runs=runs, user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={"fifo": 1.0},
+        config=config, config_source={"kind": "file", "path": str(config_file), "variables": ["DIKE_REPLAY__SEED"]},
+    )
+    headline_block = re.search(r'<div class="headline" id="headline">(.*?)</div>', html, re.S).group(1)
+    assert headline_block.count("<p") == 2 and "tiresias" in headline_block and "dike" in headline_block
+    assert html.count('<span class="change">') == 2 * len(METRICS)  # every metric of tiresias and dike against fifo
+    assert 'class="better best"' in html or 'class="worse best"' in html or 'class="same best"' in html
+    parameters = re.search(r'<table id="parameters">(.*?)</table>', html, re.S).group(1)
+    assert "<td>promote_knob</td><td>unset</td><td>6.0</td>" in parameters  # tiresias's default, dike's from the file
+    assert "No parameters: fifo." in html
+    thresholds = re.search(r'<table id="thresholds">(.*?)</table>', html, re.S).group(1)
+    assert "configured (thresholds_gpu_s)" in thresholds and "derived at every cycle" in thresholds
+    assert f"<code>{config_file} (--config) + DIKE_REPLAY__SEED</code>" in html and "promote_knob = 6.0" in html
+    for name in ("fifo", "tiresias", "dike"):
+        assert f'style="background: {POLICY_COLOURS[name]}"></span>{name}' in html
+    assert html.count("data:image/svg+xml;base64,") == 5
+
+
+def test_without_the_configuration_the_page_says_the_parameters_were_not_passed(trace):
+    config = load_config(None, environ={})
+    replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
+    metrics = run_policy("fifo", replay_input, config, sim_settings(config, replay_input.conf)).metrics
+    html = render_report(
+        input_section=replay_input.input_summary(), settings={"history_window_days": 30.0}, runs=[("fifo", metrics)],
+        user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={},
+    )
+    assert "The replay did not pass the policies' parameters to the report." in html
+    assert "The replay did not say where its configuration came from." in html
+    assert 'id="headline"' not in html  # one policy: nothing to compare with
+    assert np.isfinite(metrics.finished_end).all() and len(metrics.finished_end) == metrics.summary["jobs"]
+
+
+def test_the_configuration_source_reads_as_the_cli_says_it():
+    assert describe_source({"kind": "defaults", "path": None, "variables": []}) == "built-in defaults (no file)"
+    assert describe_source({"kind": "env", "path": "/etc/d.toml", "variables": ["DIKE_A__B"]}) == "/etc/d.toml ($DIKE_CONFIG) + DIKE_A__B"
