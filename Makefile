@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LAB := scripts/slurm-lab
 SAMPLE := examples/sample
 
-.PHONY: demo test unit bench lab-up lab-down clean
+.PHONY: demo test unit bench lab-up lab-down clean chromium
 
 $(STAMP): setup.cfg pyproject.toml scripts/bootstrap-venv
 	VENV=$(VENV) scripts/bootstrap-venv
@@ -17,20 +17,20 @@ demo: $(STAMP)
 	    --topology $(SAMPLE)/topology.conf --policy fifo --policy tiresias --policy dike \
 	    --penalty-sweep 0,0.5 --out out/demo
 
-# The whole suite: the unit tests once, then the integration tests against a lab cluster of
-# each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each
+# The whole suite: the unit and browser tests once, then the integration tests against a lab
+# cluster of each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each
 # lab started before and stopped after (also when tests fail). A version in
 # SLURM_VERSIONS_IF_BUILDS runs too when its chroot builds, and is skipped with the reason
 # when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
 SLURM_VERSIONS_IF_BUILDS ?= 26.05
-test: $(STAMP)
+test: $(STAMP) chromium
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
 	    $(BIN)/pytest; \
 	else \
 	    status=0; summary=""; \
-	    $(BIN)/pytest tests/unit || status=$$?; \
+	    $(BIN)/pytest tests/unit tests/browser || status=$$?; \
 	    for v in $(SLURM_VERSIONS) $(SLURM_VERSIONS_IF_BUILDS); do \
 	        case " $(SLURM_VERSIONS_IF_BUILDS) " in *" $$v "*) \
 	            if ! out=$$($(LAB) --slurm $$v root 2>&1); then \
@@ -46,6 +46,19 @@ test: $(STAMP)
 	        echo "==== Slurm $$v: integration tests $$r"; summary="$$summary Slurm $$v: $$r;"; \
 	    done; \
 	    echo "==== make test:$$summary exit $$status"; exit $$status; \
+	fi
+
+# Headless Chromium (Debian's package) for tests/browser, which renders report.html: installed
+# when missing and make runs as root with apt-get, as the lab installs Slurm; otherwise the
+# browser test skips and says why.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "==== installing chromium (Debian package) for the browser test"; \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+	        || echo "==== chromium did not install: the browser test will be SKIPPED" >&2; \
+	else \
+	    echo "==== chromium not found and not root with apt-get: the browser test will be SKIPPED" >&2; \
 	fi
 
 unit: $(STAMP)
