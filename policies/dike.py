@@ -77,8 +77,9 @@ class DikeParams(PolicyParams):
     hold_nodes: Literal["never", "promoted", "blocked"] = Field(
         "never",
         description=(
-            "keep lower-ranked jobs off (ExcNodeList) the nodes closest to fitting a blocked heavy job: the first "
-            "one that starvation promotion lifted (promoted), the first one at all (blocked), or never"
+            "keep lower-ranked jobs off (ExcNodeList) the nodes likeliest to free soonest for a blocked heavy job "
+            "that preemption cannot help: the first such job (blocked), only one starvation promotion lifted "
+            "(promoted), or never"
         ),
     )
 
@@ -232,6 +233,7 @@ class DikePolicy(Policy):
             hold = plan_node_hold(
                 snapshot, ranked, running, plan, heavy=heavy,
                 eligible=(lambda job: job.job_id in promoted) if params.hold_nodes == "promoted" else (lambda job: True),
+                preemptible=(lambda job: job.requeueable) if params.preemption else (lambda job: False),
                 one_leaf=one_leaf, max_scan=PreemptionLimits.max_scan,
             )
             if hold is not None:

@@ -36,15 +36,19 @@ def plan_node_hold(
     *,
     heavy: Callable[[Job], bool],
     eligible: Callable[[Job], bool],
+    preemptible: Callable[[Job], bool],
     one_leaf: Callable[[Job], bool],
     max_scan: int,
 ) -> NodeHold | None:
-    """The hold for the first blocked heavy job in rank order, or None when every one fits.
+    """The hold for the first blocked heavy job in rank order that preemption cannot help.
 
     Jobs ahead of it that fit take their nodes first, a job pinned by `plan` takes its pins (its
-    victims' GPUs counted as freed), and the hold picks the `num_nodes` usable nodes with the
-    fewest GPUs still to be freed. Of the next `max_scan` jobs below it, those that could still run
-    somewhere else are kept off the held nodes; a job the hold would leave no room at all is not.
+    victims' GPUs counted as freed). A blocked job that would fit once `preemptible` jobs were
+    requeued is left to the preemption planner (in a later cycle, when the runs are old enough):
+    measured on the corpus, holding nodes for it as well only idles them. Otherwise the hold
+    picks the `num_nodes` usable nodes whose missing GPUs are likeliest to free soonest. Of the
+    next `max_scan` jobs below it, those that could still run somewhere else are kept off the
+    held nodes; a job the hold would leave no room at all is not.
     """
     if not ranked_pending:
         return None
@@ -69,6 +73,11 @@ def plan_node_hold(
             continue
         if not heavy(job) or not eligible(job):
             continue
+        freeable = [
+            (0.0, i) for i in usable if nodes.free[i] + _preemptible_gpus(nodes, i, preemptible, requeued) >= per_node
+        ]
+        if pick_nodes(freeable, count, nodes, single) is not None:
+            continue  # preemption can make room for it
         costs = [(_expected_wait(nodes, i, per_node, snapshot.time, requeued), i) for i in usable]
         costs = [(cost, i) for cost, i in costs if cost != float("inf")]
         held = pick_nodes(costs, count, nodes, single)
@@ -104,6 +113,11 @@ def _expected_wait(nodes: NodeLedger, node: int, per_node: int, now: float, requ
         if missing <= 0:
             return max(age, 1.0)
     return float("inf")  # not even every job ending frees enough (the node lost GPUs)
+
+
+def _preemptible_gpus(nodes: NodeLedger, node: int, preemptible: Callable[[Job], bool], requeued: set[int]) -> int:
+    """GPUs on the node held by running jobs the policy may preempt (now or once they ran longer)."""
+    return sum(job.gpus_per_node for job in nodes.jobs_on[node] if job.job_id not in requeued and preemptible(job))
 
 
 def _room_elsewhere(job: Job, nodes: NodeLedger, held: frozenset[str]) -> bool:

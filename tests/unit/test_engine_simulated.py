@@ -103,9 +103,10 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
 
 def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_path):
     """Dike's node hold writes ExcNodeList on many pending jobs and takes it off again as the
-    held job changes: the engine's diff, restores and the simulator's placements stay in step."""
+    held job changes: the engine's diff, restores and the simulator's placements stay in step.
+    Preemption off: with every job preemptible the hold leaves blocked jobs to the planner."""
     cfg = config(busy_trace, tmp_path / "state.sqlite")
-    cfg = cfg.model_copy(update={"policies": {"dike": {**cfg.policies["dike"], "hold_nodes": "blocked"}}})
+    cfg = cfg.model_copy(update={"policies": {"dike": {**cfg.policies["dike"], "hold_nodes": "blocked", "preemption": False}}})
     backend, reports = run_to_the_end(cfg, apply=True)
     replay_input = load_input(busy_trace / "sacct.txt", busy_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
