@@ -78,6 +78,16 @@ class Change:
         return f"{self.factor:.2f}x {self.verdict}" if self.factor is not None else self.verdict
 
 
+def factor_text(factor: float) -> str:
+    """A factor for a sentence, without trailing zeros: "2.9x", "1.06x", "22.1x"."""
+    return f"{factor:.{2 if factor < 10 else 1}f}".rstrip("0").rstrip(".") + "x"
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal, or within SAME_WITHIN of each other."""
+    return a == b or (a > 0 and b > 0 and max(a, b) / min(a, b) < SAME_WITHIN)
+
+
 def compare(metric: Metric, value: float, baseline: float) -> Change:
     """How `value` fares against `baseline` for this metric (a neutral metric is always "same")."""
     if not metric.better or value == baseline:
@@ -107,10 +117,13 @@ class Row:
     cells: list[Cell]
 
 
-def _best(metric: Metric, values: Sequence[float]) -> float | None:
-    if not metric.better or len(values) < 2 or min(values) == max(values):
-        return None
-    return min(values) if metric.better == "lower" else max(values)
+def _best(metric: Metric, values: Sequence[float]) -> list[bool]:
+    """Which values are the best of the row: the best one and those within SAME_WITHIN of it; none
+    when the whole row is within SAME_WITHIN (nothing to choose) or the metric is neutral."""
+    if not metric.better or len(values) < 2 or _close(min(values), max(values)):
+        return [False] * len(values)
+    best = min(values) if metric.better == "lower" else max(values)
+    return [_close(value, best) for value in values]
 
 
 def comparison(summaries: Mapping[str, Mapping], baseline: str) -> list[Row]:
@@ -118,16 +131,15 @@ def comparison(summaries: Mapping[str, Mapping], baseline: str) -> list[Row]:
     rows = []
     for metric in METRICS:
         values = [float(summary[metric.key]) for summary in summaries.values()]
-        best = _best(metric, values)
         base = float(summaries[baseline][metric.key])
         cells = []
-        for name, value in zip(summaries, values):
+        for name, value, best in zip(summaries, values, _best(metric, values)):
             change = compare(metric, value, base)
             text = metric.format(value)
             if metric.key == "worst_user_slowdown" and summaries[name]["worst_user"]:
                 text += f" ({summaries[name]['worst_user']})"
             own = name == baseline
-            cells.append(Cell(text, "" if own else change.text, "" if own else change.verdict, value == best))
+            cells.append(Cell(text, "" if own else change.text, "" if own else change.verdict, best))
         rows.append(Row(metric.label, f"{metric.better} is better" if metric.better else "", cells))
     return rows
 
@@ -140,7 +152,7 @@ def _tail_phrase(metric: Metric, value: float, base: float, change: Change) -> s
     if metric.bounded or change.factor is None:
         verb = "falls" if value < base else "rises"
         return f"{metric.label.removesuffix(' (h)')} {verb} from {metric.format(base)} to {metric.format(value)}"
-    return f"{metric.label.removesuffix(' (h)')} is {change.factor:.1f}x worse"
+    return f"{metric.label.removesuffix(' (h)')} is {factor_text(change.factor)} worse"
 
 
 def headline(name: str, summary: Mapping, base_summary: Mapping, baseline: str) -> tuple[str, bool]:
@@ -151,7 +163,7 @@ def headline(name: str, summary: Mapping, base_summary: Mapping, baseline: str) 
         opening = f"{name} leaves average JCT as {baseline} has it ({_hours(float(summary[LEAD.key]))} h)"
     else:
         verb = "cuts" if lead.verdict == "better" else "raises"
-        factor = f" {lead.factor:.1f}x" if lead.factor is not None else ""
+        factor = f" {factor_text(lead.factor)}" if lead.factor is not None else ""
         opening = f"{name} {verb} average JCT{factor} against {baseline}"
     worse = []
     for metric in METRICS:

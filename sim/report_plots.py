@@ -74,6 +74,19 @@ def _linestyle(name: str, baseline: str) -> object:
     return BASELINE_LINESTYLE if name == baseline else "solid"
 
 
+def _scale_x(axes, values: Sequence[float]) -> str:
+    """A log x axis labelled in plain numbers when the values span a decade or more, else a
+    linear one (a log axis over 1.0-1.3 reads "1.05x10^0"); returns the label's suffix."""
+    from matplotlib.ticker import FuncFormatter
+
+    positive = [v for v in values if v > 0]
+    if not positive or max(positive) < 10 * min(positive):
+        return ""
+    axes.set_xscale("log")
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    return ", log scale"
+
+
 def _figure_uri(figure) -> str:
     import matplotlib.pyplot as plt
 
@@ -85,6 +98,7 @@ def _figure_uri(figure) -> str:
 
 def _jct_cdf(plt, runs: Sequence[tuple[str, PolicyMetrics]], colours: dict[str, str], baseline: str) -> Plot:
     figure, axes = plt.subplots(figsize=(FIGURE_WIDTH_IN, 4.2))
+    drawn: list[float] = []
     for name, metrics in runs:
         values = metrics.jct_sorted / 3600.0
         if not len(values):
@@ -93,9 +107,10 @@ def _jct_cdf(plt, runs: Sequence[tuple[str, PolicyMetrics]], colours: dict[str, 
         axes.step(
             values[picks], (picks + 1) / len(values), where="post", label=name, color=colours[name],
             linestyle=_linestyle(name, baseline), linewidth=1.6,
+            zorder=3 if name == baseline else 2,  # the dashed baseline on top: the others show through its gaps
         )
-    axes.set_xscale("log")
-    axes.set_xlabel("job completion time (hours, log scale)")
+        drawn += [float(values[0]), float(values[-1])]
+    axes.set_xlabel(f"job completion time (hours{_scale_x(axes, drawn)})")
     axes.set_ylabel("fraction of jobs")
     axes.set_ylim(0, 1.02)
     axes.grid(True, alpha=0.3)
@@ -139,22 +154,21 @@ def _user_slowdown(
     users = top_users(user_jobs)
     figure, axes = plt.subplots(figsize=(FIGURE_WIDTH_IN, 1.0 + 0.32 * max(len(users), 1)))
     rows = np.arange(len(users))[::-1]  # most jobs at the top
-    markers = "osD^vP*X"
+    markers = "osD^v<>p"
     for row, user in zip(rows, users):
         values = [metrics.user_slowdown[user] for _, metrics in runs if user in metrics.user_slowdown]
         if values:
             axes.hlines(row, min(values), max(values), color="#bbbbbb", linewidth=1, zorder=1)
     for index, (name, metrics) in enumerate(runs):
         present = [(row, metrics.user_slowdown[user]) for row, user in zip(rows, users) if user in metrics.user_slowdown]
-        axes.scatter(
-            [value for _, value in present], [row for row, _ in present], label=name, color=colours[name],
-            marker=markers[index % len(markers)], s=36, zorder=2,
+        axes.scatter(  # hollow markers of different shapes: coinciding values stay visible
+            [value for _, value in present], [row for row, _ in present], label=name, facecolors="none",
+            edgecolors=colours[name], linewidths=1.6, marker=markers[index % len(markers)], s=44, zorder=2,
         )
     axes.set_yticks(rows, [f"{_short(user)} ({user_jobs[user]})" for user in users])
     axes.set_ylim(-0.7, len(users) - 0.3)
-    if any(user in metrics.user_slowdown for _, metrics in runs for user in users):
-        axes.set_xscale("log")  # slowdowns are at least 1
-    axes.set_xlabel("mean slowdown (JCT / run time alone, log scale)")
+    shown = [metrics.user_slowdown[user] for _, metrics in runs for user in users if user in metrics.user_slowdown]
+    axes.set_xlabel(f"mean slowdown (JCT / run time alone{_scale_x(axes, shown)})")
     axes.grid(True, axis="x", alpha=0.3)
     axes.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(runs), frameon=False)
     return Plot(

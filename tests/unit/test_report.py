@@ -62,12 +62,14 @@ def test_the_headline_says_when_no_tail_is_worse_and_ignores_small_changes():
     tiresias = summary(avg_jct_s=3600.0, p95_jct_s=104.0)  # 4% worse: under the 5% called out
     sentence, tail_worse = headline("tiresias", tiresias, fifo, "fifo")
     assert sentence == (
-        "tiresias cuts average JCT 2.0x against fifo, and no tail is worse (p95 JCT, p99 JCT, p95 slowdown, "
+        "tiresias cuts average JCT 2x against fifo, and no tail is worse (p95 JCT, p99 JCT, p95 slowdown, "
         "user Jain index and worst user slowdown)."
     )
     assert not tail_worse
     slower, _ = headline("x", summary(avg_jct_s=9000.0, p95_slowdown=2.0), fifo, "fifo")
-    assert slower == "x raises average JCT 1.2x against fifo, and p95 slowdown is 2.0x worse."
+    assert slower == "x raises average JCT 1.25x against fifo, and p95 slowdown is 2x worse."
+    level, _ = headline("y", summary(avg_jct_s=7210.0, worst_user_slowdown=1.06), fifo, "fifo")
+    assert level == "y leaves average JCT as fifo has it (2.00 h), and worst user slowdown is 1.06x worse."
 
 
 def test_comparison_rows_mark_the_best_value_and_leave_the_baseline_without_a_change():
@@ -92,6 +94,17 @@ def test_comparison_rows_mark_the_best_value_and_leave_the_baseline_without_a_ch
     assert [c.best for c in by_label["preemptions"].cells] == [True, False, False]
     assert by_label["worst user slowdown"].cells[0].text == "9.00 (ann)"
     assert not any(c.best for c in by_label["jobs"].cells)  # neither better nor worse: no best
+    assert not any(c.best for c in by_label["p95 JCT (h)"].cells)  # all equal: nothing to choose
+
+
+def test_a_row_within_half_a_percent_has_no_best_and_near_ties_are_all_best():
+    rows = {row.label: row for row in comparison(
+        {"fifo": summary(avg_jct_s=1000.0, p99_jct_s=100.0), "a": summary(avg_jct_s=1003.0, p99_jct_s=50.0),
+         "b": summary(avg_jct_s=999.0, p99_jct_s=50.2)},
+        "fifo",
+    )}
+    assert [c.best for c in rows["average JCT (h)"].cells] == [False, False, False]
+    assert [c.best for c in rows["p99 JCT (h)"].cells] == [False, True, True]
 
 
 def test_every_policy_has_one_colour_and_levels_use_none_of_them():
