@@ -79,8 +79,8 @@ class Change:
 
 
 def factor_text(factor: float) -> str:
-    """A factor for a sentence, without trailing zeros: "2.9x", "1.06x", "22.1x"."""
-    return f"{factor:.{2 if factor < 10 else 1}f}".rstrip("0").rstrip(".") + "x"
+    """A factor for a sentence, without trailing zeros: "1.06x" (two decimals below 2), "2.9x", "22.1x"."""
+    return f"{factor:.{2 if factor < 2 else 1}f}".rstrip("0").rstrip(".") + "x"
 
 
 def _close(a: float, b: float) -> bool:
