@@ -33,10 +33,10 @@ POLICY_COLOURS = {
     "dike": "#0072b2",
 }
 # Policies without a fixed colour (third-party ones) take these, in the order they appear.
-SPARE_COLOURS = ("#d55e00", "#56b4e9", "#8c6d31", "#b8b800", "#7b4173", "#17becf")
+SPARE_COLOURS = ("#d55e00", "#8c6d31", "#b8b800", "#17becf", "#e41a1c", "#000000")
 BASELINE_LINESTYLE = (0, (5, 2))  # fifo is dashed, so that it reads where lines overlap
 # Queue levels: shades of purple, darkest = level 0 (served first); no policy colour is a purple.
-LEVEL_RAMP = ("#3f007d", "#54278f", "#6a51a3", "#807dba", "#9e9ac8", "#bcbddc", "#dadaeb", "#efedf5")
+LEVEL_RAMP = ("#3f007d", "#54278f", "#6a51a3", "#807dba", "#9e9ac8", "#b3b0d6", "#cbc9e2", "#dadaeb")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def policy_colours(names: Sequence[str]) -> dict[str, str]:
 
 def level_colours(count: int) -> list[str]:
     """Colours of levels 0..count-1, spread over the ramp so that neighbours differ."""
-    picks = np.linspace(0, len(LEVEL_RAMP) - 2, count).round().astype(int) if count > 1 else [0]
+    picks = np.linspace(0, len(LEVEL_RAMP) - 1, count).round().astype(int) if count > 1 else [0]
     return [LEVEL_RAMP[i] for i in picks]
 
 
@@ -141,10 +141,11 @@ def top_users(user_jobs: dict[str, int]) -> list[str]:
     return sorted(user_jobs, key=lambda u: (-user_jobs[u], u))[:TOP_USERS]
 
 
-def _short(name: str) -> str:
-    """A user name as a plot label: cut to USER_LABEL_CHARS, `$` escaped (a user named "$x$" is not mathtext)."""
-    cut = name if len(name) <= USER_LABEL_CHARS else name[: USER_LABEL_CHARS - 1] + "\u2026"
-    return cut.replace("$", r"\$")
+def user_label(user: str, jobs: int) -> str:
+    """A user's axis label, "name (jobs)": the name cut to USER_LABEL_CHARS, `$` escaped (matplotlib
+    would draw a user named "$x$" as mathtext, an italic x)."""
+    cut = user if len(user) <= USER_LABEL_CHARS else user[: USER_LABEL_CHARS - 1] + "\u2026"
+    return cut.replace("$", r"\$") + f" ({jobs})"
 
 
 def _user_slowdown(
@@ -165,7 +166,7 @@ def _user_slowdown(
             [value for _, value in present], [row for row, _ in present], label=name, facecolors="none",
             edgecolors=colours[name], linewidths=1.6, marker=markers[index % len(markers)], s=44, zorder=2,
         )
-    axes.set_yticks(rows, [f"{_short(user)} ({user_jobs[user]})" for user in users])
+    axes.set_yticks(rows, [user_label(user, user_jobs[user]) for user in users])
     axes.set_ylim(-0.7, len(users) - 0.3)
     shown = [metrics.user_slowdown[user] for _, metrics in runs for user in users if user in metrics.user_slowdown]
     axes.set_xlabel(f"mean slowdown (JCT / run time alone{_scale_x(axes, shown)})")

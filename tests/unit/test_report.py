@@ -3,9 +3,11 @@ thresholds a policy used, and the rendered page's sections."""
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +22,12 @@ from dike_slurm.sim.report_plots import (
     LEVEL_RAMP,
     POLICY_COLOURS,
     SPARE_COLOURS,
+    build_plots,
     filled_levels,
     level_colours,
     policy_colours,
     time_unit,
+    user_label,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +116,7 @@ def test_every_policy_has_one_colour_and_levels_use_none_of_them():
     assert policy_colours(["fifo", "mine", "other"])["mine"] == SPARE_COLOURS[0]
     assert len(set(policy_colours(["a", "b", "c", "fifo"]).values())) == 4
     assert not set(LEVEL_RAMP) & (set(POLICY_COLOURS.values()) | set(SPARE_COLOURS))
-    assert level_colours(3)[0] == LEVEL_RAMP[0] and len(set(level_colours(8))) == 7  # the palest one is left out
+    assert level_colours(3)[0] == LEVEL_RAMP[0] and level_colours(8) == list(LEVEL_RAMP)
     assert len(set(level_colours(3))) == 3
 
 
@@ -231,3 +235,17 @@ def test_without_the_configuration_the_page_says_the_parameters_were_not_passed(
 def test_the_configuration_source_reads_as_the_cli_says_it():
     assert describe_source({"kind": "defaults", "path": None, "variables": []}) == "built-in defaults (no file)"
     assert describe_source({"kind": "env", "path": "/etc/d.toml", "variables": ["DIKE_A__B"]}) == "/etc/d.toml ($DIKE_CONFIG) + DIKE_A__B"
+
+
+def test_user_labels_are_plain_text_cut_to_a_readable_length(trace):
+    assert user_label("$x$", 2) == r"\$x\$ (2)"  # not mathtext
+    assert user_label("a-very-long-user-name-from-ldap", 1) == "a-very-long-user-name-f\u2026 (1)"
+    assert user_label("achen", 641) == "achen (641)"
+    config = load_config(None, environ={})
+    replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
+    metrics = run_policy("fifo", replay_input, config, sim_settings(config, replay_input.conf)).metrics
+    names = {"cost$center": 3, "$x$": 2, "a-very-long-user-name-from-ldap": 1}
+    plots = build_plots([("fifo", replace(metrics, user_slowdown={name: 1.5 for name in names}))], names, "fifo")
+    users = next(plot for plot in plots if plot.title == "Per-user slowdown")
+    assert base64.b64decode(users.data_uri.split(",", 1)[1]).startswith(b"<?xml")
+    assert "Mean slowdown of the 3 users" in users.caption
