@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -136,17 +137,30 @@ class Config(_Section):
             raise ConfigError(_describe(exc, prefix=f"policies.{name}")) from None
 
 
-def _describe(exc: ValidationError, prefix: str = "", source: str = "") -> str:
-    problems = []
+def _describe(
+    exc: ValidationError, prefix: str = "", source: str = "", env_names: Mapping[tuple[str, ...], str] | None = None
+) -> str:
+    """Every problem as `key: message`; a key set by a DIKE_* variable names the variable, not the file."""
+    from_file, from_env = [], []
     for error in exc.errors():
-        key = ".".join(str(p) for p in error["loc"])
-        key = f"{prefix}.{key}" if prefix and key else (prefix or key or "(top level)")
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        problems.append(f"{key}: {message}")
-    where = f"{source}: " if source else ""
-    return where + "; ".join(problems)
+        loc = tuple(prefix.split(".") if prefix else ()) + tuple(str(p) for p in error["loc"])
+        key = ".".join(loc) or "(top level)"
+        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        variable = _variable_for(loc, env_names or {})
+        if variable is None:
+            from_file.append(f"{key}: {message}")
+        else:
+            from_env.append(f"environment variable {variable}: {key}: {message}")
+    where = f"{source}: " if source and from_file else ""
+    return "; ".join(([where + "; ".join(from_file)] if from_file else []) + from_env)
+
+
+def _variable_for(loc: tuple[str, ...], env_names: Mapping[tuple[str, ...], str]) -> str | None:
+    """The DIKE_* variable that set this key or a table above it (None: the file or a default)."""
+    for length in range(len(loc), 0, -1):
+        if loc[:length] in env_names:
+            return env_names[loc[:length]]
+    return None
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,17 +184,55 @@ def _env_value(text: str) -> Any:
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """`DIKE_ENGINE__INTERVAL_S=30` -> {"engine": {"interval_s": 30}}; DIKE_CONFIG is excluded."""
     overrides: dict[str, Any] = {}
-    for name, text in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE or "__" not in name:
-            continue
-        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
-        if len(path) < 2 or not all(path):
-            continue
+    for path, _name, text in _environment_keys(environ):
         target = overrides
         for part in path[:-1]:
             target = target.setdefault(part, {})
         target[path[-1]] = _env_value(text)
     return overrides
+
+
+def _environment_keys(environ: Mapping[str, str]) -> list[tuple[tuple[str, ...], str, str]]:
+    """(key path, variable name, value) of every DIKE_SECTION__KEY variable, sorted by name."""
+    keys = []
+    for name, text in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE or "__" not in name:
+            continue
+        path = tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__"))
+        if len(path) >= 2 and all(path):
+            keys.append((path, name, text))
+    return keys
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a configuration came from: a file (named by --config or $DIKE_CONFIG) or the built-in
+    defaults, plus the DIKE_SECTION__KEY variables applied on top."""
+
+    kind: Literal["file", "env", "defaults"]  # file: --config; env: $DIKE_CONFIG; defaults: no file
+    path: Path | None
+    variables: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line: `configuration: /etc/dike-slurm/dike.toml (--config) + DIKE_ENGINE__INTERVAL_S`."""
+        base = {"file": f"{self.path} (--config)", "env": f"{self.path} ($DIKE_CONFIG)",
+                "defaults": "built-in defaults (no file)"}[self.kind]
+        return "configuration: " + base + "".join(f" + {v}" for v in self.variables)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": None if self.path is None else str(self.path),
+                "variables": list(self.variables)}
+
+
+def config_source(path: Path | None, environ: Mapping[str, str] | None = None, *, offline: bool = False) -> ConfigSource:
+    """The file a command reads: `path`, else $DIKE_CONFIG (never for an offline command), else none."""
+    environ = os.environ if environ is None else environ
+    variables = tuple(name for _, name, _ in _environment_keys(environ))
+    if path is not None:
+        return ConfigSource("file", path, variables)
+    if not offline and environ.get(ENV_CONFIG_FILE):
+        return ConfigSource("env", Path(environ[ENV_CONFIG_FILE]), variables)
+    return ConfigSource("defaults", None, variables)
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -202,24 +254,41 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    offline: bool = False,
 ) -> Config:
     """Load and validate: the file (or $DIKE_CONFIG), then DIKE_* variables, then CLI overrides."""
+    return load_with_source(path, environ=environ, overrides=overrides, offline=offline)[0]
+
+
+def load_with_source(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    offline: bool = False,
+) -> tuple[Config, ConfigSource]:
+    """The configuration and where it came from. `offline` (replay, tune): $DIKE_CONFIG, which
+    names the live engine's file, is not read; only an explicit `path` is."""
     environ = os.environ if environ is None else environ
-    if path is None and environ.get(ENV_CONFIG_FILE):
-        path = Path(environ[ENV_CONFIG_FILE])
-    data = read_toml(path) if path is not None else {}
+    origin = config_source(path, environ, offline=offline)
+    data = read_toml(origin.path) if origin.path is not None else {}
+    env_keys = _environment_keys(environ)
+    env_names = {key: name for key, name, _ in env_keys}
     data = _merge(data, environment_overrides(environ))
     data = _merge(data, overrides or {})
-    source = str(path) if path is not None else "configuration"
+    source = str(origin.path) if origin.path is not None else "configuration"
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source=source)) from None
+        raise ConfigError(_describe(exc, source=source, env_names=env_names)) from None
     for key, name in [("engine.policy", config.engine.policy)] + [(f"policies.{n}", n) for n in config.policies]:
         try:
-            config.policy_params(name)
+            params_model = default_registry().get(name).Params
         except RegistryError as exc:
-            raise ConfigError(f"{key}: {exc}", source=source) from None
-        except ConfigError as exc:
-            raise ConfigError(str(exc), source=source) from None
-    return config
+            where = _variable_for(tuple(key.split(".")), env_names)
+            raise ConfigError(f"{key}: {exc}", source=f"environment variable {where}" if where else source) from None
+        try:
+            params_model.model_validate(config.policies.get(name, {}))
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, prefix=f"policies.{name}", source=source, env_names=env_names)) from None
+    return config, origin

@@ -90,3 +90,32 @@ def test_every_setting_is_documented_in_the_example():
         for key in model.model_fields:
             documented = re.search(rf"^#? ?{key} =", text, re.M) or f"[{section}.{key}]" in text
             assert documented, f"{section}.{key} missing from examples/dike.toml"
+
+
+def test_an_environment_variable_error_names_the_variable_not_the_file(tmp_path):
+    path = write(tmp_path, "[engine]\ninterval_s = 30\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={"DIKE_ENGINE__INTERVAL_S": "abc"})
+    assert str(error.value).startswith("environment variable DIKE_ENGINE__INTERVAL_S: engine.interval_s:")
+    assert str(path) not in str(error.value)
+    with pytest.raises(ConfigError, match=r"^environment variable DIKE_POLICIES__DIKE__LEVELS: policies\.dike\.levels"):
+        load_config(path, environ={"DIKE_POLICIES__DIKE__LEVELS": "many"})
+    with pytest.raises(ConfigError, match=r"^environment variable DIKE_ENGINE__POLICY: engine\.policy: unknown policy"):
+        load_config(path, environ={"DIKE_ENGINE__POLICY": "nope"})
+    bad_file = write(tmp_path, "[engine]\ninterval_s = 0\n")
+    with pytest.raises(ConfigError, match=rf"^{bad_file}: engine\.interval_s"):
+        load_config(bad_file, environ={})
+
+
+def test_the_source_says_file_env_or_defaults_and_offline_ignores_dike_config(tmp_path):
+    from dike_slurm.config import load_with_source
+
+    path = write(tmp_path, "[engine]\npolicy = 'fifo'\n")
+    env = {"DIKE_CONFIG": str(path), "DIKE_ENGINE__SEED": "3"}
+    assert load_with_source(path, environ={})[1].describe() == f"configuration: {path} (--config)"
+    config, source = load_with_source(None, environ=env)
+    assert config.engine.policy == "fifo"
+    assert source.describe() == f"configuration: {path} ($DIKE_CONFIG) + DIKE_ENGINE__SEED"
+    config, source = load_with_source(None, environ=env, offline=True)
+    assert config.engine.policy == "dike" and config.engine.seed == 3
+    assert source.as_dict() == {"kind": "defaults", "path": None, "variables": ["DIKE_ENGINE__SEED"]}
