@@ -24,8 +24,13 @@ from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, StateStore
 
 log = logging.getLogger("dike_slurm.engine")
 
+# scontrol's words when the engine's user lacks the Slurm rights for a write (docs/deployment.md)
+_DENIED = ("Access/permission denied", "Invalid user id")
+PRIVILEGE_HINT = ("Slurm refused the write for lack of rights ({message}): grant the engine's user "
+                  "AdminLevel=Admin (sacctmgr -i modify user USER set adminlevel=Admin; Operator is enough "
+                  "with engine.admin_comment = false), see docs/deployment.md")
 FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the state (not the audit)
-_UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
+UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
 
 
 @dataclass(frozen=True)
@@ -41,15 +46,28 @@ class CycleReport:
     slurm_calls: int
     write_calls: int
     notes: tuple[str, ...] = ()
+    denied: str = ""  # Slurm refused a write for lack of rights: what to grant (the cycle stopped writing)
+
+
+def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
+    """(field, what Slurm held just before the write, the value written) for each field."""
+    before = dict(write.originals) | dict(write.before)  # `before` is what Slurm held; plans without it: the original
+    return [(key, before.get(key), value) for key, value in write.update.values]
 
 
 def change_text(write: PlannedWrite) -> str:
-    """A write as the audit shows it: each field from the value it replaces to the new one."""
-    originals = dict(write.originals)
+    """A write as the audit shows it: each field from the value Slurm held to the new one."""
     return "; ".join(
-        f"{key.value} {describe_value(originals.get(key))} -> {describe_value(value)}"
-        for key, value in write.update.values
+        f"{key.value} {describe_value(old)} -> {describe_value(new)}" for key, old, new in field_changes(write)
     ) or "released " + ", ".join(f.value for f in write.restores)
+
+
+def log_fields(write: PlannedWrite) -> dict[str, object]:
+    """The structured part of a write's log record (JSON logs carry it): job, then field, old, new."""
+    return {"job": write.job_id, "changes": [
+        {"field": key.value, "old": describe_value(old), "new": describe_value(new)}
+        for key, old, new in field_changes(write)
+    ]}
 
 
 class Applier:
@@ -75,13 +93,17 @@ class Applier:
         notes: list[str] = []
         errors = 0
         succeeded: set[tuple[int, JobField]] = set()
-        stopped = ""
+        stopped = denied = ""
+        paused = self.store.paused()
         tripped = self.store.breaker()
-        if tripped is None and plan.breaker:
+        if paused is None and tripped is None and plan.breaker:
             tripped = self._trip(plan.breaker)
-        if tripped is not None:
+        if paused is not None:
+            stopped = f"paused ({paused}): nothing is written until an operator runs `dike-slurm resume`"
+        elif tripped is not None:
             stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
                        f"`dike-slurm breaker reset`")
+        if stopped:
             notes.append(stopped)
             self._audit_skipped(plan, cycle, plan.writes, stopped)
         for index, write in enumerate(() if stopped else plan.writes):
@@ -100,6 +122,11 @@ class Applier:
                 succeeded.update((write.job_id, f) for f in write.update.fields)
             elif not outcome.job_gone:
                 errors += 1
+                if any(words in outcome.message for words in _DENIED):  # every other write would fail alike
+                    stopped = denied = PRIVILEGE_HINT.format(message=outcome.message.strip())
+                    notes.append(stopped)
+                    self._audit_skipped(plan, cycle, plan.writes[index + 1:], stopped)
+                    break
         running_jobs = {p.job.job_id: p.job for p in plan.jobs}
         for group in requeue_groups(plan.requeues):
             if stopped or errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s:
@@ -129,7 +156,7 @@ class Applier:
         write_calls = self.backend.calls - calls_before
         report = CycleReport(
             plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
-            plan.read_calls + write_calls, write_calls, tuple(notes),
+            plan.read_calls + write_calls, write_calls, tuple(notes), denied,
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))
@@ -140,13 +167,14 @@ class Applier:
         with self.store.transaction():
             entry_id = self.store.audit(AuditEntry(
                 now, cycle, requeue.job_id, "requeue", "requeued", f"requeue {requeue.job_id}",
-                "none: a requeue cannot be undone", False, _UNCONFIRMED, requeue.reason,
+                "none: a requeue cannot be undone", False, UNCONFIRMED, requeue.reason,
             ))
         outcome = self.backend.requeue(requeue.job_id)
         with self.store.transaction():
             self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
         log.info("job %s: requeued (%s)%s", requeue.job_id, requeue.reason,
-                 "" if outcome.ok else f" FAILED: {outcome.message}")
+                 "" if outcome.ok else f" FAILED: {outcome.message}",
+                 extra={"dike": {"job": requeue.job_id, "action": "requeue", "ok": outcome.ok}})
         return outcome
 
     def _grace(
@@ -169,7 +197,7 @@ class Applier:
             with self.store.transaction():
                 entry_id = self.store.audit(AuditEntry(
                     now, cycle, requeue.job_id, "signal", f"signal {signal} before requeue", f"signal {requeue.job_id}",
-                    "none: a signal cannot be undone", False, _UNCONFIRMED, requeue.reason,
+                    "none: a signal cannot be undone", False, UNCONFIRMED, requeue.reason,
                 ))
             outcome = self.backend.signal(requeue.job_id, signal)
             with self.store.transaction():
@@ -202,7 +230,7 @@ class Applier:
             entry_id = self.store.audit(AuditEntry(
                 now, cycle, write.job_id, "update", change,
                 self.backend.describe(write.update) if write.update.values else "(none)", undo,
-                False, _UNCONFIRMED, write.reason,
+                False, UNCONFIRMED, write.reason,
             ))
         if write.update.values:
             outcome = self.backend.apply(write.update)
@@ -220,6 +248,7 @@ class Applier:
         log.info(
             "job %s: %s (%s)%s", write.job_id, change, write.reason,
             "" if outcome.ok else f" FAILED: {outcome.message}",
+            extra={"dike": log_fields(write) | {"ok": outcome.ok}},
         )
         return outcome
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
@@ -104,7 +104,9 @@ class Engine:
         memory = self.store.jobs()
         owned = self.store.owned()
         new_runs, skipped, accounting_note = self._read_accounting(now)
-        active_in_scope = [j for j in cluster.jobs if in_scope(j, self.config)]
+        active_in_scope, outside = [], []
+        for job in cluster.jobs:
+            (active_in_scope if in_scope(job, self.config) else outside).append(job)
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope))
         service = job_service(runs, now)
         fairness_by = self.policy.usage_owner(self.params)
@@ -145,7 +147,8 @@ class Engine:
             held_back=held_back,
             requeues=requeues[: max(0, self.config.engine.max_changes_per_cycle - len(writes))],
             notes=tuple(notes + guard_notes),
-            out_of_scope=len(cluster.jobs) - len(active_in_scope),
+            out_of_scope=len(outside),
+            outside=tuple(outside),
             new_runs=tuple(new_runs),
             accounting_skipped=dict(skipped),
             read_calls=self.backend.calls - calls_before,
@@ -221,9 +224,9 @@ class Engine:
             return self.apply(plan, started)
         return CycleReport(plan, False, (), (), 0, self.clock() - started, plan.read_calls, 0)
 
-    def revert_plan(self) -> RevertPlan:
-        """Put back every value the engine owns on jobs still active; let go of the others."""
-        return revert_plan(self.backend, self.store)
+    def revert_plan(self, job_ids: Collection[int] | None = None) -> RevertPlan:
+        """Put back every value the engine owns on jobs still active (or on `job_ids`); let go of the others."""
+        return revert_plan(self.backend, self.store, job_ids)
 
     def revert(self, plan: RevertPlan) -> list[tuple[PlannedWrite, WriteOutcome]]:
         """Apply a revert plan; every job's fields are released once restored (or gone)."""

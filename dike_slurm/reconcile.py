@@ -49,6 +49,7 @@ class PlannedWrite:
     restores: tuple[JobField, ...]  # fields put back to their original: the engine lets go of them
     reason: str
     rank: int  # position of the job in the policy order; guardrails keep the first ones
+    before: tuple[tuple[JobField, FieldValue], ...] = ()  # what Slurm held for each field just before this write
 
     @functools.cached_property  # a sort key of the guardrails, over every write of the cycle
     def kind(self) -> str:
@@ -91,6 +92,7 @@ class CyclePlan:
     read_calls: int = 0
     accounting_ok: bool = True  # False: sacct failed; levels come from the state store alone
     breaker: str = ""  # why the mass-rewrite breaker tripped in this plan ("" when it did not)
+    outside: tuple[Job, ...] = ()  # the active jobs outside the scope (`queue` and `explain` name them)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -355,9 +357,10 @@ def priority_write(
         return None
     values: dict[JobField, FieldValue] = {}
     originals: dict[JobField, FieldValue] = {}
+    before: dict[JobField, FieldValue] = {}
     if context.needed and context.value_now != context.wanted:
         values[key] = context.wanted
-        originals[key] = strategy_now(key, job, cluster, owned)[1]
+        before[key], originals[key] = strategy_now(key, job, cluster, owned)
     comment_now = cluster.admin_comments.get(job.job_id, "")
     if write_comment and is_engine_comment(comment_now):
         if values or comment_level(comment_now) != decision.level:
@@ -366,6 +369,7 @@ def priority_write(
                 values[JobField.ADMIN_COMMENT] = text
                 mine = owned.get(JobField.ADMIN_COMMENT)
                 originals[JobField.ADMIN_COMMENT] = mine.original if mine is not None else comment_now
+                before[JobField.ADMIN_COMMENT] = comment_now
     if not values:
         return None
     return PlannedWrite(
@@ -376,6 +380,7 @@ def priority_write(
         (),
         decision.reason,
         rank.get(job.job_id, len(rank)),
+        tuple(before.items()),
     )
 
 
@@ -394,6 +399,7 @@ def placement_write(
         return None  # nothing wanted, nothing of ours to put back
     values: dict[JobField, FieldValue] = {}
     originals: dict[JobField, FieldValue] = {}
+    before: dict[JobField, FieldValue] = {}
     restores: list[JobField] = []
     for key in PLACEMENT_ORDER:
         if key in hands_off:
@@ -407,10 +413,12 @@ def placement_write(
                 continue
             values[key] = wanted[key]
             originals[key] = mine.original if mine is not None else current
+            before[key] = current
         elif mine is not None:  # the policy no longer wants it: put the original back
             if not values_match(key, current, mine.original):
                 values[key] = mine.original
                 originals[key] = mine.original
+                before[key] = current
             restores.append(key)
     if not values and not restores:
         return None
@@ -423,6 +431,7 @@ def placement_write(
         tuple(restores),
         reason,
         rank,
+        tuple(before.items()),
     )
 
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from dike_slurm.backends.base import Backend, FieldValue, JobField, JobUpdate, WriteOutcome
-from dike_slurm.model import JobState
-from dike_slurm.reconcile import PlannedWrite, describe_value
+from dike_slurm.apply import UNCONFIRMED, change_text
+from dike_slurm.backends.base import (
+    Backend,
+    ClusterState,
+    FieldValue,
+    JobField,
+    JobUpdate,
+    WriteOutcome,
+    placement_value,
+)
+from dike_slurm.model import Job, JobState
+from dike_slurm.reconcile import PlannedWrite
 from dike_slurm.state import AuditEntry, StateStore
 
 
@@ -19,13 +29,16 @@ class RevertPlan:
     released: tuple[tuple[int, JobField, str], ...]  # (job, field, why) let go without a write
 
 
-def revert_plan(backend: Backend, store: StateStore) -> RevertPlan:
-    """Put back every value the engine owns on jobs still active; let go of the others."""
+def revert_plan(backend: Backend, store: StateStore, job_ids: Collection[int] | None = None) -> RevertPlan:
+    """Put back every value the engine owns on jobs still active (of `job_ids` only, when given);
+    let go of the others."""
     cluster = backend.read_cluster()
     jobs = {j.job_id: j for j in cluster.jobs}
     writes: list[PlannedWrite] = []
     released: list[tuple[int, JobField, str]] = []
     for job_id, fields in sorted(store.owned().items()):
+        if job_ids is not None and job_id not in job_ids:
+            continue
         job = jobs.get(job_id)
         if job is None:
             released.extend((job_id, f, "job no longer active") for f in fields)
@@ -38,25 +51,42 @@ def revert_plan(backend: Backend, store: StateStore) -> RevertPlan:
             values[key] = mine.original
         if values:
             update = JobUpdate.of(job_id, values)
+            before = {key: job_value(job, key, cluster, fields[key].written) for key in values}
             writes.append(PlannedWrite(
                 job_id, update, update, tuple(values.items()), tuple(values), "revert", len(writes),
+                tuple(before.items()),
             ))
     return RevertPlan(tuple(writes), tuple(released))
 
 
+def job_value(job: Job, key: JobField, cluster: ClusterState, written: FieldValue) -> FieldValue:
+    """What Slurm holds for one field of the job; SiteFactor where Slurm shows it, else what the engine wrote."""
+    if key is JobField.SITE_FACTOR:
+        return cluster.site_factors.get(job.job_id, written)
+    if key is JobField.ADMIN_COMMENT:
+        return cluster.admin_comments.get(job.job_id, written)
+    if key is JobField.PRIORITY:
+        return job.priority
+    if key is JobField.NICE:
+        return job.nice
+    return placement_value(job.placement, key)
+
+
 def revert(plan: RevertPlan, backend: Backend, store: StateStore) -> list[tuple[PlannedWrite, WriteOutcome]]:
-    """Apply a revert plan; every job's fields are released once restored (or gone)."""
+    """Apply a revert plan, each write audited ahead (its row committed as unconfirmed before Slurm
+    is called); every job's fields are released once restored (or gone)."""
     now = time.time()
     cycle = store.next_cycle()
     outcomes = []
     for write in plan.writes:
-        outcome = backend.apply(write.update)
-        change = "; ".join(f"{k.value} -> {describe_value(v)}" for k, v in write.update.values)
         with store.transaction():
-            store.audit(AuditEntry(
-                now, cycle, write.job_id, "revert", change, outcome.command, "none", outcome.ok,
-                outcome.message, "revert",
+            entry_id = store.audit(AuditEntry(
+                now, cycle, write.job_id, "revert", change_text(write), backend.describe(write.update), "none",
+                False, UNCONFIRMED, "revert",
             ))
+        outcome = backend.apply(write.update)
+        with store.transaction():
+            store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
             if outcome.ok or outcome.job_gone:
                 store.release(write.job_id, write.update.fields)
         outcomes.append((write, outcome))

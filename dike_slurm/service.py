@@ -52,14 +52,19 @@ def summary_line(report: CycleReport) -> str:
 
 
 def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
-    """One cycle, then the metrics file (when configured); a state store failure (disk full, file
-    removed) raises a StateError, one line rather than a traceback."""
+    """One cycle, then the metrics file (when configured and applied: a dry run writes nothing
+    anywhere); a state store failure (disk full, file removed) raises a StateError, one line
+    rather than a traceback."""
     try:
         report = engine.cycle(apply=apply)
     except sqlite3.Error as exc:
         raise StateError(f"state store {engine.config.engine.state_db}: {exc}") from None
-    if engine.config.engine.metrics_file is not None:
-        write_metrics(report, engine.config.engine.metrics_file)
+    if apply and engine.config.engine.metrics_file is not None:
+        try:
+            write_metrics(report, engine.config.engine.metrics_file)
+        except OSError as exc:
+            raise DikeError(f"cannot write engine.metrics_file {engine.config.engine.metrics_file}: "
+                            f"{exc.strerror or exc}") from None
     return report
 
 

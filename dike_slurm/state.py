@@ -156,7 +156,7 @@ class StateStore:
             if path is None or (read_only and not path.exists()):
                 self._db = sqlite3.connect(":memory:")
             elif read_only:
-                self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+                self._db = sqlite3.connect(_read_only_uri(path), uri=True)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(path, timeout=30)
@@ -210,6 +210,18 @@ class StateStore:
 
     def reset_breaker(self) -> None:
         self._db.execute("DELETE FROM meta WHERE key = 'breaker'")
+
+    # ---------------------------------------------------------------- pause
+
+    def paused(self) -> str | None:
+        """Why an operator paused the writes (`dike-slurm pause`), or None; kept until `resume`."""
+        return self._meta("paused")
+
+    def pause(self, reason: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('paused', ?)", (reason,))
+
+    def resume(self) -> None:
+        self._db.execute("DELETE FROM meta WHERE key = 'paused'")
 
     # ---------------------------------------------------------------- accounting sync
 
@@ -340,14 +352,17 @@ class StateStore:
         ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def audit_log(self, job_id: int | None = None, limit: int = 1000) -> list[AuditEntry]:
-        """The newest entries last."""
-        if job_id is None:
-            rows = self._db.execute("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-        else:
-            rows = self._db.execute(
-                "SELECT * FROM audit WHERE job_id = ? ORDER BY id DESC LIMIT ?", (job_id, limit)
-            ).fetchall()
+    def audit_log(self, job_id: int | None = None, limit: int = 1000, since: float | None = None) -> list[AuditEntry]:
+        """The newest `limit` entries (of one job, at or after `since`), newest last."""
+        where, args = [], []
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(job_id)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self._db.execute(f"SELECT * FROM audit {clause}ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [
             AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
                        row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"])
@@ -392,6 +407,15 @@ def _job_memory(row: tuple) -> JobMemory:
     memory = object.__new__(JobMemory)
     object.__setattr__(memory, "__dict__", values)
     return memory
+
+
+def _read_only_uri(path: Path) -> str:
+    """A reader that creates nothing: `mode=ro` while a writer's WAL files exist (it reads them,
+    and a reader needs them), else `immutable=1`, which needs neither the -shm file nor a
+    writable folder (with no writer attached the main file is complete)."""
+    wal = Path(f"{path}-wal")
+    mode = "mode=ro" if wal.exists() and Path(f"{path}-shm").exists() else "immutable=1"
+    return f"file:{path}?{mode}"
 
 
 @contextmanager

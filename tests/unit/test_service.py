@@ -213,9 +213,16 @@ def test_the_installed_handlers_set_the_flags():
             signal.signal(number, handler)
 
 
-def test_one_cycle_rewrites_the_metrics_file(tmp_path: Path):
+def test_an_applied_cycle_rewrites_the_metrics_file(tmp_path: Path):
     path = tmp_path / "metrics" / "dike.prom"
     engine = FakeEngine(config(metrics_file=str(path)), STORE, [ok], Clock())
-    report = run_cycle(engine, apply=False)  # type: ignore[arg-type]
+    report = run_cycle(engine, apply=True)  # type: ignore[arg-type]
     assert report.slurm_calls == 6
     assert "dike_slurm_slurm_calls 6.0" in path.read_text()
+
+
+def test_a_dry_cycle_leaves_the_metrics_file_alone(tmp_path: Path):
+    path = tmp_path / "metrics" / "dike.prom"
+    engine = FakeEngine(config(metrics_file=str(path)), STORE, [ok], Clock())
+    run_cycle(engine, apply=False)  # type: ignore[arg-type]
+    assert not path.parent.exists()
