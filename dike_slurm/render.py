@@ -113,7 +113,6 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "minutes": minutes,
         "schedule": "* * * * *" if minutes == 1 else f"*/{minutes} * * * *",
         "lock_file": _plain(lock_file, "lock_file"),
-        "log_file": "/var/log/dike-slurm.log",
         "wait_s": _switch_wait_s(policy, params),
         "leaves": _leaves(config, prefix) if kind == "slurm-conf" else [],
         "feature_prefix": prefix,

@@ -9,16 +9,18 @@ from __future__ import annotations
 import getpass
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import typer
 
 from dike_slurm.cli import app, console
+from dike_slurm.cli.common import CONFIG_OPTION, JSON_OPTION, emit_json, load, safe, say_source, table
 from dike_slurm.errors import DikeError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+GRANT_ADVICE = ("run as root or SlurmUser, or: sacctmgr -i modify user USER set AdminLevel=Admin "
+                "(AdminLevel=Operator is enough with engine.admin_comment = false; docs/deployment.md)")
 
 
 @dataclass(frozen=True)
@@ -57,15 +59,15 @@ def diagnose(
     strategy: str,
     max_consolidation_wait_s: float | None,
     preemption: bool,
+    admin_comment: bool = True,
 ) -> list[Check]:
     """Every check, from what Slurm printed (pure: unit-tested on recorded output)."""
     checks = [Check("Slurm version", version or "unknown", OK if version else FAIL,
                     "" if version else "scontrol --version printed nothing: is this Slurm?"), json_format]
-    if is_root or admin_level in ("Administrator", "Operator"):
+    if is_root or admin_level == "Administrator" or (admin_level == "Operator" and not admin_comment):
         checks.append(Check("privileges", "root" if is_root else f"AdminLevel={admin_level}", OK))
     else:
-        checks.append(Check("privileges", f"AdminLevel={admin_level or 'None'}", FAIL,
-                            "run as root or SlurmUser, or: sacctmgr modify user USER set AdminLevel=Operator"))
+        checks.append(Check("privileges", f"AdminLevel={admin_level or 'None'}", FAIL, GRANT_ADVICE))
     priority = config.get("PriorityType", "")
     if strategy == "site_factor" and priority != "priority/multifactor":
         checks.append(Check("PriorityType", priority or "unset", FAIL,
@@ -158,27 +160,27 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         is_root=os.geteuid() == 0, strategy=config.engine.priority_strategy,
         max_consolidation_wait_s=float(wait) if wait is not None else None,
         preemption=policy.requeue_min_run_s(params) is not None,  # the hook a preemptive policy declares
+        admin_comment=config.engine.admin_comment,
     )
 
 
 @app.command("doctor")
 def doctor_command(
-    config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)"),
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Check this site's Slurm for what the engine needs; print what to change in slurm.conf (exit 1 on a FAIL)."""
-    from rich.table import Table
-
-    from dike_slurm.config import load_config
-
-    config = load_config(config_path)
+    config, source = load(config_path)
+    say_source(source, as_json)
     checks = gather(config, getpass.getuser())
-    table = Table(title="dike-slurm doctor")
-    for column in ("check", "found", "verdict", "what to change"):
-        table.add_column(column, overflow="fold")
-    for check in checks:
-        style = {"ok": "green", "warn": "yellow", "FAIL": "bold red"}[check.verdict]
-        table.add_row(check.name, check.found, f"[{style}]{check.verdict}[/]", check.advice)
-    console.print(table)
     failed = [c.name for c in checks if c.verdict == FAIL]
+    if as_json:
+        emit_json("doctor", source, {"checks": [asdict(c) for c in checks], "failed": failed})
+    else:
+        result = table("dike-slurm doctor", ["check", "found", "verdict", "what to change"])
+        for check in checks:
+            style = {"ok": "green", "warn": "yellow", "FAIL": "bold red"}[check.verdict]
+            result.add_row(safe(check.name), safe(check.found), f"[{style}]{check.verdict}[/]", safe(check.advice))
+        console.print(result)
     if failed:
         raise DikeError(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")

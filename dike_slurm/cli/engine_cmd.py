@@ -1,4 +1,4 @@
-"""The live engine's commands: run, status, explain, revert, render."""
+"""The live engine's writing commands: run, revert, breaker, pause, resume."""
 
 from __future__ import annotations
 
@@ -6,40 +6,50 @@ import json
 import logging
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from dike_slurm.cli import app, console, err_console
-from dike_slurm.errors import InputError
-from dike_slurm.render import RENDER_KINDS
+from dike_slurm.cli.common import (
+    CONFIG_OPTION,
+    JSON_OPTION,
+    emit_json,
+    load,
+    lock,
+    open_engine,
+    safe as _safe,
+    say_source,
+    state_file_text,
+    store,
+    table,
+)
+from dike_slurm.errors import DikeError, InputError
 
 if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` need none of them
     from dike_slurm.apply import CycleReport
-    from dike_slurm.config import Config
+    from dike_slurm.config import Config, ConfigSource
     from dike_slurm.engine import Engine
     from dike_slurm.reconcile import CyclePlan
-    from dike_slurm.state import StateStore
 
-CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
-_CONTROL = {c: " " for c in range(32)} | {127: " "}
-
-
-def _safe(value: object) -> Text:
-    """Untrusted text (job names, comments) as plain text: no markup, no control characters."""
-    return Text(str(value).translate(_CONTROL))
+_LOG_RECORD_KEYS = ("job", "action", "changes", "ok")
 
 
 class _JsonLines(logging.Formatter):
+    """One JSON object per line; a write's record also carries its job and each field's old and new value."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({
+        document = {
             "time": round(record.created, 3), "level": record.levelname.lower(),
             "logger": record.name, "message": record.getMessage(),
-        })
+        }
+        extra = getattr(record, "dike", None)
+        if isinstance(extra, dict):
+            document |= {k: extra[k] for k in _LOG_RECORD_KEYS if k in extra}
+        return json.dumps(document)
 
 
 def _setup_logging(config: Config, verbose: bool) -> None:
@@ -53,55 +63,32 @@ def _setup_logging(config: Config, verbose: bool) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def _config(path: Optional[Path]) -> Config:
-    from dike_slurm.config import load_config
-
-    return load_config(path)
-
-
-def _store(config: Config, *, writing: bool) -> StateStore:
-    from dike_slurm.state import StateStore
-
-    return StateStore(config.engine.state_db, read_only=not writing)
-
-
-def _open(config: Config, *, writing: bool) -> Engine:
-    from dike_slurm.service import open_engine
-
-    return open_engine(config, _store(config, writing=writing))
-
-
-def _lock(config: Config):
-    from dike_slurm.state import exclusive_lock
-
-    return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
-
-
-def _gpuh(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}"
+def _refuse_defaults(source: ConfigSource, apply: bool, defaults: bool) -> None:
+    """A writing command with no configuration file is a forgotten --config, unless --defaults says otherwise."""
+    if apply and source.kind == "defaults" and not defaults:
+        raise InputError("--apply with no configuration file (neither --config nor $DIKE_CONFIG): "
+                         "give one, or --defaults to write with the built-in defaults")
 
 
 def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
-    from dike_slurm.reconcile import describe_value
+    """The cycle's writes: each field's new value and what Slurm holds now, the reason, the result."""
+    from dike_slurm.cli.views import write_row
 
-    outcome = {id(w): o for w, o in report.outcomes} if report else {}
-    table = Table(title=f"{'changes written' if report and report.applied else 'plan (dry run)'}: "
-                        f"policy {plan.policy}, strategy {plan.strategy}")
-    for column in ("job", "user", "state", "level", "change", "reason"):
-        table.add_column(column)
-    if report and report.applied:
-        table.add_column("result")
+    applied = report is not None and report.applied
+    outcome = {id(w): o for w, o in report.outcomes} if report is not None else {}
+    written = applied and bool(report.outcomes)
+    title = ("changes written" if written else "plan (nothing written)" if applied else "plan (dry run)") + \
+        f": policy {plan.policy}, strategy {plan.strategy}"
+    columns = ["job", "user", "state", "level", "change", "reason"] + (["result"] if applied else [])
+    changes = table(title, columns, no_wrap=("job", "state"))
     jobs = {p.job.job_id: p for p in plan.jobs}
     for write in plan.writes:
-        job_plan = jobs[write.job_id]
-        change = "\n".join(f"{k.value}={describe_value(v)}" for k, v in write.update.values) or "(release)"
-        row = [_safe(job_plan.job.display_id), _safe(job_plan.job.user), job_plan.job.state.value,
-               str(job_plan.level), _safe(change), _safe(write.reason)]
-        if report and report.applied:
-            result = outcome.get(id(write))
-            row.append(_safe("not run" if result is None else "ok" if result.ok else result.message))
-        table.add_row(*row)
-    return table
+        done = outcome.get(id(write))
+        row = write_row(write, jobs.get(write.job_id), "not run" if done is None else "ok" if done.ok else done.message)
+        change = "\n".join(f"{c['field']}={c['new']} (now {c['old']})" for c in row["changes"]) or "(release)"
+        cells = [row["job"], row["user"], row["state"], row["level"], change, row["reason"]]
+        changes.add_row(*(_safe("" if c is None else c) for c in cells + ([row["result"]] if applied else [])))
+    return changes
 
 
 def _print_cycle(report: CycleReport) -> None:
@@ -113,7 +100,8 @@ def _print_cycle(report: CycleReport) -> None:
         console.print(_plan_table(plan, report))
     console.print(summary_line(report), highlight=False)
     for note in plan.notes + report.notes:
-        err_console.print(_safe(f"note: {note}"))
+        if note != report.denied:  # said once, as the error the command stops with
+            err_console.print(_safe(f"note: {note}"))
     for reason, count in plan.accounting_skipped.items():
         err_console.print(_safe(f"note: sacct rows skipped: {count} x {reason}"))
 
@@ -123,7 +111,9 @@ def run_command(
     once: bool = typer.Option(False, "--once", help="one cycle, then exit (for cron and timers)"),
     apply: bool = typer.Option(False, "--apply/--dry-run", help="write to Slurm (default: dry run, print the plan)"),
     config_path: Optional[Path] = CONFIG_OPTION,
+    defaults: bool = typer.Option(False, "--defaults", help="allow --apply with the built-in defaults (no file)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="log every write"),
+    as_json: bool = typer.Option(False, "--json", help="with --once: the cycle as JSON (schema: docs/engine.md)"),
 ) -> None:
     """Run the engine: read, decide, diff, write (with --apply), every engine.interval_s seconds.
 
@@ -134,21 +124,35 @@ def run_command(
     """
     from dike_slurm.service import Service, Signals, run_cycle
 
-    config = _config(config_path)
+    if as_json and not once:
+        raise InputError("--json needs --once (the service logs JSON with engine.log_format = \"json\")")
+    config, source = load(config_path)
+    _refuse_defaults(source, apply, defaults)
     _setup_logging(config, verbose or not once)
+    say_source(source, as_json)
     signals = Signals()
     signals.install(service=not once)
-    with _lock(config) if apply else nullcontext():
+    with lock(config) if apply else nullcontext():
         if once:
-            engine = _open(config, writing=apply)
-            report = run_cycle(engine, apply=apply)
-            _print_cycle(report)
-            if report.errors or (apply and engine.store.breaker() is not None):
+            engine = open_engine(config, writing=apply)
+            with closing(engine.store):  # closed, the store folds its WAL back: readers then create nothing
+                report = run_cycle(engine, apply=apply)
+                tripped = engine.store.breaker()
+            if as_json:
+                from dike_slurm.cli.views import cycle_document
+
+                emit_json("run", source, cycle_document(report))
+            else:
+                _print_cycle(report)
+            if report.denied:
+                raise DikeError(report.denied)
+            if report.errors or (apply and tripped is not None):
                 raise typer.Exit(1)
             return
-        service = Service(config, _store(config, writing=apply), lambda: _config(config_path), apply=apply,
+        service = Service(config, store(config, writing=apply), lambda: load(config_path)[0], apply=apply,
                           signals=signals)
-        finished = service.run()
+        with closing(service.engine.store):
+            finished = service.run()
     if finished:
         _print_simulation_summary(service.engine)
 
@@ -160,206 +164,137 @@ def _print_simulation_summary(engine: Engine) -> None:
     if not isinstance(engine.backend, SimulatedBackend):
         return
     summary = engine.backend.summary()
-    table = Table(title="simulated cluster: the trace ran to its end")
-    table.add_column("metric")
-    table.add_column("value")
+    result = table("simulated cluster: the trace ran to its end", ["metric", "value"])
     for key, value in summary.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else _safe(value))
-    console.print(table)
-
-
-@app.command("status")
-def status_command(config_path: Optional[Path] = CONFIG_OPTION) -> None:
-    """The managed queue: level, attained GPU-hours, priority now and as planned, constraint."""
-    config = _config(config_path)
-    engine = _open(config, writing=False)
-    plan = engine.plan()
-    table = Table(title=f"dike-slurm status: policy {plan.policy}; now/planned: {engine.strategy_field.value}")
-    for column in ("job", "user", "state", "GPUs", "level", "GPU-h", "now", "planned", "constraint", "note"):
-        table.add_column(column, no_wrap=column in ("job", "state", "now", "planned"))
-    order = {w.job_id: w.rank for w in plan.writes}
-    for job_plan in sorted(plan.jobs, key=lambda p: (p.level if p.level is not None else 99, -(p.value_wanted or 0),
-                                                      order.get(p.job.job_id, 0), p.job.job_id)):
-        job = job_plan.job
-        constraint = _placement_text(job.placement)
-        table.add_row(
-            _safe(job.display_id), _safe(job.user), job.state.value, str(job.gpus),
-            "-" if job_plan.level is None else str(job_plan.level), _gpuh(job.counted_gpu_s),
-            "-" if job_plan.value_now is None else str(job_plan.value_now),
-            "-" if job_plan.value_wanted is None else str(job_plan.value_wanted),
-            _safe(constraint), _safe(job_plan.note or ("" if job_plan.managed else "not managed")),
-        )
-    console.print(table)
-    cycles = engine.store.cycles(1)
-    if cycles:
-        last = cycles[-1]
-        console.print(_safe(
-            f"last cycle: {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last.started))} UTC, "
-            f"{'applied' if last.applied else 'dry run'}, {last.writes} write(s), {last.errors} error(s), "
-            f"{last.seconds:.2f} s"
-        ))
-    else:
-        console.print("no cycle has been applied yet (the state store is empty)")
-
-
-def _placement_text(placement) -> str:
-    parts = []
-    if placement.max_switches:
-        wait = f"@{placement.switches_wait_s}s" if placement.switches_wait_s is not None else ""
-        parts.append(f"Switches={placement.max_switches}{wait}")
-    if placement.features:
-        parts.append(f"Features={placement.features}")
-    if placement.exclude_nodes:
-        parts.append("ExcNodeList=" + ",".join(placement.exclude_nodes))
-    if placement.require_nodes:
-        parts.append("ReqNodeList=" + ",".join(placement.require_nodes))
-    return " ".join(parts) or "-"
-
-
-@app.command("explain")
-def explain_command(
-    job: str = typer.Argument(..., help="job id (123, or 123_4 for an array task)"),
-    config_path: Optional[Path] = CONFIG_OPTION,
-) -> None:
-    """Why this job has its level, priority and constraint, and what the engine changed on it."""
-    from dike_slurm.reconcile import describe_value
-
-    config = _config(config_path)
-    engine = _open(config, writing=False)
-    plan = engine.plan()
-    found = next((p for p in plan.jobs if job in (str(p.job.job_id), p.job.display_id)), None)
-    if found is None:
-        if not job.replace("_", "").isdigit():
-            raise InputError(f"not a job id: {job!r}")
-        console.print(_safe(f"job {job} is not an active job in the engine's scope"))
-        job_id = int(job.split("_")[0])
-    else:
-        job_id = found.job.job_id
-        _explain_job(found, engine.strategy_field.value)
-    owned = engine.store.owned().get(job_id, {})
-    for key, mine in owned.items():
-        console.print(_safe(f"  engine owns {key.value}: wrote {describe_value(mine.written)}, "
-                            f"original {describe_value(mine.original)}"))
-    entries = engine.store.audit_log(job_id, limit=20)
-    if entries:
-        console.print("audit (newest last):")
-        for entry in entries:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry.at))
-            status = "ok" if entry.ok else f"FAILED: {entry.message}"
-            console.print(_safe(f"  {when} {entry.action}: {entry.change} [{status}]"))
-            console.print(_safe(f"      command: {entry.command}"))
-            console.print(_safe(f"      undo:    {entry.undo}"))
-
-
-def _explain_job(job_plan, priority_field: str) -> None:
-    from dike_slurm.reconcile import describe_value
-
-    job = job_plan.job
-    lines = [
-        f"job {job.display_id}: user {job.user}, account {job.account}, partition {job.partition}, "
-        f"{job.state.value}, {job.gpus} GPU(s) on {job.num_nodes} node(s)",
-        f"  attained service: {_gpuh(job.attained_gpu_s)} GPU-hours over {job.run_count} run(s)"
-        + (f", {_gpuh(job.attained_at_promotion_gpu_s)} forgiven by a promotion" if job.attained_at_promotion_gpu_s else ""),
-    ]
-    if not job_plan.managed:
-        lines.append(f"  not managed: {job_plan.note}")
-    lines.append(f"  level {job_plan.level}: {job_plan.reason}")
-    lines.append(f"  {priority_field}: now {job_plan.value_now}, wanted {job_plan.value_wanted}")
-    lines.append(f"  constraint now: {_placement_text(job.placement)}; wanted: "
-                 f"{_placement_text(job_plan.placement_wanted) if job_plan.placement_wanted else 'none'}")
-    if job_plan.hands_off:
-        lines.append(f"  left to the user: {job_plan.hands_off_reason}")
-    for write in job_plan.writes:
-        change = ", ".join(f"{k.value}={describe_value(v)}" for k, v in write.update.values)
-        lines.append(f"  next cycle writes: {change or '(release)'} ({write.reason})")
-    if job_plan.managed and not job_plan.writes:
-        lines.append("  next cycle writes nothing: Slurm already holds what the policy wants")
-    for line in lines:
-        console.print(_safe(line))
+        result.add_row(key, f"{value:.4g}" if isinstance(value, float) else _safe(value))
+    console.print(result)
 
 
 @app.command("revert")
 def revert_command(
+    job: Optional[int] = typer.Argument(None, metavar="JOBID", help="only this job (its own id; default: every job)"),
     apply: bool = typer.Option(False, "--apply/--dry-run", help="write (default: print what would be restored)"),
     config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
-    """Undo every change the engine made to active jobs (SiteFactor, Priority, Nice, comment, constraints)."""
-    from dike_slurm.reconcile import describe_value
+    """Undo the engine's changes to active jobs (SiteFactor, Priority, Nice, comment, constraints): all, or JOBID."""
+    from dike_slurm.cli.views import write_row
 
-    config = _config(config_path)
-    with _lock(config) if apply else nullcontext():
-        engine = _open(config, writing=apply)
-        plan = engine.revert_plan()
-        outcomes = dict((id(w), o) for w, o in engine.revert(plan)) if apply else {}
-    table = Table(title="revert" + ("" if apply else " (dry run)"))
-    table.add_column("job")
-    table.add_column("restore")
-    table.add_column("command")
-    if apply:
-        table.add_column("result")
+    config, source = load(config_path)
+    say_source(source, as_json)
+    with lock(config) if apply else nullcontext():
+        engine = open_engine(config, writing=apply)
+        with closing(engine.store):
+            plan = engine.revert_plan(None if job is None else [job])
+            outcomes = dict((id(w), o) for w, o in engine.revert(plan)) if apply else {}
+    rows = []
     for write in plan.writes:
-        row = [str(write.job_id), _safe(", ".join(f"{k.value}={describe_value(v)}" for k, v in write.update.values)),
-               _safe(engine.backend.describe(write.update))]
-        if apply:
-            outcome = outcomes[id(write)]
-            row.append(_safe("ok" if outcome.ok else outcome.message))
-        table.add_row(*row)
-    console.print(table)
-    console.print(f"{len(plan.writes)} job(s) to restore, {len(plan.released)} field(s) released without a write")
+        outcome = outcomes.get(id(write))
+        row = write_row(write, None, None if not apply else "ok" if outcome.ok else outcome.message)
+        rows.append(row | {"command": engine.backend.describe(write.update)})
+    released = [{"job_id": j, "field": f.value, "why": why} for j, f, why in plan.released]
+    if as_json:
+        emit_json("revert", source, {"applied": apply, "writes": rows, "released": released})
+    else:
+        result = table("revert" + ("" if apply else " (dry run)"),
+                       ["job", "restore", "command"] + (["result"] if apply else []), no_wrap=("job",))
+        for row in rows:
+            restore = ", ".join(f"{c['field']} {c['old']} -> {c['new']}" for c in row["changes"])
+            result.add_row(*(_safe(c) for c in [row["job"], restore, row["command"]] + ([row["result"]] if apply else [])))
+        console.print(result)
+        console.print(f"{len(plan.writes)} job(s) to restore, {len(plan.released)} field(s) released without a write")
     if apply and any(not o.ok and not o.job_gone for o in outcomes.values()):
         raise typer.Exit(1)
+
+
+def _latch_document(config: Config, what: str, reason: str | None, **more: object) -> dict:
+    return {"state_file": str(config.engine.state_db), what: reason is not None, "reason": reason} | more
 
 
 @app.command("breaker")
 def breaker_command(
     action: str = typer.Argument("status", help="status | reset"),
     config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """The circuit breaker: why it tripped, or `reset` to let the engine write again (audited)."""
     if action not in ("status", "reset"):
         raise InputError(f"breaker: unknown action {action!r} (status or reset)")
     from dike_slurm.state import AuditEntry, StateStore
 
-    config = _config(config_path)
+    config, source = load(config_path)
+    say_source(source, as_json)
     if action == "status":
-        store = StateStore(config.engine.state_db, read_only=True)
-        reason = store.breaker()
-        console.print(_safe("circuit breaker: " + ("closed (the engine writes)" if reason is None
-                                                   else f"TRIPPED: {reason}")))
+        reason = StateStore(config.engine.state_db, read_only=True).breaker()
+        if as_json:
+            emit_json("breaker", source, _latch_document(config, "tripped", reason, reset=False))
+        else:
+            console.print(_safe("circuit breaker: " + ("closed (the engine writes)" if reason is None
+                                                      else f"TRIPPED: {reason}")))
         if reason is not None:
             raise typer.Exit(1)
         return
-    with _lock(config):
-        store = StateStore(config.engine.state_db)
-        reason = store.breaker()
-        if reason is None:
-            console.print("circuit breaker: closed, nothing to reset")
-            return
+    with lock(config):
+        with closing(StateStore(config.engine.state_db)) as store:
+            reason = store.breaker()
+            if reason is not None:
+                with store.transaction():
+                    store.reset_breaker()
+                    store.audit(AuditEntry(time.time(), store.next_cycle(), 0, "breaker-reset", f"cleared: {reason}",
+                                           "dike-slurm breaker reset", "none", True, "", "operator"))
+    if as_json:
+        emit_json("breaker", source, _latch_document(config, "tripped", None, reset=reason is not None,
+                                                     was=reason))
+    elif reason is None:
+        console.print("circuit breaker: closed, nothing to reset")
+    else:
+        console.print(_safe(f"circuit breaker reset (it had tripped: {reason})"))
+
+
+def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -> None:
+    """Pause (reason given) or resume (None): the flag and its audit row in one transaction. No
+    engine lock: a running service holds it, and reads the flag before each cycle's writes."""
+    from dike_slurm.state import AuditEntry, StateStore
+
+    config, source = load(config_path)
+    say_source(source, as_json)
+    command = "resume" if reason is None else "pause"
+    with closing(StateStore(config.engine.state_db)) as store:
         with store.transaction():
-            store.reset_breaker()
-            store.audit(AuditEntry(time.time(), store.next_cycle(), 0, "breaker-reset", f"cleared: {reason}",
-                                   "dike-slurm breaker reset", "none", True, "", "operator"))
-    console.print(_safe(f"circuit breaker reset (it had tripped: {reason})"))
-
-
-@app.command("render")
-def render_command(
-    kind: str = typer.Argument(..., help="|".join(RENDER_KINDS)),
-    config_path: Path = typer.Option(..., "--config", "-c", help="the configuration the deployed engine uses"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write here instead of stdout"),
-    user: str = typer.Option("dike-slurm", "--user", help="the dedicated account the service runs as"),
-    oneshot: bool = typer.Option(False, "--oneshot", help="systemd: the one-cycle service a timer starts"),
-) -> None:
-    """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines."""
-    from dike_slurm.render import render
-
-    config = _config(config_path)
-    text = render(kind, config, config_path.resolve(), user=user, oneshot=oneshot)
-    if out is None:
-        sys.stdout.write(text)
+            before = store.paused()
+            if (reason is None) != (before is None):
+                if reason is None:
+                    store.resume()
+                    change = f"resumed (was paused: {before})"
+                else:
+                    store.pause(reason)
+                    change = f"paused: {reason}"
+                undo = "dike-slurm " + ("pause" if reason is None else "resume")
+                store.audit(AuditEntry(time.time(), store.next_cycle(), 0, command, change, f"dike-slurm {command}",
+                                       undo, True, "", "operator"))
+        now = store.paused()
+    if as_json:
+        emit_json(command, source, _latch_document(config, "paused", now, changed=now != before))
         return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
-    console.print(_safe(f"wrote {out}"))
+    if reason is None:
+        console.print(_safe("resumed: the engine writes again" if before is not None else "not paused: nothing to resume"))
+    else:
+        console.print(_safe(f"paused: the engine plans but writes nothing until `dike-slurm resume` ({now})"
+                           if before is None else f"already paused ({before})"))
+    console.print(_safe(state_file_text(config)), highlight=False)
+
+
+@app.command("pause")
+def pause_command(
+    reason: str = typer.Option("paused by an operator", "--reason", help="why (kept in the state store and the audit)"),
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Stop the engine's writes without stopping the service (latched and audited; `resume` ends it)."""
+    _set_pause(config_path, reason, as_json)
+
+
+@app.command("resume")
+def resume_command(config_path: Optional[Path] = CONFIG_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """Let a paused engine write again (audited)."""
+    _set_pause(config_path, None, as_json)

@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.common import JSON_OPTION, emit_json, table
 
 
-def _default_text(field) -> str:
-    if field.default_factory is not None:
-        return repr(field.default_factory())
-    return repr(field.default)
+def _default(field) -> object:
+    return field.default_factory() if field.default_factory is not None else field.default
 
 
 @app.command("policies")
-def policies_command() -> None:
+def policies_command(as_json: bool = JSON_OPTION) -> None:
     """List every registered policy, its description and its parameters with defaults."""
+    from pydantic_core import to_jsonable_python
+
     from dike_slurm.registry import default_registry
 
     registry = default_registry()
-    table = Table(title="policies", show_lines=True)
-    table.add_column("name", style="bold")
-    table.add_column("description")
-    table.add_column("live")
-    table.add_column("parameters (default)")
-    for name in registry.names():
-        policy = registry.get(name)
-        params = "\n".join(
-            f"{key} = {_default_text(field)}" for key, field in policy.Params.model_fields.items()
-        ) or "-"
-        table.add_row(name, policy.description, "yes" if policy.live else "replay only", params)
-    console.print(table)
-    for broken in registry.broken:
-        err_console.print(f"[yellow]warning:[/] policy plugin {broken.name!r} ({broken.target}) failed to load: {broken.error}", highlight=False)
+    policies = [
+        {"name": name, "description": registry.get(name).description, "live": registry.get(name).live,
+         "parameters": {key: to_jsonable_python(_default(field))
+                        for key, field in registry.get(name).Params.model_fields.items()}}
+        for name in registry.names()
+    ]
+    broken = [{"name": b.name, "target": b.target, "error": str(b.error)} for b in registry.broken]
+    if as_json:
+        emit_json("policies", None, {"policies": policies, "broken": broken})
+        return
+    result = table("policies", ["name", "description", "live", "parameters (default)"])
+    result.show_lines = True
+    for policy in policies:
+        params = "\n".join(f"{key} = {value!r}" for key, value in policy["parameters"].items()) or "-"
+        result.add_row(policy["name"], policy["description"], "yes" if policy["live"] else "replay only", params)
+    console.print(result, highlight=False)
+    for plugin in broken:
+        err_console.print(f"[yellow]warning:[/] policy plugin {plugin['name']!r} ({plugin['target']}) failed to load: "
+                          f"{plugin['error']}", highlight=False)

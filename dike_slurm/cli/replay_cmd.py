@@ -11,10 +11,11 @@ import typer
 from rich.table import Table
 
 from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.common import load, safe
 from dike_slurm.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs, not with the CLI
-    from dike_slurm.config import Config
+    from dike_slurm.config import Config, ConfigSource
     from dike_slurm.sim.replay import PolicyRun, ReplayInput
     from dike_slurm.sim.records import SimSettings
 
@@ -54,10 +55,12 @@ class LazyProgress:
             self.progress.stop()
 
 
-def _config(path: Path | None, overrides: dict) -> Config:
-    from dike_slurm.config import load_config
-
-    return load_config(path, overrides=overrides)
+def _config(path: Path | None, overrides: dict) -> tuple[Config, ConfigSource]:
+    """The replay's configuration: --config only (offline: $DIKE_CONFIG names the live engine's
+    file and is not read), said in one line."""
+    config, source = load(path, offline=True, overrides=overrides)
+    console.print(safe(source.describe()), highlight=False)
+    return config, source
 
 
 def _workers(requested: int | None) -> int:
@@ -119,7 +122,9 @@ def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
     return table
 
 
-def _check_policies(names: list[str]) -> list[str]:
+def _check_policies(given: list[str]) -> list[str]:
+    """The policy names of repeated options, each of which may list several (`-p fifo,dike`)."""
+    names = [name.strip() for text in given for name in text.split(",") if name.strip()]
     if not names:
         raise InputError("give at least one --policy (see `dike-slurm policies`)")
     from dike_slurm.registry import default_registry
@@ -172,8 +177,8 @@ def replay_command(
     dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump (see docs/replay.md)"),
     slurm_conf: Path = typer.Option(..., "--slurm-conf", help="the site's slurm.conf (NodeName lines with Gres)"),
     topology: Path | None = typer.Option(None, "--topology", help="topology.conf (default: beside slurm.conf)"),
-    policy: list[str] = typer.Option([], "--policy", "-p", help="policy to replay (repeat for several)"),
-    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration: its replay section and the policies.NAME tables"),
+    policy: list[str] = typer.Option([], "--policy", "-p", metavar="NAME", help="policy to replay (repeat, or a,b)"),
+    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration: its replay section and the policies.NAME tables (never $DIKE_CONFIG)"),
     comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
     penalty_sweep: str = typer.Option("", "--penalty-sweep", help="also replay at these penalties, e.g. 0,0.5,2 (report table)"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random generator handed to the policies"),
@@ -193,7 +198,7 @@ def replay_command(
     overrides: dict = {"replay": {}}
     if interval is not None:
         overrides["replay"]["interval_s"] = interval
-    config = _config(config_path, overrides)
+    config, source = _config(config_path, overrides)
     sweep = _parse_floats(penalty_sweep, "--penalty-sweep") if penalty_sweep else []
     replay_input = load_input(dump, slurm_conf, topology)
     settings = sim_settings(
@@ -213,7 +218,7 @@ def replay_command(
         progress.close()
     main_runs, sweep_runs = runs[: len(names)], runs[len(names) :]
     penalty_table = _penalty_table(settings.comm_penalty, names, main_runs, sweep, sweep_runs)
-    extra = {"settings": _settings_section(settings)}
+    extra = {"settings": _settings_section(settings), "config": source.as_dict()}
     if sweep:
         extra["comm_penalty_sweep"] = {
             f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
@@ -267,9 +272,9 @@ def tune_command(
     dump: Path = typer.Argument(..., help="sacct --parsable2 or --json dump"),
     slurm_conf: Path = typer.Option(..., "--slurm-conf", help="the site's slurm.conf"),
     topology: Path | None = typer.Option(None, "--topology", help="topology.conf (default: beside slurm.conf)"),
-    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration"),
-    quantiles: list[str] = typer.Option([], "--quantiles", help="a candidate, e.g. 0.5,0.75 (repeat; default: four sets)"),
-    baseline: list[str] = typer.Option(["fifo"], "--baseline", help="policies replayed for comparison"),
+    config_path: Path | None = typer.Option(None, "--config", help="TOML configuration (never $DIKE_CONFIG)"),
+    quantiles: list[str] = typer.Option([], "--quantiles", metavar="Q,Q", help="a candidate, e.g. 0.5,0.75 (repeat; default: four sets)"),
+    baseline: list[str] = typer.Option(["fifo"], "--baseline", metavar="NAME", help="policies replayed for comparison (repeat, or a,b)"),
     comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
 ) -> None:
@@ -277,7 +282,7 @@ def tune_command(
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
     from dike_slurm.sim.tune import candidate_quantiles, propose
 
-    config = _config(config_path, {})
+    config, _ = _config(config_path, {})
     dike = config.policy_params("dike")
     levels = dike.levels  # type: ignore[attr-defined]
     candidates = [tuple(_parse_floats(text, "--quantiles")) for text in quantiles] or candidate_quantiles(levels)

@@ -21,6 +21,7 @@ STUB = """#!/bin/sh
 echo "$0 $*" >> {log}
 case "$(basename "$0") $1" in
   "squeue --json") cat {dir}/squeue.json ;;
+  "squeue -a") echo "squeue: error: Invalid job format specification: stub" >&2 ;;  # the lean read falls back to JSON
   "squeue -h") cat {dir}/switches.txt ;;
   "sinfo --json") cat {dir}/sinfo.json ;;
   "sprio -h") cat {dir}/sprio.txt ;;

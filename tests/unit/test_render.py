@@ -39,6 +39,7 @@ def test_service_runs_as_a_dedicated_user_and_restarts_on_failure(tmp_path):
     unit = parse_unit(render("systemd", config, tmp_path / "dike.toml", user="dikesvc"))
     service = unit["Service"]
     assert service["User"] == "dikesvc" and service["Restart"] == "on-failure"
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP re-reads the configuration
     assert service["ExecStart"] == f"{sys.executable} -m dike_slurm run --apply --config {tmp_path / 'dike.toml'}"
     assert str(tmp_path / "lib") in service["ReadWritePaths"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
@@ -57,7 +58,9 @@ def test_cron_line_every_n_minutes(tmp_path):
     text = render("cron", make_config(tmp_path, interval_s=300), tmp_path / "dike.toml")
     (line,) = [l for l in text.splitlines() if l and not l.startswith("#")]
     assert line.startswith("*/5 * * * * dike-slurm flock -n ")
-    assert line.endswith(f"run --once --apply --config {tmp_path / 'dike.toml'} >> /var/log/dike-slurm.log 2>&1")
+    # syslog through logger: no log file the service user cannot create (/var/log is root's)
+    assert line.endswith(f"run --once --apply --config {tmp_path / 'dike.toml'} 2>&1 | logger -t dike-slurm")
+    assert "/var/log" not in line
 
 
 def test_slurm_conf_lines_match_the_policy(tmp_path):

@@ -63,7 +63,7 @@ def test_replay_writes_summary_jobs_and_report(replay_out):
     out, result = replay_out
     assert {p.name for p in out.iterdir()} == {"summary.json", "jobs-fifo.csv", "jobs-dike.csv", "report.html"}
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"input", "policies", "settings", "comm_penalty_sweep"}
+    assert set(summary) == {"input", "policies", "settings", "comm_penalty_sweep", "config"}
     assert list(summary["policies"]) == ["fifo", "dike"]
     for metrics in summary["policies"].values():
         assert REQUIRED_METRICS <= set(metrics) and list(metrics) == list(METRIC_KEYS)
@@ -140,3 +140,23 @@ def test_bad_input_gives_one_line_and_no_traceback(args, message, tmp_path):
     assert result.returncode in (1, 2), result.stderr  # RegistryError 1, InputError 2
     assert "Traceback" not in result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_replay_never_reads_the_live_configuration_and_says_which_it_used(small_trace, tmp_path):
+    """$DIKE_CONFIG names the live engine's file: a replay ignores it (unless given --config) and
+    says where its configuration came from, on screen and in summary.json."""
+    live = tmp_path / "live.toml"
+    live.write_text("[replay]\ncomm_penalty = 7.5\n")
+    out = tmp_path / "replay"
+    result = subprocess.run(
+        [sys.executable, "-m", "dike_slurm", "replay", str(small_trace / "sacct.txt"), "--slurm-conf",
+         str(small_trace / "slurm.conf"), "--policy", "fifo,dike", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={"PATH": "/usr/bin:/bin", "DIKE_CONFIG": str(live), "DIKE_REPLAY__SEED": "4"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "configuration: built-in defaults (no file) + DIKE_REPLAY__SEED"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"] == {"kind": "defaults", "path": None, "variables": ["DIKE_REPLAY__SEED"]}
+    assert summary["settings"]["comm_penalty"] == 1.0 and summary["settings"]["seed"] == 4
+    assert set(summary["policies"]) == {"fifo", "dike"}  # `--policy fifo,dike` is two policies

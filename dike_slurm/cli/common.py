@@ -1,0 +1,82 @@
+"""What the commands share: the configuration and where it came from, tables, JSON, the engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from dike_slurm.cli import console
+
+if TYPE_CHECKING:  # loaded by the commands that need them: `--help` needs none
+    from dike_slurm.config import Config, ConfigSource
+    from dike_slurm.engine import Engine
+    from dike_slurm.state import StateStore
+
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
+JSON_OPTION = typer.Option(False, "--json", help="print one JSON document (schema: docs/engine.md)")
+_CONTROL = {c: " " for c in range(32)} | {127: " "}
+
+
+def safe(value: object) -> Text:
+    """Untrusted text (job names, comments) as plain text: no markup, no control characters."""
+    return Text(str(value).translate(_CONTROL))
+
+
+def table(title: str, columns: list[str], *, no_wrap: tuple[str, ...] = ()) -> Table:
+    """A table whose cells fold instead of being cut with an ellipsis; piped, the console is wide
+    enough that nothing folds either (dike_slurm.cli sets its width)."""
+    result = Table(title=title)
+    for column in columns:
+        result.add_column(column, overflow="fold", no_wrap=column in no_wrap)
+    return result
+
+
+def load(path: Optional[Path], *, offline: bool = False, overrides: dict | None = None) -> tuple[Config, ConfigSource]:
+    """The configuration and where it came from; `offline` commands never read $DIKE_CONFIG."""
+    from dike_slurm.config import load_with_source
+
+    return load_with_source(path, overrides=overrides, offline=offline)
+
+
+def say_source(source: ConfigSource, as_json: bool = False) -> None:
+    """The one line that says where the configuration came from (JSON output carries it instead)."""
+    if not as_json:
+        console.print(safe(source.describe()), highlight=False)
+
+
+def emit_json(command: str, source: ConfigSource | None, document: dict[str, Any]) -> None:
+    """One JSON document on stdout: {"command", "config" (where it came from), ...the command's keys}."""
+    head: dict[str, Any] = {"command": command}
+    if source is not None:
+        head["config"] = source.as_dict()
+    sys.stdout.write(json.dumps(head | document, indent=2, default=str) + "\n")
+
+
+def store(config: Config, *, writing: bool) -> StateStore:
+    from dike_slurm.state import StateStore
+
+    return StateStore(config.engine.state_db, read_only=not writing)
+
+
+def open_engine(config: Config, *, writing: bool) -> Engine:
+    from dike_slurm.service import open_engine as open_on_backend
+
+    return open_on_backend(config, store(config, writing=writing))
+
+
+def lock(config: Config):
+    from dike_slurm.state import exclusive_lock
+
+    return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
+
+
+def state_file_text(config: Config) -> str:
+    """The state file a command read, as it says so: the path, or that there is none yet."""
+    path = config.engine.state_db
+    return f"state file: {path}" + ("" if path.exists() else " (not created yet: no cycle has been applied)")

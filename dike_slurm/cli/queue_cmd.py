@@ -1,0 +1,259 @@
+"""The read-only views of the live engine: queue, status, explain, audit.
+
+They read Slurm and, read-only, the state store, and write nothing anywhere; a user without
+root can run them (docs/deployment.md, "Who can read what"): where the state file is not
+readable, they say so and go on with what Slurm and accounting show.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.common import (
+    CONFIG_OPTION,
+    JSON_OPTION,
+    emit_json,
+    load,
+    safe,
+    say_source,
+    state_file_text,
+    table,
+)
+from dike_slurm.errors import DikeError, InputError
+
+if TYPE_CHECKING:
+    from dike_slurm.config import Config
+    from dike_slurm.engine import Engine
+
+STATE_OPTION = typer.Option([], "--state", "-t", metavar="STATE", help="PENDING, RUNNING or SUSPENDED (repeat, or a,b)")
+USER_OPTION = typer.Option([], "--user", "-u", metavar="USER", help="only this user's jobs (repeat, or a,b)")
+ACCOUNT_OPTION = typer.Option([], "--account", "-A", metavar="ACCOUNT", help="only this account's jobs (repeat, or a,b)")
+PARTITION_OPTION = typer.Option([], "--partition", "-p", metavar="PARTITION", help="only jobs of this partition (repeat, or a,b)")
+
+
+def _reader(config: Config) -> tuple[Engine, str | None]:
+    """An engine on a read-only store; a state file this user cannot read becomes an empty store
+    and a note (levels then come from accounting and the queue alone)."""
+    from dike_slurm.service import open_engine
+    from dike_slurm.state import StateError, StateStore
+
+    try:
+        store = StateStore(config.engine.state_db, read_only=True)
+        store.jobs()  # a file this user may not read fails here, not in the middle of the plan
+    except (StateError, OSError) as exc:
+        return open_engine(config, StateStore(None)), f"state file not read ({exc}); levels from accounting only"
+    return open_engine(config, store), None
+
+
+def _split(values: list[str]) -> list[str]:
+    """`--user a,b` and `--user a --user b` alike, as squeue takes them."""
+    return [v for value in values for v in value.split(",") if v]
+
+
+def _check_states(states: list[str]) -> list[str]:
+    from dike_slurm.cli.views import STATES
+
+    unknown = [s for s in states if s.upper() not in STATES]
+    if unknown:
+        raise InputError(f"--state {unknown[0]!r}: one of {', '.join(STATES)} (any case)")
+    return states
+
+
+def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    result = table(title, [header for header, _ in columns], no_wrap=("job", "state"))
+    for row in rows:
+        result.add_row(*(safe("-" if row[key] is None else row[key]) for _, key in columns))
+    console.print(result)
+
+
+QUEUE_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
+                 ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
+                 ("GPU-h", "attained_gpu_hours"), ("priority", "priority_now"), ("placement", "placement_now"),
+                 ("why (the policy now)", "reason"), ("note", "note")]
+STATUS_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
+                  ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
+                  ("GPU-h", "counted_gpu_hours"), ("now", "priority_now"), ("planned", "priority_planned"),
+                  ("constraint", "placement_now"), ("planned constraint", "placement_planned"), ("note", "note")]
+
+
+@app.command("queue")
+def queue_command(
+    users: list[str] = USER_OPTION,
+    accounts: list[str] = ACCOUNT_OPTION,
+    partitions: list[str] = PARTITION_OPTION,
+    states: list[str] = STATE_OPTION,
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Pending and running jobs as the engine sees them: level, GPU-hours, priority, placement, why.
+
+    Like squeue, for every user: it reads Slurm and, read-only, the state store. A user sees why
+    a job waits: its level, the service that put it there and the policy's reason.
+    """
+    from dike_slurm.cli.views import queue_rows
+
+    states = _check_states(_split(states))
+    config, source = load(config_path)
+    say_source(source, as_json)
+    engine, note = _reader(config)
+    plan = engine.plan()
+    field = engine.strategy_field.value
+    rows = queue_rows(plan, field, engine.store.jobs(), users=_split(users), accounts=_split(accounts),
+                      partitions=_split(partitions), states=states)
+    if as_json:
+        emit_json("queue", source, {"state_file": str(config.engine.state_db), "policy": plan.policy,
+                                    "priority_field": field, "note": note, "jobs": rows})
+        return
+    _job_table(f"dike-slurm queue: policy {plan.policy}; priority: {field}", rows, QUEUE_COLUMNS)
+    if note:
+        err_console.print(safe(f"note: {note}"))
+
+
+@app.command("status")
+def status_command(
+    users: list[str] = USER_OPTION,
+    accounts: list[str] = ACCOUNT_OPTION,
+    partitions: list[str] = PARTITION_OPTION,
+    states: list[str] = STATE_OPTION,
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The managed queue (level, counted GPU-hours, priority now and planned, constraint) and the
+    last cycle; with Slurm down, the last cycle from the state store (exit 1)."""
+    from dike_slurm.cli.views import cycle_row, queue_rows
+
+    states = _check_states(_split(states))
+    config, source = load(config_path)
+    say_source(source, as_json)
+    engine, note = _reader(config)
+    cycles = engine.store.cycles(1)
+    last = cycle_row(cycles[-1] if cycles else None)
+    paused, tripped = engine.store.paused(), engine.store.breaker()
+    try:
+        plan = engine.plan()
+    except DikeError as exc:  # Slurm down: what the store says about the last cycle is still worth seeing
+        plan, slurm_error = None, str(exc)
+    else:
+        slurm_error = None
+    field = engine.strategy_field.value
+    rows = [] if plan is None else queue_rows(
+        plan, field, engine.store.jobs(), users=_split(users), accounts=_split(accounts),
+        partitions=_split(partitions), states=states, include_outside=False,
+    )
+    if as_json:
+        emit_json("status", source, {
+            "state_file": str(config.engine.state_db), "policy": engine.policy.name, "priority_field": field,
+            "paused": paused, "breaker": tripped, "slurm_error": slurm_error, "note": note,
+            "jobs": rows, "last_cycle": last,
+        })
+    else:
+        console.print(safe(state_file_text(config)), highlight=False)
+        if plan is not None:
+            _job_table(f"dike-slurm status: policy {plan.policy}; now/planned: {field}", rows, STATUS_COLUMNS)
+        _print_last_cycle(last)
+        for flag, text in ((paused, "PAUSED: nothing is written until `dike-slurm resume`"),
+                           (tripped, "circuit breaker TRIPPED: nothing is written until `dike-slurm breaker reset`")):
+            if flag is not None:
+                console.print(safe(f"{text} ({flag})"))
+        if note:
+            err_console.print(safe(f"note: {note}"))
+    if slurm_error is not None:
+        raise DikeError(f"Slurm not readable, the queue is not shown: {slurm_error}")
+
+
+def _print_last_cycle(last: dict | None) -> None:
+    if last is None:
+        console.print("no cycle has been applied yet (the state store is empty)")
+        return
+    console.print(safe(
+        f"last cycle: {last['time'].replace('T', ' ').rstrip('Z')} UTC, {'applied' if last['applied'] else 'dry run'}, "
+        f"{last['writes']} write(s), {last['errors']} error(s), {last['seconds']:.2f} s"
+    ))
+
+
+def _parse_job(text: str) -> tuple[int, int | None]:
+    """`123` -> (123, None); `123_4` -> (123, 4) (an array task); anything else is refused."""
+    head, sep, task = text.partition("_")
+    if not head.isdigit() or (sep and not task.isdigit()):
+        raise InputError(f"not a job id: {text!r} (123, or 123_4 for an array task)")
+    return int(head), int(task) if sep else None
+
+
+@app.command("explain")
+def explain_command(
+    job: str = typer.Argument(..., help="job id (123, or 123_4 for an array task)"),
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Why this job has its level, priority and constraint, and what the engine changed on it.
+
+    Exit 1 for a job the engine knows nothing of (not active, nothing in the state store).
+    """
+    from dike_slurm.cli.explain import explain
+
+    wanted = _parse_job(job)
+    config, source = load(config_path)
+    say_source(source, as_json)
+    engine, note = _reader(config)
+    document = explain(engine, wanted, job)
+    document["note"] = note
+    if as_json:
+        emit_json("explain", source, document)
+    else:
+        from dike_slurm.cli.explain import explain_lines
+
+        for line in explain_lines(document):
+            console.print(safe(line), highlight=False)
+    if document["status"] == "unknown":
+        raise typer.Exit(1)
+
+
+@app.command("audit")
+def audit_command(
+    since: Optional[str] = typer.Option(None, "--since", help="from this UTC time (2026-05-01 or 2026-05-01T12:00) or age (30m, 6h, 2d)"),
+    job: Optional[int] = typer.Option(None, "--job", "-j", help="only this job id"),
+    limit: int = typer.Option(200, "--limit", "-n", min=1, help="at most this many (the newest)"),
+    config_path: Optional[Path] = CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The audit: every write, requeue, revert, skip, pause and breaker reset, with its undo command."""
+    from dike_slurm.cli.views import audit_row
+    from dike_slurm.state import StateStore
+
+    start = parse_since(since, time.time()) if since is not None else None
+    config, source = load(config_path)
+    say_source(source, as_json)
+    rows = [audit_row(e) for e in StateStore(config.engine.state_db, read_only=True).audit_log(job, limit, start)]
+    if as_json:
+        emit_json("audit", source, {"state_file": str(config.engine.state_db), "entries": rows})
+        return
+    console.print(safe(state_file_text(config)), highlight=False)
+    result = table("dike-slurm audit (newest last)", ["time (UTC)", "cycle", "job", "action", "change", "result",
+                                                       "command", "undo"], no_wrap=("time (UTC)",))
+    for row in rows:
+        outcome = "ok" if row["ok"] else f"FAILED: {row['message']}" if row["action"] != "skipped" else row["message"]
+        result.add_row(*(safe(v) for v in (row["time"], row["cycle"], row["job_id"], row["action"], row["change"],
+                                            outcome, row["command"], row["undo"])))
+    console.print(result)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """`6h`, `30m`, `2d` ago, or a UTC date / date-time, as seconds since the epoch."""
+    from datetime import datetime, timezone
+
+    word = text.strip()
+    if word[:-1].isdigit() and word[-1:] in _UNITS:
+        return now - int(word[:-1]) * _UNITS[word[-1]]
+    try:
+        moment = datetime.fromisoformat(word)
+    except ValueError:
+        raise InputError(f"--since {text!r}: a UTC time (2026-05-01, 2026-05-01T12:00) or an age (30m, 6h, 2d)") from None
+    return moment.replace(tzinfo=moment.tzinfo or timezone.utc).timestamp()

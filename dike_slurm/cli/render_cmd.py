@@ -1,0 +1,43 @@
+"""`dike-slurm render`: deployment files (systemd, timer, cron, slurm.conf lines) from the configuration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.common import CONFIG_OPTION, load, safe
+from dike_slurm.errors import InputError
+from dike_slurm.render import RENDER_KINDS
+
+
+@app.command("render")
+def render_command(
+    kind: str = typer.Argument(..., help="|".join(RENDER_KINDS)),
+    config_path: Optional[Path] = CONFIG_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write here instead of stdout"),
+    user: str = typer.Option("dike-slurm", "--user", help="the dedicated account the service runs as"),
+    oneshot: bool = typer.Option(False, "--oneshot", help="systemd: the one-cycle service a timer starts"),
+) -> None:
+    """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines.
+
+    The file names the configuration the deployed engine reads: --config, else $DIKE_CONFIG.
+    """
+    from dike_slurm.render import render
+
+    config, source = load(config_path)
+    if source.path is None:
+        raise InputError("render needs the configuration file the deployed engine reads: --config FILE or $DIKE_CONFIG")
+    err_console.print(safe(source.describe()), highlight=False)  # stdout is the file itself
+    text = render(kind, config, source.path.resolve(), user=user, oneshot=oneshot)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
+    console.print(safe(f"wrote {out}"))

@@ -1,0 +1,88 @@
+"""`queue`, `status --json`, `explain --json`, `audit`, `pause` and `revert JOBID` against the real Slurm lab.
+
+A user reads the queue without root (as dikeuser2, through runuser, when the lab's Python is one
+that user may start); every --json document parses and names what the lab holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from test_engine_live import LiveEngine, engine, fill_cluster, site_factors, sprio_lists  # noqa: F401
+
+SlurmLab = Any
+
+
+def as_json(engine: LiveEngine, *args: str) -> dict:  # noqa: F811
+    return json.loads(engine(*args, "--json").stdout)
+
+
+def test_queue_and_json_show_what_slurm_and_the_engine_hold(slurm_lab, engine):  # noqa: F811
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    job = lab.sbatch("--gres=gpu:8", "--job-name=waits", "--wrap", "sleep 5", user="dikeuser2")
+    sprio_lists(lab, job)
+    cycle = as_json(engine, "run", "--once", "--apply")
+    assert cycle["applied"] is True and any(w["job_id"] == job and w["result"] == "ok" for w in cycle["writes"])
+    written = next(w for w in cycle["writes"] if w["job_id"] == job)
+    factor = next(c for c in written["changes"] if c["field"] == "SiteFactor")
+    assert int(factor["new"]) == site_factors(lab)[job][0]  # what Slurm now holds, per sprio
+
+    queue = as_json(engine, "queue", "--user", "dikeuser2", "--state", "pending")
+    (row,) = [r for r in queue["jobs"] if r["job_id"] == job]
+    assert row["name"] == "waits" and row["state"] == "PENDING" and row["level"] == 0
+    assert row["priority_now"] == int(factor["new"]) and row["reason"].startswith("level=0")
+    assert all(r["user"] == "dikeuser2" for r in queue["jobs"])
+    table = engine("queue")
+    assert table.stdout.splitlines()[0].startswith("configuration: ") and "waits" in table.stdout
+
+    status = as_json(engine, "status")
+    assert status["state_file"] == str(engine.state_db) and status["last_cycle"]["applied"] is True
+    assert {r["job_id"] for r in status["jobs"]} >= {job}
+    explained = as_json(engine, "explain", str(job))
+    assert explained["status"] == "active" and explained["audit"][0]["change"].startswith("SiteFactor ")
+    assert as_json(engine, "audit", "--job", str(job))["entries"]
+
+
+def test_pause_stops_the_writes_and_revert_jobid_restores_one_job(slurm_lab, engine):  # noqa: F811
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    first = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser2")
+    second = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 5", user="dikeuser1")
+    sprio_lists(lab, first, second)
+    assert as_json(engine, "pause", "--reason", "lab test")["paused"] is True
+    paused = as_json(engine, "run", "--once", "--apply")
+    assert paused["writes"] and all(w["result"] == "not run" for w in paused["writes"])
+    assert site_factors(lab)[first][0] == 0 and site_factors(lab)[second][0] == 0
+    assert as_json(engine, "resume")["paused"] is False
+    engine.cycle()
+    assert site_factors(lab)[first][0] > 0 and site_factors(lab)[second][0] > 0
+    reverted = as_json(engine, "revert", str(first), "--apply")
+    assert [w["job_id"] for w in reverted["writes"]] == [first] and reverted["writes"][0]["result"] == "ok"
+    sprio_lists(lab, first, second)
+    assert site_factors(lab)[first][0] == 0 and site_factors(lab)[second][0] > 0
+
+
+def test_a_user_without_root_reads_the_queue(slurm_lab, engine):  # noqa: F811
+    lab = slurm_lab
+    job = lab.sbatch("--gres=gpu:1", "--hold", "--wrap", "sleep 5", user="dikeuser2")
+    engine.cycle()
+    env = engine.environ()
+    probe = subprocess.run(["runuser", "-u", "dikeuser2", "--", sys.executable, "-c", "import dike_slurm.cli"],
+                           capture_output=True, env=env, cwd="/tmp")
+    if os.geteuid() != 0 or probe.returncode != 0:
+        # this Python lives where dikeuser2 cannot reach it (e.g. under /root): read as root instead
+        users = ["root"]
+    else:
+        users = ["dikeuser2"]
+    for user in users:
+        argv = [sys.executable, "-m", "dike_slurm", "queue", "--json"]
+        if user != "root":
+            argv = ["runuser", "-u", user, "--", *argv]
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert any(r["job_id"] == job for r in json.loads(result.stdout)["jobs"])
