@@ -241,6 +241,8 @@ def replay_command(
             for name in names
         ] if sweep else [],
         timings={run.name: run.wall_s for run in runs},
+        config=config,
+        config_source=extra["config"],
     )
     (out_dir / "report.html").write_text(html, encoding="utf-8")
     console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))

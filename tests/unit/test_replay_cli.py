@@ -80,6 +80,8 @@ def test_report_has_the_table_the_plots_and_escapes_names(replay_out):
     out, _ = replay_out
     html = (out / "report.html").read_text(encoding="utf-8")
     assert '<table id="comparison">' in html and '<table id="penalty">' in html
+    assert '<table id="parameters">' in html  # every policy parameter, from the configuration the replay used
+    assert "did not pass the policies' parameters" not in html
     assert html.count("data:image/svg+xml;base64,") >= 5  # CDF, wait by size, users, utilisation, levels
     assert "<script>" not in html
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;amp;" in html
