@@ -156,6 +156,7 @@ class DikePolicy(Policy):
         assert isinstance(params, DikeParams)
         now = snapshot.time
         thresholds, origin = thresholds_gpu_s(snapshot, params)
+        threshold_text = f"{', '.join(f'{t / 3600:.3g}' for t in thresholds)} gpuh ({origin})"
         pending, running = split_active(snapshot)
         active = pending + running
         owners = owners_of(active, params.fairness_by)
@@ -173,7 +174,7 @@ class DikePolicy(Policy):
             # Slurm's classic fair-share factor 2^(-usage/share): 1 for an owner with no recent
             # usage, 1/2 at exactly its share, falling fast beyond it.
             fairness = 2.0 ** (-usage[owner] / shares[owner]) if shares[owner] > 0 else 0.0
-            by_owner[owner] = (fairness_weight * fairness, f"; thresholds {origin}; fair={fairness:.2f} wait=")
+            by_owner[owner] = (fairness_weight * fairness, f"; thresholds {threshold_text}; fair={fairness:.2f} wait=")
         # A running job has waited 0 s: its wait term, score tail and reason tail are the owner's.
         running_wait = 0.0 / (0.0 + wait_scale)
         running_wait_text = f"{running_wait:.2f}"
