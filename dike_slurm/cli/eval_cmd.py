@@ -16,14 +16,15 @@ from dike_slurm.cli import app, console, err_console
 @app.command("eval")
 def eval_command(
     corpus: Optional[List[Path]] = typer.Argument(
-        None, help="corpus folders (one case per sub-folder) or case folders (sacct.txt, slurm.conf, topology.conf)"
+        None, metavar="CORPUS",
+        help="corpus folders (one case per sub-folder) or case folders (sacct.txt, slurm.conf, topology.conf)",
     ),
-    out: Path = typer.Option(Path("out/eval"), "--out", help="folder for eval.json, results.md, report.html (replaced)"),
-    workers: int = typer.Option(2, "--workers", min=1, help="replays run in parallel"),
+    out: Path = typer.Option(Path("out/eval"), "--out", metavar="DIR", help="folder for eval.json, results.md, report.html (replaced)"),
+    workers: int = typer.Option(2, "--workers", min=1, metavar="N", help="replays run in parallel"),
     quick: bool = typer.Option(False, "--quick", help="penalty 1, all preemptible, only fifo, srtf_preemptive and dike"),
-    variant: Optional[List[str]] = typer.Option(None, "--variant", help="run only these policies (repeat; fifo always runs)"),
-    config_path: Optional[Path] = typer.Option(None, "--config", help="a config file (default: built-in defaults only)"),
-    results: Optional[Path] = typer.Option(None, "--results", help="also replace the generated section of this file (docs/results.md)"),
+    variant: Optional[List[str]] = typer.Option(None, "--variant", metavar="NAME", help="run only these policies (repeat; fifo always runs)"),
+    config_path: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="a config file (default: built-in defaults only)"),
+    results: Optional[Path] = typer.Option(None, "--results", metavar="FILE", help="also replace the generated section of this file (docs/results.md)"),
     html: bool = typer.Option(True, "--html/--no-html", help="write report.html with a plot"),
     as_json: bool = typer.Option(False, "--json", help="print eval.json instead of tables"),
 ) -> None:
