@@ -40,7 +40,9 @@ def plan_node_hold(
     one_leaf: Callable[[Job], bool],
     max_scan: int,
 ) -> NodeHold | None:
-    """The hold for the first blocked heavy job in rank order that preemption cannot help.
+    """The hold for the first blocked heavy job in rank order that preemption cannot help and
+    that fits under one leaf switch (a bigger job spreads over leaves anyway, and holding several
+    leaves idled half of the bundled sample's cluster: 2.9x -> 1.07x fifo without preemption).
 
     Jobs ahead of it that fit take their nodes first, a job pinned by `plan` takes its pins (its
     victims' GPUs counted as freed). A blocked job that would fit once `preemptible` jobs were
@@ -71,8 +73,8 @@ def plan_node_hold(
         if fitting is not None:
             nodes.allocate(fitting, per_node)
             continue
-        if not heavy(job) or not eligible(job):
-            continue
+        if not heavy(job) or not eligible(job) or not single:
+            continue  # a job bigger than a leaf spreads anyway; holding leaves for it idles too much
         freeable = [
             (0.0, i) for i in usable if nodes.free[i] + _preemptible_gpus(nodes, i, preemptible, requeued) >= per_node
         ]

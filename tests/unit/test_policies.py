@@ -285,6 +285,10 @@ def test_dike_holds_the_nodes_closest_to_fitting_the_first_blocked_heavy_job():
         snapshot(starving, alloc=alloc), params.model_copy(update={"hold_nodes": "promoted"}), RNG
     )
     assert promoted.placement_of(2).placement.exclude_nodes == ("n3", "n4")
+    # A 3-node job first in line is bigger than a leaf: nothing is held for it, the hold goes to job 1.
+    bigger_first = [*jobs, pending(4, "e", gpus=24, waited=9000)]
+    passed_over = DikePolicy().decide(snapshot(bigger_first, alloc=alloc), params, RNG)
+    assert "held for blocked heavy job 1" in passed_over.placement_of(2).reason
     # Blockers that may be preempted (opted in, only too young yet): the preemption planner will
     # make room in a later cycle, so nothing is held (measured: holding as well only idles nodes).
     preemptible = [replace(job, requeueable=True) if job.state is JobState.RUNNING else job for job in jobs]
