@@ -13,8 +13,12 @@ milliseconds would at most break the count of fields per line (an error: the cyc
 nothing) or, with a whole forged line, add a job for one cycle that Slurm does not know (the
 writes to it fail as "job gone"); a forged line for a job that exists is listed twice, an error.
 (The format could travel in SQUEUE_FORMAT2 instead, unreadable to others, but wrappers that
-clear the environment, sudo's env_reset or the lab's chroot wrappers, drop it.) The header line (no `-h`) proves the command printed
-the format asked for: an empty or cut output is an error naming the command, never "no jobs".
+clear the environment, sudo's env_reset or the lab's chroot wrappers, drop it.)
+
+The header line (no `-h`) proves the command printed the format asked for: an empty or cut
+output, or a field this Slurm does not know, is an error naming the command, never "no jobs".
+squeue prints an unset name, comment or admin comment as `(null)`; one typed as exactly that
+reads as empty, which is what the JSON holds for an unset one.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ EXCLUDED_FIELDS = ("%A", "%x")
 NODE_FIELDS = ("NodeList", "PartitionName", "CPUs", "Gres", "GresUsed", "StateComplete", "Features", "features_act")
 _NODE_NAME, _NODE_PARTITION, _NODE_CPUS, _GRES, _GRES_USED, _NODE_STATE, _NODE_FEATURES, _ACTIVE_FEATURES = range(8)
 
-# What squeue and sinfo print for a field that is not set.
+# What squeue and sinfo print for a field that is not set (free text: `(null)` only, so that a
+# comment typed as "N/A" stays one).
 _UNSET = frozenset({"", "(null)", "N/A"})
+_NULL = "(null)"
 _UNSET_TIMES = frozenset({"", "N/A", "Unknown", "None", "0"})
 _NO_SWITCHES = SwitchRequest(0)
 
@@ -192,8 +198,8 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
         account=account if account not in _UNSET else "",
         partition=partition if partition not in _UNSET else "",
         qos=qos if qos not in _UNSET else "",
-        name=name if name not in _UNSET else "",
-        comment=comment if comment not in _UNSET else "",
+        name=name if name != _NULL else "",
+        comment=comment if comment != _NULL else "",
         array_job_id=array_job_id,
         array_task_id=int(task) if array_job_id is not None and task.isdigit() else None,
         eligible_time=_when(eligible),
@@ -246,7 +252,7 @@ def read_jobs(
         else:
             jobs.append(job)
             comment = row[-1]
-            comments[job_id] = comment if comment not in _UNSET else ""
+            comments[job_id] = comment if comment != _NULL else ""
     count.read = len(jobs)
     count.check("jobs")
     return LeanJobs(tuple(jobs), comments, count)

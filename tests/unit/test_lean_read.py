@@ -59,7 +59,9 @@ def clock_text(seconds: int) -> str:
     return f"{hours}:{mins:02d}:{secs:02d}" if hours else f"{mins}:{secs:02d}"
 
 
-FREE_TEXT = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=30).filter(lambda t: TOKEN not in t))
+# `(null)` is what squeue prints for an unset comment: typed as a comment, it reads as empty
+FREE_TEXT = st.one_of(st.sampled_from([*HOSTILE, "N/A", ""]),
+                      st.text(max_size=30).filter(lambda t: TOKEN not in t and t != "(null)"))
 WORD = st.text(alphabet=string.ascii_lowercase + string.digits + "_-", min_size=1, max_size=8)
 
 
