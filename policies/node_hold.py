@@ -3,8 +3,8 @@
 With `UNLIMITED` time limits Slurm's backfill cannot reserve anything for a job that does not fit:
 it does not know when the running jobs end. GPUs freed one at a time then go to the lighter jobs
 behind the heavy one, and a multi-node job waits for a moment when whole nodes happen to be idle.
-The hold picks, for the highest-ranked blocked heavy job, the nodes closest to fitting it (inside
-one leaf when it must stay under one) and keeps the next lower-ranked pending jobs off them with
+The hold picks, for the highest-ranked blocked heavy job that preemption cannot help, the nodes of
+one leaf likeliest to free soonest and keeps the next lower-ranked pending jobs off them with
 `ExcNodeList`, so those nodes empty as their jobs end and the heavy job starts there. It is the
 node-level form of a reservation that works on Slurm 22.05 without knowing run times.
 """
