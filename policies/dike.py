@@ -226,7 +226,10 @@ class DikePolicy(Policy):
         level_of_job = {p.job_id: p.level for p in priorities}
         score_of_job = {p.job_id: p.score for p in priorities}
         ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
-        plan = self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf) if params.preemption else PreemptionPlan()
+        plan = (
+            self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf)
+            if params.preemption else PreemptionPlan()
+        )
         pinned = plan.pinned
         placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
         if params.hold_nodes != "never":
