@@ -49,7 +49,12 @@ def test_the_lean_and_json_reads_build_the_same_cluster_job_for_job(slurm_lab: S
         other = theirs[job.job_id]
         assert job == other, {k: (v, other.__dict__[k]) for k, v in job.__dict__.items() if v != other.__dict__[k]}
     assert lean.admin_comments == json_read.admin_comments and lean.admin_comments[placed].startswith("dike:level=1")
-    assert lean.nodes == json_read.nodes and lean.site_factors == json_read.site_factors
+    assert lean.nodes == json_read.nodes
+    # Site factors come from the same `sprio` call in both reads; between the two calls slurmctld
+    # may split the pending array into task records (22.05: one read listed record 4726, the other
+    # not), so only the jobs both calls listed are compared.
+    common = set(lean.site_factors) & set(json_read.site_factors)
+    assert common and all(lean.site_factors[j] == json_read.site_factors[j] for j in common)
     by_id = {j.job_id: j for j in lean.jobs}
     assert by_id[hostile].name == HOSTILE_NAME and by_id[hostile].comment == HOSTILE_COMMENT
     assert by_id[placed].placement.features == "leaf_s1|leaf_s2" and by_id[placed].placement.exclude_nodes == ("n3",)
