@@ -64,3 +64,4 @@ from dike_slurm.cli import policies_cmd, config_cmd, engine_cmd, queue_cmd, rend
 from dike_slurm.cli import trace_cmd  # noqa: E402,F401
 from dike_slurm.cli import eval_cmd  # noqa: E402,F401
 from dike_slurm.cli import doctor_cmd  # noqa: E402,F401
+from dike_slurm.cli import sweep_cmd  # noqa: E402,F401

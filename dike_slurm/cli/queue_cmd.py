@@ -218,17 +218,28 @@ def audit_command(
     since: Optional[str] = typer.Option(None, "--since", help="from this UTC time (2026-05-01 or 2026-05-01T12:00) or age (30m, 6h, 2d)"),
     job: Optional[int] = typer.Option(None, "--job", "-j", help="only this job id"),
     limit: int = typer.Option(200, "--limit", "-n", min=1, help="at most this many (the newest)"),
+    export: Optional[Path] = typer.Option(
+        None, "--export", metavar="FILE", help="write every entry (of --job, --since; no --limit) to FILE as JSON lines"
+    ),
     config_path: Optional[Path] = CONFIG_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The audit: every write, requeue, revert, skip, pause and breaker reset, with its undo command."""
     from dike_slurm.cli.views import audit_row
-    from dike_slurm.state import StateStore
+    from dike_slurm.state import StateStore, export_audit
 
     start = parse_since(since, time.time()) if since is not None else None
     config, source = load(config_path)
     say_source(source, as_json)
-    rows = [audit_row(e) for e in StateStore(config.engine.state_db, read_only=True).audit_log(job, limit, start)]
+    store = StateStore(config.engine.state_db, read_only=True)
+    if export is not None:  # the file is replaced whole once every entry is on disk
+        count = export_audit(store.iter_audit(job, start), export)
+        if as_json:
+            emit_json("audit", source, {"state_file": str(config.engine.state_db), "export": str(export), "rows": count})
+        else:
+            console.print(safe(f"{count} audit row(s) written to {export}"), highlight=False)
+        return
+    rows = [audit_row(e) for e in store.audit_log(job, limit, start)]
     if as_json:
         emit_json("audit", source, {"state_file": str(config.engine.state_db), "entries": rows})
         return
