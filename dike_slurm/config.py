@@ -95,6 +95,24 @@ class AccountingSettings(_Section):
     user_shares: dict[str, float] = Field(default_factory=dict, description="fair share per user/account (default 1)")
 
 
+class RetentionSettings(_Section):
+    """How long the state store keeps its history; older rows go, a bounded number per cycle."""
+
+    audit_days: float = Field(
+        90.0, gt=0, description="audit rows older than this are deleted (exported first when audit_export is set)"
+    )
+    cycles_days: float = Field(90.0, gt=0, description="cycle summaries older than this are deleted")
+    max_deletes_per_cycle: int = Field(
+        5000, ge=1, description="at most this many rows deleted per table per cycle; a backlog takes several cycles"
+    )
+    audit_export: Path | None = Field(
+        None, description="JSON lines file every audit row is appended to before it is deleted; unset: not kept"
+    )
+    optimize_every_h: float = Field(
+        24.0, gt=0, description="PRAGMA optimize this often, and VACUUM when over half the file is free pages"
+    )
+
+
 class ReplaySettings(_Section):
     """The offline simulator."""
 
@@ -126,6 +144,7 @@ class Config(_Section):
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     accounting: AccountingSettings = Field(default_factory=AccountingSettings)
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def policy_params(self, name: str) -> PolicyParams:

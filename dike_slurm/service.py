@@ -14,15 +14,15 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dike_slurm.apply import CycleReport
 from dike_slurm.backends import open_backend
-from dike_slurm.config import Config
+from dike_slurm.config import Config, RetentionSettings
 from dike_slurm.engine import Engine
 from dike_slurm.errors import DikeError
 from dike_slurm.metrics import write_metrics
-from dike_slurm.state import StateError, StateStore
+from dike_slurm.state import Pruned, StateError, StateStore
 
 log = logging.getLogger("dike_slurm.run")
 
@@ -51,14 +51,53 @@ def summary_line(report: CycleReport) -> str:
             f"{report.slurm_calls} Slurm call(s) ({report.write_calls} write), {report.seconds:.2f} s")
 
 
+@dataclass(frozen=True)
+class Retention:
+    """What one cycle's retention pass did: rows deleted per table, maintenance, a failure."""
+
+    pruned: tuple[Pruned, ...] = ()
+    maintenance: str = ""  # "optimize", "optimize, vacuum (...)" or ""
+    error: str = ""  # why the pass stopped (nothing of that table was deleted)
+
+    def line(self) -> str:
+        """One log line ('' when nothing was done)."""
+        parts = [self.error] if self.error else []
+        parts += [f"{p.deleted} {p.table} row(s) deleted" + (f" ({p.exported} exported first)" if p.exported else "")
+                 + (", older ones left for the next cycles" if p.more else "") for p in self.pruned if p.deleted]
+        if self.maintenance:
+            parts.append(self.maintenance)
+        return "retention: " + "; ".join(parts) if parts else ""
+
+
+def keep_history(store: StateStore, settings: RetentionSettings, now: float) -> Retention:
+    """Delete the audit and cycle rows older than their retention (at most max_deletes_per_cycle of
+    each; the audit exported first when configured), and optimize the file when due. An export
+    that fails (its disk full) deletes nothing and is reported, not raised: the cycle's writes are
+    done, and the rows wait for the next cycle."""
+    pruned: list[Pruned] = []
+    limit = settings.max_deletes_per_cycle
+    error = ""
+    try:
+        pruned.append(store.prune_audit(now - settings.audit_days * 86400.0, limit, settings.audit_export))
+    except OSError as exc:
+        error = f"audit rows not deleted: {exc.strerror or exc}"
+    pruned.append(store.prune_cycles(now - settings.cycles_days * 86400.0, limit))
+    return Retention(tuple(pruned), store.optimize(now, settings.optimize_every_h * 3600.0), error)
+
+
 def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
-    """One cycle, then the metrics file (when configured and applied: a dry run writes nothing
-    anywhere); a state store failure (disk full, file removed) raises a StateError, one line
-    rather than a traceback."""
+    """One cycle, then (applied only: a dry run writes nothing anywhere) the retention pass and the
+    metrics file; a state store failure (disk full, read-only, file removed) raises a StateError,
+    one line rather than a traceback."""
     try:
         report = engine.cycle(apply=apply)
+        retention = keep_history(engine.store, engine.config.retention, report.plan.time) if apply else Retention()
     except sqlite3.Error as exc:
         raise StateError(f"state store {engine.config.engine.state_db}: {exc}") from None
+    if retention.error:
+        report = replace(report, notes=(*report.notes, retention.line()))
+    elif retention.line():
+        log.info(retention.line())
     if apply and engine.config.engine.metrics_file is not None:
         try:
             write_metrics(report, engine.config.engine.metrics_file)

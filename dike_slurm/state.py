@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -44,10 +45,12 @@ CREATE TABLE IF NOT EXISTS audit (
     job_id INTEGER NOT NULL, action TEXT NOT NULL, change TEXT NOT NULL, command TEXT NOT NULL,
     undo TEXT NOT NULL, ok INTEGER NOT NULL, message TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_job ON audit (job_id);
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
 CREATE TABLE IF NOT EXISTS cycles (
     id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, seconds REAL NOT NULL,
     policy TEXT NOT NULL, applied INTEGER NOT NULL, jobs INTEGER NOT NULL, managed INTEGER NOT NULL,
     writes INTEGER NOT NULL, errors INTEGER NOT NULL, slurm_calls INTEGER NOT NULL, note TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS cycles_started ON cycles (started);
 """
 
 
@@ -363,11 +366,7 @@ class StateStore:
             args.append(since)
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         rows = self._db.execute(f"SELECT * FROM audit {clause}ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
-        return [
-            AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
-                       row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"])
-            for row in reversed(rows)
-        ]
+        return [_audit_entry(row) for row in reversed(rows)]
 
     def record_cycle(self, summary: CycleSummary) -> int:
         cursor = self._db.execute(
@@ -379,7 +378,11 @@ class StateStore:
         return int(cursor.lastrowid or 0)
 
     def next_cycle(self) -> int:
-        row = self._db.execute("SELECT COALESCE(MAX(id), 0) + 1 AS n FROM cycles").fetchone()
+        """The next cycle number; never one used before, even once retention deleted old cycle rows."""
+        row = self._db.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(id) FROM cycles), 0),"
+            " COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'cycles'), 0)) + 1 AS n"
+        ).fetchone()
         return int(row["n"])
 
     def cycles(self, limit: int = 10) -> list[CycleSummary]:
@@ -389,6 +392,165 @@ class StateStore:
                          row["managed"], row["writes"], row["errors"], row["slurm_calls"], row["note"])
             for row in reversed(rows)
         ]
+
+
+    # ---------------------------------------------------------------- retention
+
+    def iter_audit(self, job_id: int | None = None, since: float | None = None) -> Iterator[AuditEntry]:
+        """Every entry (of one job, at or after `since`), oldest first, read as it goes."""
+        where, args = [], []
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(job_id)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        for row in self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id", args):
+            yield _audit_entry(row)
+
+    def prune_audit(self, before: float, limit: int, export: Path | None = None) -> Pruned:
+        """Delete at most `limit` audit rows older than `before`, oldest first. With `export`, they
+        are appended to that JSON lines file and flushed to disk first; the delete commits with the
+        file's new length, so an export a crash left uncommitted is cut off and written again, never
+        duplicated, and a failed export deletes nothing."""
+        rows = self._db.execute("SELECT * FROM audit WHERE at < ? ORDER BY at, id LIMIT ?", (before, limit + 1)).fetchall()
+        more = len(rows) > limit
+        entries = [_audit_entry(row) for row in rows[:limit]]
+        if not entries:
+            return Pruned("audit", 0, False)
+        exported_length = _append_lines(export, entries, self._export_length(export)) if export is not None else None
+        with self._db:
+            self._db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_ids (id INTEGER PRIMARY KEY)")
+            self._db.execute("DELETE FROM prune_ids")
+            self._db.executemany("INSERT INTO prune_ids (id) VALUES (?)", [(e.id,) for e in entries])
+            deleted = self._db.execute("DELETE FROM audit WHERE id IN (SELECT id FROM prune_ids)").rowcount
+            if exported_length is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_export', ?)",
+                                 (json.dumps({"path": str(export), "length": exported_length}),))
+        return Pruned("audit", deleted, more, len(entries) if export is not None else 0)
+
+    def _export_length(self, export: Path) -> int | None:
+        """How long the export file was when its last export committed (None: never exported there)."""
+        text = self._meta("audit_export")
+        if text is None:
+            return None
+        recorded = json.loads(text)
+        return int(recorded["length"]) if recorded.get("path") == str(export) else None
+
+    def prune_cycles(self, before: float, limit: int) -> Pruned:
+        """Delete at most `limit` cycle summaries older than `before`, oldest first."""
+        with self._db:
+            deleted = self._db.execute(
+                "DELETE FROM cycles WHERE id IN (SELECT id FROM cycles WHERE started < ? ORDER BY started, id LIMIT ?)",
+                (before, limit),
+            ).rowcount
+        more = deleted == limit and self._db.execute(
+            "SELECT 1 FROM cycles WHERE started < ? LIMIT 1", (before,)
+        ).fetchone() is not None
+        return Pruned("cycles", deleted, more)
+
+    def optimize(self, now: float, every_s: float) -> str:
+        """`PRAGMA optimize` at most once per `every_s` (of the cluster's clock), and VACUUM when over
+        half the file is free pages (after a large backlog was deleted; otherwise SQLite reuses them).
+        What was done ('' when not due)."""
+        last = self._meta("optimized_at")
+        if last is not None and now - float(last) < every_s:
+            return ""
+        with self._db:  # first: a VACUUM that cannot run (no room for its copy) is tried once per period
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('optimized_at', ?)", (repr(now),))
+        self._db.execute("PRAGMA optimize")
+        done = "optimize"
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free * 2 > pages:
+            try:
+                self._db.execute("VACUUM")
+                done += f", vacuum ({free} of {pages} pages were free)"
+            except sqlite3.OperationalError as exc:
+                done += f", vacuum not done ({exc}; {free} of {pages} pages free)"
+        if self.path is not None:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL grown by a large cycle or VACUUM
+        return done
+
+    def table_rows(self) -> dict[str, int]:
+        """How many rows each table holds."""
+        return {name: self._db.execute(f"SELECT COUNT(*) FROM {name}").fetchone()[0]
+                for name in ("audit", "cycles", "jobs", "owned", "runs", "meta")}
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What one retention pass did to one table."""
+
+    table: str
+    deleted: int
+    more: bool  # older rows are left for the next cycles (at most `limit` go per cycle)
+    exported: int = 0
+
+
+def audit_json_line(entry: AuditEntry) -> str:
+    """One audit entry as a JSON line (the fields of `audit --json`'s entries; the id is unique)."""
+    return json.dumps({
+        "id": entry.id, "at": entry.at, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.at)),
+        "cycle": entry.cycle, "job_id": entry.job_id, "action": entry.action, "change": entry.change,
+        "command": entry.command, "undo": entry.undo, "ok": entry.ok, "message": entry.message, "reason": entry.reason,
+    }, ensure_ascii=False) + "\n"
+
+
+def _append_lines(path: Path, entries: list[AuditEntry], committed: int | None) -> int:
+    """Append the entries to `path` and fsync; the file's new length. Bytes past `committed` (an
+    export that a crash left without its delete) are cut off first. On failure (disk full) the file
+    is cut back to where it was, and the OSError names the file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open audit export {path}: {exc.strerror}") from None
+    try:
+        length = os.fstat(handle).st_size
+        if committed is not None and committed < length:
+            os.ftruncate(handle, committed)
+            length = committed
+        try:
+            data = "".join(audit_json_line(e) for e in entries).encode("utf-8", "surrogateescape")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(handle, view):]
+            os.fsync(handle)
+        except OSError as exc:
+            try:
+                os.ftruncate(handle, length)
+            except OSError:
+                pass  # cut off by the next export (its committed length is `length`)
+            raise OSError(exc.errno, f"cannot write audit export {path}: {exc.strerror}") from None
+        return length + len(data)
+    finally:
+        os.close(handle)
+
+
+def export_audit(entries: Iterable[AuditEntry], path: Path) -> int:
+    """Write the entries as JSON lines to `path`, whole or not at all (a temporary file, flushed,
+    then renamed over it); how many."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    try:
+        with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            for entry in entries:
+                handle.write(audit_json_line(entry))
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise StateError(f"cannot write audit export {path}: {exc.strerror or exc}") from None
+    return count
+
+
+def _audit_entry(row: sqlite3.Row) -> AuditEntry:
+    return AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
+                      row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"])
 
 
 _JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attained_at_promotion_gpu_s, promotions,"

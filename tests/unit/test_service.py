@@ -17,8 +17,9 @@ from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.reconcile import CyclePlan
 from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
+from dike_slurm.state import AuditEntry, CycleSummary, StateStore
 
-STORE = object()  # the state store is only handed from engine to engine
+STORE = StateStore(None)  # handed from engine to engine; retention runs on it (in memory)
 
 
 class Clock:
@@ -226,3 +227,45 @@ def test_a_dry_cycle_leaves_the_metrics_file_alone(tmp_path: Path):
     engine = FakeEngine(config(metrics_file=str(path)), STORE, [ok], Clock())
     run_cycle(engine, apply=False)  # type: ignore[arg-type]
     assert not path.parent.exists()
+
+
+# ---------------------------------------------------------------- retention in the cycle
+
+DAY = 86400.0
+
+
+def store_with_history(path: Path | None, days_ago: list[float], now: float) -> StateStore:
+    store = StateStore(path)
+    with store.transaction():
+        for age in days_ago:
+            store.audit(AuditEntry(now - age * DAY, 1, 5, "update", "c", "cmd", "undo", True))
+            store.record_cycle(CycleSummary(now - age * DAY, 0.1, "dike", True, 1, 1, 1, 0, 3))
+    return store
+
+
+def test_an_applied_cycle_deletes_history_past_retention_a_bounded_number_at_a_time(caplog):
+    clock = Clock()
+    clock.now = 400 * DAY
+    store = store_with_history(None, [200, 150, 100, 10, 1], clock.now)
+    engine = FakeEngine(Config.model_validate({"retention": {"audit_days": 90, "cycles_days": 30,
+                                                             "max_deletes_per_cycle": 2}}), store, [ok] * 3, clock)
+    run_cycle(engine, apply=False)  # type: ignore[arg-type]
+    assert store.table_rows()["audit"] == 5  # a dry run deletes nothing
+    with caplog.at_level(logging.INFO, logger="dike_slurm.run"):
+        run_cycle(engine, apply=True)  # type: ignore[arg-type]
+    assert ("retention: 2 audit row(s) deleted, older ones left for the next cycles; 2 cycles row(s) deleted, "
+            "older ones left for the next cycles; optimize") in caplog.text
+    run_cycle(engine, apply=True)  # type: ignore[arg-type]
+    assert sorted(round((clock.now - e.at) / DAY) for e in store.audit_log()) == [1, 10]
+    assert sorted(round((clock.now - c.started) / DAY) for c in store.cycles()) == [1, 10]
+
+
+def test_an_export_that_fails_keeps_the_rows_and_is_a_note_not_a_failed_cycle():
+    clock = Clock()
+    clock.now = 400 * DAY
+    store = store_with_history(None, [200, 100], clock.now)
+    cfg = Config.model_validate({"retention": {"audit_days": 90, "audit_export": "/dev/full"}})
+    report = run_cycle(FakeEngine(cfg, store, [ok], clock), apply=True)  # type: ignore[arg-type]
+    assert report.notes == ("retention: audit rows not deleted: cannot write audit export /dev/full: No space "
+                            "left on device; 2 cycles row(s) deleted; optimize",)
+    assert store.table_rows()["audit"] == 2

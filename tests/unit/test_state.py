@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,7 @@ from dike_slurm.state import (
     AuditEntry,
     CycleSummary,
     JobMemory,
+    Pruned,
     StateError,
     StateStore,
     decode_value,
@@ -130,3 +135,123 @@ def test_the_lock_refuses_a_second_engine(tmp_path):
                 pass
     with exclusive_lock(lock):
         pass
+
+
+# ---------------------------------------------------------------- retention
+
+
+def audited(store: StateStore, times: list[float]) -> list[int]:
+    with store.transaction():
+        return [store.audit(AuditEntry(at, 1, 7, "update", f"change at {at:g}", "cmd", "undo", True)) for at in times]
+
+
+def exported_ids(path) -> list[int]:
+    return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+def test_old_audit_rows_go_oldest_first_a_bounded_number_at_a_time(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    ids = audited(store, [float(t) for t in range(1, 11)])
+    first = store.prune_audit(before=8.0, limit=3)
+    assert (first.deleted, first.more, first.exported) == (3, True, 0)
+    assert [e.at for e in store.audit_log()] == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    assert store.prune_audit(8.0, 3).more is True
+    last = store.prune_audit(8.0, 3)
+    assert (last.deleted, last.more) == (1, False)
+    assert [e.id for e in store.audit_log()] == ids[7:]
+    assert store.prune_audit(8.0, 3).deleted == 0
+
+
+def test_exported_rows_are_in_the_file_before_they_leave_the_store(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    ids = audited(store, [1.0, 2.0, 3.0, 50.0])
+    export = tmp_path / "export" / "audit.jsonl"
+    pruned = store.prune_audit(10.0, 2, export)
+    assert (pruned.deleted, pruned.exported, pruned.more) == (2, 2, True)
+    assert store.prune_audit(10.0, 2, export).exported == 1
+    assert exported_ids(export) == ids[:3]
+    line = json.loads(export.read_text().splitlines()[0])
+    assert line == {"id": ids[0], "at": 1.0, "time": "1970-01-01T00:00:01Z", "cycle": 1, "job_id": 7,
+                    "action": "update", "change": "change at 1", "command": "cmd", "undo": "undo", "ok": True,
+                    "message": "", "reason": ""}
+    assert [e.id for e in store.audit_log()] == ids[3:]
+
+
+def test_an_export_whose_delete_did_not_commit_is_written_once_not_twice(tmp_path):
+    """A crash (here: the delete fails) after the rows reached the file and before the delete
+    committed: the next pass cuts the uncommitted lines off and exports them again, once."""
+    store = StateStore(tmp_path / "s.sqlite")
+    ids = audited(store, [1.0, 2.0, 3.0, 4.0])
+    export = tmp_path / "audit.jsonl"
+    store.prune_audit(10.0, 1, export)
+    store._db.execute("CREATE TEMP TRIGGER crash BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'crash'); END")
+    with pytest.raises(sqlite3.Error, match="crash"):
+        store.prune_audit(10.0, 2, export)
+    assert exported_ids(export) == ids[:3] and len(store.audit_log()) == 3  # in the file, still in the store
+    store._db.execute("DROP TRIGGER crash")
+    assert store.prune_audit(10.0, 5, export).deleted == 3
+    assert exported_ids(export) == ids and store.audit_log() == []
+
+
+def test_an_export_that_cannot_be_written_deletes_nothing(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    audited(store, [1.0, 2.0])
+    with pytest.raises(OSError, match=r"cannot write audit export /dev/full: No space left on device"):
+        store.prune_audit(10.0, 5, Path("/dev/full"))
+    with pytest.raises(OSError, match="cannot open audit export"):
+        store.prune_audit(10.0, 5, tmp_path)  # a folder
+    assert len(store.audit_log()) == 2
+
+
+def test_a_moved_away_export_file_is_started_again(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    ids = audited(store, [1.0, 2.0, 3.0])
+    export = tmp_path / "audit.jsonl"
+    store.prune_audit(10.0, 2, export)
+    export.rename(tmp_path / "audit.jsonl.1")  # rotated by the site
+    store.prune_audit(10.0, 2, export)
+    assert exported_ids(tmp_path / "audit.jsonl.1") == ids[:2] and exported_ids(export) == ids[2:]
+
+
+def test_old_cycle_rows_go_and_cycle_numbers_are_never_reused(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    with store.transaction():
+        for started in (1.0, 2.0, 3.0):
+            store.record_cycle(CycleSummary(started, 0.1, "dike", True, 1, 1, 0, 0, 3))
+    assert store.prune_cycles(before=10.0, limit=2) == Pruned("cycles", 2, True)
+    assert store.prune_cycles(before=10.0, limit=2) == Pruned("cycles", 1, False)
+    assert store.cycles() == [] and store.next_cycle() == 4
+
+
+def test_optimize_runs_once_per_period_and_vacuums_a_mostly_free_file(tmp_path):
+    path = tmp_path / "s.sqlite"
+    store = StateStore(path)
+    audited(store, [1.0] * 3000)
+    assert store.optimize(now=100.0, every_s=50.0) == "optimize"
+    assert store.optimize(now=120.0, every_s=50.0) == ""  # not due yet
+    store.prune_audit(10.0, 3000)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    done = store.optimize(now=150.0, every_s=50.0)
+    assert done.startswith("optimize, vacuum (")
+    assert store._db.execute("PRAGMA page_count").fetchone()[0] < pages / 2
+    assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert Path(f"{path}-wal").stat().st_size == 0  # checkpointed and truncated
+
+
+def test_the_audit_export_command_writes_the_whole_audit_as_json_lines(tmp_path):
+    state = tmp_path / "s.sqlite"
+    store = StateStore(state)
+    ids = audited(store, [float(t) for t in range(1, 301)])
+    store.close()
+    config = tmp_path / "dike.toml"
+    config.write_text(f'[engine]\nstate_db = "{state}"\n')
+    out = tmp_path / "all.jsonl"
+    result = subprocess.run([sys.executable, "-m", "dike_slurm", "audit", "--config", str(config), "--export",
+                             str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert exported_ids(out) == ids  # all 300, past the listing's default limit of 200
+    assert f"300 audit row(s) written to {out}" in result.stdout
+    since = subprocess.run([sys.executable, "-m", "dike_slurm", "audit", "--config", str(config), "--export",
+                            str(out), "--since", "1970-01-01T00:04:00"], capture_output=True, text=True, timeout=120)
+    assert since.returncode == 0 and exported_ids(out) == ids[239:]
+    assert not list(tmp_path.glob(".*.tmp"))
