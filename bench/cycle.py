@@ -84,7 +84,8 @@ def lean_row(entry: dict, switch: str) -> list[str]:
         "tres-per-job": entry["tres_per_job"] or "N/A", "tres-per-node": entry["tres_per_node"] or "N/A",
         "Feature": entry["features"] or "(null)", "ReqNodes": entry["required_nodes"], "NodeList": entry["nodes"],
         "ReqSwitch": count, "Wait4Switch": wait, "PriorityLong": str(entry["priority"]),
-        "Nice": str(entry["nice"] or 0), "Requeue": "1" if entry["requeue"] else "0", "Name": entry["name"],
+        "Nice": str(entry["nice"] or 0), "Requeue": "1" if entry["requeue"] else "0",
+        "Reason": (entry.get("state_description") or entry.get("state_reason") or "None"), "Name": entry["name"],
         "Comment": entry["comment"], "admin_comment": entry["admin_comment"],
     }
     return [values[name] for name in squeue_format.JOB_FIELDS]

@@ -103,6 +103,7 @@ class Job:
     site_factor: int | None = None
     nice: int = 0
     requeueable: bool = False
+    slurm_reason: str = ""  # why Slurm keeps a pending job waiting (squeue's REASON); "" when none
     true_duration_s: float | None = None  # replay only: the trace's run time
 
     @property
@@ -126,7 +127,7 @@ class Job:
         since = self.pending_since if self.pending_since is not None else self.submit_time
         return max(0.0, now - since) if self.state is JobState.PENDING else 0.0
 
-    # The frozen __init__ sets its 30 fields one object.__setattr__ at a time; at 50,000 jobs per
+    # The frozen __init__ sets its 31 fields one object.__setattr__ at a time; at 50,000 jobs per
     # engine cycle that showed in the profile. `build` and `with_changes` fill the instance dict
     # in one step instead (2.5x and 6x faster); Job has no __post_init__ that they would skip.
 

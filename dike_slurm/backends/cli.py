@@ -6,7 +6,7 @@ the engine). Job names, comments and accounts are data only: they never reach a 
 except as the value of our own fields, which is a single argv element.
 
 Reads per cycle, the lean way (the default; dike_slurm.backends.squeue_format): `squeue -O` with
-the 28 fields the engine uses (jobs by id), `squeue -o %A%x` (ExcNodeList, which -O lacks), `sprio`
+the 29 fields the engine uses (jobs by id), `squeue -o %A%x` (ExcNodeList, which -O lacks), `sprio`
 (SiteFactor, which `scontrol show job` does not print in 22.05), `sinfo -N -O` (nodes), `sacct
 --parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf is
 configured. When squeue refuses a field of that format ("Invalid job format specification") or

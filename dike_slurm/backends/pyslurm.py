@@ -114,6 +114,7 @@ def job_from_pyslurm(job: Any) -> Job:
         priority=_int(job.priority),
         nice=_int(job.nice) or 0,
         requeueable=bool(job.is_requeueable),
+        slurm_reason=_text(job.state_reason) if state is JobState.PENDING and job.state_reason != "None" else "",
     )
 
 

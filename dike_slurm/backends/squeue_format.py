@@ -1,6 +1,6 @@
 """The cycle's lean read: `squeue -O` and `sinfo -N -O` with only the fields the engine uses.
 
-`squeue --json` prints about 3 KB per job (every key Slurm has); the engine reads 28 of them.
+`squeue --json` prints about 3 KB per job (every key Slurm has); the engine reads 29 of them.
 The formatted reads print those fields only, in the same layout on Slurm 22.05 to 26.05.
 
 Job names, comments, admin comments and Features (`--constraint=a|b`) are user-typed text
@@ -41,7 +41,7 @@ JOB_FIELDS = (
     "JobID", "ArrayJobID", "ArrayTaskID", "State", "UserName", "Account", "Partition", "QOS",
     "SubmitTime", "EligibleTime", "StartTime", "TimeLimit", "NumNodes", "NumCPUs", "tres-alloc",
     "tres-per-job", "tres-per-node", "Feature", "ReqNodes", "NodeList", "ReqSwitch", "Wait4Switch",
-    "PriorityLong", "Nice", "Requeue", "Name", "Comment", "admin_comment",
+    "PriorityLong", "Nice", "Requeue", "Reason", "Name", "Comment", "admin_comment",
 )
 # ExcNodeList is not among squeue's -O fields (22.05 to 26.05): `-o %x` prints it.
 EXCLUDED_FIELDS = ("%A", "%x")
@@ -52,6 +52,7 @@ _NODE_NAME, _NODE_PARTITION, _NODE_CPUS, _GRES, _GRES_USED, _NODE_STATE, _NODE_F
 # comment typed as "N/A" stays one).
 _UNSET = frozenset({"", "(null)", "N/A"})
 _NULL = "(null)"
+_NO_REASON = frozenset({"", "None", "(null)"})
 _UNSET_TIMES = frozenset({"", "N/A", "Unknown", "None", "0"})
 _NO_SWITCHES = SwitchRequest(0)
 
@@ -169,7 +170,7 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
     """
     (job_text, array_job, task, state_text, user, account, partition, qos, submit, eligible, start, limit,
      node_text, cpus, tres, per_job, per_node, features, req_nodes, nodes, switches, wait, priority, nice,
-     requeue, name, comment, _admin_comment) = row
+     requeue, reason, name, comment, _admin_comment) = row
     job_id = int(job_text)
     state = _STATES.get(state_text) or JobState.parse(job_base_state(state_text))
     node_count = int(node_text or 0) or 1
@@ -210,6 +211,7 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
         priority=int(priority) if priority.lstrip("-").isdigit() else None,
         nice=int(nice) if nice.lstrip("-").isdigit() else 0,
         requeueable=requeue in ("1", "yes"),
+        slurm_reason=reason if state is JobState.PENDING and reason not in _NO_REASON else "",
     )
     job = object.__new__(Job)
     object.__setattr__(job, "__dict__", values)

@@ -117,7 +117,15 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         priority=_number(entry.get("priority")),
         nice=_signed32(_number(entry.get("nice")) or 0),
         requeueable=bool(entry.get("requeue")),
+        slurm_reason=pending_reason(entry) if state is JobState.PENDING else "",
     )
+
+
+def pending_reason(entry: Mapping[str, Any]) -> str:
+    """What squeue prints as REASON: the job's state description when slurmctld set one
+    ("ReqNodeNotAvail, UnavailableNodes:n4"), else the reason's name; "" for `None`."""
+    reason = _text(entry.get("state_description")) or _text(entry.get("state_reason"))
+    return "" if reason == "None" else reason
 
 
 def node_from_sinfo(entry: Mapping[str, Any]) -> Node:

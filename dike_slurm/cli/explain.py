@@ -83,6 +83,8 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
             f"  attained service: {job['attained_gpu_hours']:.2f} GPU-hours over {job['run_count']} run(s)"
             + (f", {job['forgiven_gpu_hours']:.2f} forgiven by a promotion" if job["forgiven_gpu_hours"] else ""),
         ]
+        if job["slurm_reason"]:
+            lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
         if not job["managed"]:
             lines.append(f"  not managed: {job['note']}")
         lines.append(f"  level {job['level']}: {job['reason']}")

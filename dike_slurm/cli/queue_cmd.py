@@ -74,11 +74,12 @@ def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> 
 QUEUE_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                  ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
                  ("GPU-h", "attained_gpu_hours"), ("priority", "priority_now"), ("placement", "placement_now"),
-                 ("why (the policy now)", "reason"), ("note", "note")]
+                 ("Slurm's reason", "slurm_reason"), ("why (the policy now)", "reason"), ("note", "note")]
 STATUS_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                   ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
                   ("GPU-h", "counted_gpu_hours"), ("now", "priority_now"), ("planned", "priority_planned"),
-                  ("constraint", "placement_now"), ("planned constraint", "placement_planned"), ("note", "note")]
+                  ("constraint", "placement_now"), ("planned constraint", "placement_planned"),
+                  ("Slurm's reason", "slurm_reason"), ("note", "note")]
 
 
 @app.command("queue")

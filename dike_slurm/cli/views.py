@@ -72,6 +72,7 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None) -> dic
         "placement_planned": placement_text(job_plan.placement_wanted) if pending else None,
         "managed": job_plan.managed,
         "note": job_plan.note or ("" if job_plan.managed else "not managed"),
+        "slurm_reason": job.slurm_reason,
         "reason": job_plan.reason,
         "last_decision": memory.reason if memory is not None else None,
     }
@@ -84,7 +85,8 @@ def outside_row(job: Job, field_name: str) -> dict[str, Any]:
         "partition": job.partition, "state": job.state.value, "gpus": job.gpus, "nodes": job.num_nodes,
         "level": None, "attained_gpu_hours": None, "counted_gpu_hours": None, "priority_field": field_name,
         "priority_now": None, "priority_planned": None, "placement_now": placement_text(job.placement),
-        "placement_planned": None, "managed": False, "note": "outside the engine's scope", "reason": "",
+        "placement_planned": None, "managed": False, "note": "outside the engine's scope",
+        "slurm_reason": job.slurm_reason, "reason": "",
         "last_decision": None,
     }
 

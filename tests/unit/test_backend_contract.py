@@ -29,7 +29,7 @@ SQUEUE_JSON = {
             "comment": "", "cpus": 2, "eligible_time": 1796025904, "excluded_nodes": "", "features": "",
             "job_id": 53, "job_state": "RUNNING", "name": "train", "node_count": 2, "nodes": "n[1-2]",
             "nice": None, "partition": "gpu", "priority": 11003, "qos": "normal", "requeue": True,
-            "start_time": 1796025910, "submit_time": 1796025904, "time_limit": 525600,
+            "start_time": 1796025910, "submit_time": 1796025904, "time_limit": 525600, "state_reason": "None",
             "tres_alloc_str": "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16",
             "tres_per_job": "", "tres_per_node": "gres:gpu:8",
             "tres_req_str": "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16", "user_id": 1001,
@@ -42,6 +42,7 @@ SQUEUE_JSON = {
             "job_state": "PENDING", "name": "x`reboot`", "node_count": 1, "nodes": "", "nice": 4294966796,
             "partition": "gpu", "priority": 11165, "qos": "normal", "requeue": True, "start_time": 1796029520,
             "submit_time": 1796025920, "time_limit": None, "tres_alloc_str": "", "tres_per_job": "",
+            "state_reason": "Priority", "state_description": "",
             "tres_per_node": "gres:gpu:2", "tres_req_str": "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2",
             "user_id": 1002, "user_name": "dikeuser2",
         },
@@ -81,13 +82,13 @@ LEAN_JOBS = squeue_format.join_records([
     ["JOBID", *(f.upper() for f in squeue_format.JOB_FIELDS[1:])],
     ["53", "53", "N/A", "RUNNING", "dikeuser1", "research", "gpu", "normal", "1796025904", "1796025904",
      "1796025910", "365-00:00:00", "2", "2", "cpu=2,mem=4000M,node=2,billing=2,gres/gpu=16", "N/A", "gres:gpu:8",
-     "(null)", "", "n[1-2]", "0", "0:00", "11003", "0", "1", "train", "", ""],
+     "(null)", "", "n[1-2]", "0", "0:00", "11003", "0", "1", "None", "train", "", ""],
     ["63", "60", "3", "PENDING", "dikeuser2", "teaching", "gpu", "normal", "1796025920", "1796025920",
      "1796029520", "UNLIMITED", "1", "1", "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2", "N/A", "gres:gpu:2",
-     "leaf_s1", "", "", "1", "5:00", "11165", "-500", "1", "x`reboot`", "$(rm -rf /); dike:comm=high",
+     "leaf_s1", "", "", "1", "5:00", "11165", "-500", "1", "Priority", "x`reboot`", "$(rm -rf /); dike:comm=high",
      "dike:level=0 attained=0.0gpuh"],
     ["50", "50", "N/A", "COMPLETED", "root", "", "gpu", "normal", "1796025800", "N/A", "1796025800", "UNLIMITED",
-     "1", "1", "cpu=1", "N/A", "N/A", "(null)", "", "", "0", "0:00", "0", "0", "0", "done", "", ""],
+     "1", "1", "cpu=1", "N/A", "N/A", "(null)", "", "", "0", "0:00", "0", "0", "0", "None", "done", "", ""],
 ], TOKEN)
 LEAN_EXCLUDED = squeue_format.join_records([["JOBID", "EXC_NODES"], ["53", ""], ["63", "n[3-4]"], ["50", ""]], TOKEN)
 LEAN_NODES = squeue_format.join_records([
@@ -157,7 +158,7 @@ def test_the_lean_read_makes_exactly_these_calls_with_a_token_and_epoch_times():
          "Account:^0123abcd,Partition:^0123abcd,QOS:^0123abcd,SubmitTime:^0123abcd,EligibleTime:^0123abcd,"
          "StartTime:^0123abcd,TimeLimit:^0123abcd,NumNodes:^0123abcd,NumCPUs:^0123abcd,tres-alloc:^0123abcd,"
          "tres-per-job:^0123abcd,tres-per-node:^0123abcd,Feature:^0123abcd,ReqNodes:^0123abcd,NodeList:^0123abcd,"
-         "ReqSwitch:^0123abcd,Wait4Switch:^0123abcd,PriorityLong:^0123abcd,Nice:^0123abcd,Requeue:^0123abcd,"
+         "ReqSwitch:^0123abcd,Wait4Switch:^0123abcd,PriorityLong:^0123abcd,Nice:^0123abcd,Requeue:^0123abcd,Reason:^0123abcd,"
          "Name:^0123abcd,Comment:^0123abcd,admin_comment:^0123abcd"],
         ["squeue", "-a", "-o", "%A^0123abcd%x^0123abcd"],
         ["sprio", "-h", "-o", "%i|%S|%Y"],

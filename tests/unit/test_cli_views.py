@@ -26,14 +26,17 @@ def test_queue_shows_every_active_job_with_filters_and_json(slurm_stubs):  # noq
     table = dike("queue", config=slurm_stubs)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0] == f"configuration: {slurm_stubs} ($DIKE_CONFIG)"
-    for text in ("60_3", "dikeuser2", "teaching", "PENDING", "53", "dikeuser1", "RUNNING", "level=2"):
+    for text in ("60_3", "dikeuser2", "teaching", "PENDING", "53", "dikeuser1", "RUNNING", "level=2", "Slurm's reason",
+                 "Priority"):
         assert text in table.stdout
     document = as_json("queue", "--user", "dikeuser2", config=slurm_stubs)
     assert document["command"] == "queue" and document["config"]["kind"] == "env"
     (row,) = document["jobs"]
     assert row["job"] == "60_3" and row["job_id"] == 63 and row["state"] == "PENDING" and row["level"] == 0
     assert row["placement_now"].startswith("Switches=1@300s") and row["reason"].startswith("level=0")
-    assert [r["job"] for r in as_json("queue", "-t", "running", "-A", "research,teaching", config=slurm_stubs)["jobs"]] == ["53"]
+    assert row["slurm_reason"] == "Priority"  # what squeue's REASON says: Slurm's side of why it waits
+    running = as_json("queue", "-t", "running", "-A", "research,teaching", config=slurm_stubs)["jobs"]
+    assert [(r["job"], r["slurm_reason"]) for r in running] == [("53", "")]
     assert as_json("queue", "--partition", "cpu", config=slurm_stubs)["jobs"] == []
     bad = dike("queue", "--state", "finished", config=slurm_stubs)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --state 'finished'")
@@ -66,7 +69,9 @@ def test_explain_finds_exactly_the_job_asked_for(slurm_stubs):  # noqa: F811
     task = as_json("explain", "60_3", config=slurm_stubs)
     assert task["status"] == "active" and task["job_id"] == 63 and task["job"]["user"] == "dikeuser2"
     assert task["policy_parameters"]["thresholds_gpuh"] == [0.02, 0.2]  # "thresholds configured": these
-    assert "thresholds_gpuh=[0.02, 0.2]" in dike("explain", "60_3", config=slurm_stubs).stdout
+    assert task["job"]["slurm_reason"] == "Priority"
+    text = dike("explain", "60_3", config=slurm_stubs).stdout
+    assert "thresholds_gpuh=[0.02, 0.2]" in text and "Slurm keeps it waiting: Priority (squeue's REASON)" in text
     queue = json.loads(json.dumps(SQUEUE_JSON))
     queue["jobs"] = [j for j in queue["jobs"] if j["job_id"] != 53]  # job 53 finished
     (slurm_stubs.parent / "squeue.json").write_text(json.dumps(queue))

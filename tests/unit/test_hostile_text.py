@@ -125,7 +125,7 @@ def lean_squeue(text: str) -> str:
               "StartTime": "N/A", "TimeLimit": "1:00:00", "NumNodes": "1", "NumCPUs": "1",
               "tres-alloc": "cpu=1,gres/gpu=1", "tres-per-job": "N/A", "tres-per-node": "N/A", "Feature": text,
               "ReqNodes": "", "NodeList": "", "ReqSwitch": "0", "Wait4Switch": "0:00", "PriorityLong": "1",
-              "Nice": "0", "Requeue": "1", "Name": text, "Comment": text, "admin_comment": text}
+              "Nice": "0", "Requeue": "1", "Reason": "Priority", "Name": text, "Comment": text, "admin_comment": text}
     header = ["JOBID", *(f.upper() for f in squeue_format.JOB_FIELDS[1:])]
     return squeue_format.join_records([header, [values[f] for f in squeue_format.JOB_FIELDS]], LEAN_TOKEN)
 

@@ -65,6 +65,12 @@ FREE_TEXT = st.one_of(st.sampled_from([*HOSTILE, "N/A", ""]),
 WORD = st.text(alphabet=string.ascii_lowercase + string.digits + "_-", min_size=1, max_size=8)
 
 
+# (state_reason, state_description): squeue's REASON prints the description when slurmctld set one
+REASONS = st.sampled_from([("None", ""), ("Priority", ""), ("Resources", ""), ("JobHeldUser", ""),
+                           ("ReqNodeNotAvail", "ReqNodeNotAvail, UnavailableNodes:n4"),
+                           ("Resources", "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions")])
+
+
 @st.composite
 def job_specs(draw) -> list[dict]:
     ids = draw(st.lists(st.integers(1, 10**7), unique=True, max_size=8))
@@ -85,7 +91,7 @@ def job_specs(draw) -> list[dict]:
             allocated=draw(st.sampled_from(["n1", "n[1-2]", "gpu[001-128]"])),
             switches=draw(st.tuples(st.integers(0, 4), st.integers(0, 86400))),
             priority=draw(st.integers(0, 2**32 - 2)), nice=draw(st.integers(-10000, 10000)),
-            requeue=draw(st.booleans()), array=array,
+            requeue=draw(st.booleans()), array=array, reason=draw(REASONS),
         ))
     return specs
 
@@ -106,6 +112,7 @@ def json_entry(spec: dict) -> dict:
         "nodes": spec["allocated"] if running else "", "priority": spec["priority"],
         "nice": spec["nice"] + 2**32 if spec["nice"] < 0 else spec["nice"] or None, "requeue": spec["requeue"],
         "array_job_id": array_job, "array_task_id": task if isinstance(task, int) else None,
+        "state_reason": spec.get("reason", ("None", ""))[0], "state_description": spec.get("reason", ("None", ""))[1],
     }
 
 
@@ -125,6 +132,7 @@ def lean_row(spec: dict) -> list[str]:
         "ReqNodes": spec["required"], "NodeList": spec["allocated"] if running else "",
         "ReqSwitch": str(count), "Wait4Switch": clock_text(wait),
         "PriorityLong": str(spec["priority"]), "Nice": str(spec["nice"]), "Requeue": "1" if spec["requeue"] else "0",
+        "Reason": spec.get("reason", ("None", ""))[1] or spec.get("reason", ("None", ""))[0],
         "Name": spec["name"], "Comment": spec["comment"], "admin_comment": spec["admin_comment"],
     }
     return [values[name] for name in JOB_FIELDS]
@@ -192,8 +200,8 @@ def one_job() -> tuple[str, str]:
 @pytest.mark.parametrize("printed, message", [
     ("", "printed nothing"),
     ("\n", "printed nothing"),
-    ("JOBID|STATE|\n7|RUNNING|\n", "not 28 fields per line"),
-    (one_job()[0][:-30], "not 28 fields per line"),  # cut short
+    ("JOBID|STATE|\n7|RUNNING|\n", "not 29 fields per line"),
+    (one_job()[0][:-30], "not 29 fields per line"),  # cut short
     (one_job()[0].replace("JOBID", "ARRAY"), "'JOBID' header"),
     (one_job()[0] + one_job()[0].split("\n", 1)[1].replace("RUNNING", "WEIRD_STATE"), "unknown job state"),
     (one_job()[0] + one_job()[0].split("\n", 1)[1], "job id listed twice"),

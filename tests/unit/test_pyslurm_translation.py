@@ -34,7 +34,7 @@ def pyslurm_job(**overrides):
         start_time=None, time_limit=None, num_nodes=2, cpus=2, allocated_nodes=None,
         excluded_nodes="n[3-4]", required_nodes=None, constraints=["leaf_s1"], required_switches=1, max_wait_time_switches=300,
         admin_comment="dike:level=0 attained=0.0gpuh", comment="$(reboot)", array_id=60, array_task_id=3,
-        is_requeueable=True, gres_per_node={"gpu": 8},
+        is_requeueable=True, gres_per_node={"gpu": 8}, state_reason="Priority",
     )
     fields.update(overrides)
     return SimpleNamespace(**fields)
@@ -114,6 +114,7 @@ def test_a_pending_job_with_placement_and_an_array_task():
     assert job.placement == Placement(max_switches=1, switches_wait_s=300, features="leaf_s1",
                                       exclude_nodes=("n3", "n4"))
     assert job.comment == "$(reboot)"  # kept as data
+    assert job.slurm_reason == "Priority"
 
 
 def test_a_running_job_has_its_nodes_and_start():
@@ -122,6 +123,7 @@ def test_a_running_job_has_its_nodes_and_start():
                                        gres_per_node={"gpu:a100": 4, "gpu:v100": 4}, time_limit=60))
     assert job.start_time == 1796025930.0 and job.nodes == ("n1", "n2")
     assert job.placement == Placement() and job.gpus == 16 and job.time_limit_s == 3600
+    assert job.slurm_reason == ""  # a running job waits for nothing
 
 
 def test_nodes_and_accounting_records():
