@@ -279,6 +279,10 @@ def tune_command(
     baseline: list[str] = typer.Option(["fifo"], "--baseline", metavar="NAME", help="policies replayed for comparison (repeat, or a,b)"),
     comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
+    sweep_out: Path | None = typer.Option(
+        None, "--sweep-out", metavar="DIR",
+        help="write the replays as a sweep folder instead (run it with `sweep local DIR` or `sweep submit DIR`, then `sweep merge DIR`)",
+    ),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
@@ -302,6 +306,9 @@ def tune_command(
         ReplayTask(p.label, "dike", settings.comm_penalty, params_override={"thresholds_gpuh": list(p.thresholds_gpuh)})
         for p in proposals
     ]
+    if sweep_out is not None:
+        _tune_sweep(sweep_out, tasks, proposals, config, settings, replay_input, slurm_conf, topology)
+        return
     progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs))
     try:
         runs = run_tasks(tasks, replay_input, config, settings, workers=_workers(workers), on_progress=progress)
@@ -332,4 +339,31 @@ def tune_command(
         f"[policies.dike]\nthresholds_gpuh = [{', '.join(f'{t:g}' for t in best.thresholds_gpuh)}]",
         highlight=False,
         markup=False,
+    )
+
+
+def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, settings: SimSettings,
+                replay_input: ReplayInput, slurm_conf: Path, topology: Path | None) -> None:
+    """tune as a preset sweep: the same replays, one cell each, for `sweep local` or `sweep submit`."""
+    from dike_slurm.sim.sweep import Spec, SweepInput, SweepVariant, write_plan
+
+    dump = replay_input.dump.resolve()
+    spec = Spec(
+        name="tune",
+        inputs=(SweepInput(dump.parent.name if dump.stem == "sacct" else dump.stem, str(dump),
+                           str(slurm_conf.resolve()), str(topology.resolve()) if topology else None),),
+        variants=tuple(SweepVariant(t.label, t.policy, dict(t.params_override or {})) for t in tasks),
+        penalties=(settings.comm_penalty,),
+        seeds=(settings.seed,),
+        preemptible=(settings.preemptible,),
+        config=config.model_dump(mode="json"),
+        source=f"dike-slurm tune {dump}",
+        preset={"kind": "tune", "candidates": [{"label": p.label, "thresholds_gpuh": list(p.thresholds_gpuh)}
+                                               for p in proposals]},
+    )
+    plan = write_plan(spec, out)
+    console.print(
+        f"wrote sweep {plan.name}: {plan.cells} cells in {plan.out}; run them with `dike-slurm sweep local {plan.out} -j N` "
+        f"or `dike-slurm sweep submit {plan.out}`, then `dike-slurm sweep merge {plan.out}` prints the best thresholds",
+        highlight=False, markup=False, soft_wrap=True,
     )
