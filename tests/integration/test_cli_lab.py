@@ -1,7 +1,8 @@
 """`queue`, `status --json`, `explain --json`, `audit`, `pause` and `revert JOBID` against the real Slurm lab.
 
-A user reads the queue without root (as dikeuser2, through runuser, when the lab's Python is one
-that user may start); every --json document parses and names what the lab holds.
+A user reads the queue without root (as dikeuser2: tests/unprivileged.py on the host lab; in a
+chroot lab Slurm sees dikeuser2 through the command wrappers, because chroot itself needs root);
+every --json document parses and names what the lab holds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from typing import Any
 
 from test_engine_live import LiveEngine, engine, fill_cluster, site_factors, sprio_lists  # noqa: F401
+from unprivileged import as_user
 
 SlurmLab = Any
 
@@ -72,17 +74,14 @@ def test_a_user_without_root_reads_the_queue(slurm_lab, engine):  # noqa: F811
     job = lab.sbatch("--gres=gpu:1", "--hold", "--wrap", "sleep 5", user="dikeuser2")
     engine.cycle()
     env = engine.environ()
-    probe = subprocess.run(["runuser", "-u", "dikeuser2", "--", sys.executable, "-c", "import dike_slurm.cli"],
-                           capture_output=True, env=env, cwd="/tmp")
-    if os.geteuid() != 0 or probe.returncode != 0:
-        # this Python lives where dikeuser2 cannot reach it (e.g. under /root): read as root instead
-        users = ["root"]
+    argv = [sys.executable, "-m", "dike_slurm", "queue", "--json"]
+    if lab.in_chroot:
+        env = {**env, "DIKE_LAB_USER": "dikeuser2"}
     else:
-        users = ["dikeuser2"]
-    for user in users:
-        argv = [sys.executable, "-m", "dike_slurm", "queue", "--json"]
-        if user != "root":
-            argv = ["runuser", "-u", user, "--", *argv]
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
-        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-        assert any(r["job_id"] == job for r in json.loads(result.stdout)["jobs"])
+        assert os.geteuid() == 0, "the integration tests run as root (the lab needs it)"
+        argv = as_user("dikeuser2", argv)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    (row,) = [r for r in json.loads(result.stdout)["jobs"] if r["job_id"] == job]
+    assert row["user"] == "dikeuser2" and row["state"] == "PENDING"
+    assert row["slurm_reason"] == "JobHeldUser"  # squeue's REASON, as the user sees it

@@ -2,9 +2,9 @@
 
 After one applied cycle (which creates the state file and the metrics file), the state and
 metrics folders are made read-only and the read-only commands run as an unprivileged user:
-`nobody` when the tests run as root and `nobody` can start this Python (a Python under
-/root cannot be); otherwise this user, whom the read-only folders stop alike unless it is root.
-Either way they must succeed without a traceback and leave every file exactly as it was.
+`nobody` when the tests run as root (tests/unprivileged.py: through setpriv when this Python is
+where nobody cannot go), otherwise this user, whom the read-only folders stop alike. They must
+succeed without a traceback and leave every file exactly as it was.
 """
 
 from __future__ import annotations
@@ -20,19 +20,7 @@ from pathlib import Path
 
 import pytest
 from test_engine_cli import REPO, slurm_stubs  # noqa: F401 (the fixture)
-
-NOBODY = 65534
-
-
-def nobody_can_run_python() -> bool:
-    if os.geteuid() != 0:
-        return False
-    try:
-        probe = subprocess.run([sys.executable, "-c", "import dike_slurm.cli"], user=NOBODY, group=NOBODY,
-                               extra_groups=[], capture_output=True, cwd="/", timeout=60)
-    except PermissionError:
-        return False
-    return probe.returncode == 0
+from unprivileged import as_user
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, float, str]]:
@@ -70,9 +58,9 @@ def world_readable(slurm_stubs: Path):  # noqa: F811
 
 def run(config: Path, *args: str, as_nobody: bool) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "DIKE_CONFIG": str(config), "PYTHONDONTWRITEBYTECODE": "1"}
-    extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if as_nobody else {}
-    return subprocess.run([sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True, env=env,
-                          cwd="/", timeout=120, **extra)
+    argv = [sys.executable, "-m", "dike_slurm", *args]
+    return subprocess.run(as_user("nobody", argv) if as_nobody else argv, capture_output=True, text=True, env=env,
+                          cwd="/", timeout=120)
 
 
 def test_a_dry_cycle_and_the_read_only_commands_write_nothing(world_readable):
@@ -83,7 +71,11 @@ def test_a_dry_cycle_and_the_read_only_commands_write_nothing(world_readable):
     for path in [engine, *engine.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     before = snapshot(engine)
-    as_nobody = nobody_can_run_python()
+    as_nobody = os.geteuid() == 0
+    if as_nobody:  # really nobody, and the read-only state folder stops it
+        probe = f"import os; print(os.getuid()); open({str(engine / 'state' / 'probe')!r}, 'w')"
+        proof = subprocess.run(as_user("nobody", [sys.executable, "-c", probe]), capture_output=True, text=True, cwd="/")
+        assert proof.stdout.split() == ["65534"] and "PermissionError" in proof.stderr, proof
     try:
         for args in (["run", "--once"], ["run", "--once", "--json"], ["status"], ["queue"], ["explain", "63"],
                      ["audit"], ["breaker", "status"]):
