@@ -9,12 +9,15 @@ factory are parameters, so the loop runs in tests without waiting or a cluster.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import signal
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dike_slurm.apply import CycleReport
 from dike_slurm.backends import open_backend
@@ -85,6 +88,28 @@ def keep_history(store: StateStore, settings: RetentionSettings, now: float) -> 
     return Retention(tuple(pruned), store.optimize(now, settings.optimize_every_h * 3600.0), error)
 
 
+def storage_hint(path: Path) -> str:
+    """Why the state file's file system refused a write, when it says: full, or read-only (also
+    when it went read-only after an error, which statvfs does not show: a file is created to ask)."""
+    folder = path.parent
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return ""
+    free = info.f_bavail * info.f_frsize
+    if info.f_flag & os.ST_RDONLY:
+        return " (its file system is read-only)"
+    if free < 2**20:
+        return f" (its file system is full: {free} bytes free)"
+    probe = folder / f".{path.name}.{os.getpid()}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        return " (its file system is read-only)" if exc.errno == errno.EROFS else f" ({folder}: {exc.strerror})"
+    return ""
+
+
 def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
     """One cycle, then (applied only: a dry run writes nothing anywhere) the retention pass and the
     metrics file; a state store failure (disk full, read-only, file removed) raises a StateError,
@@ -93,7 +118,8 @@ def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
         report = engine.cycle(apply=apply)
         retention = keep_history(engine.store, engine.config.retention, report.plan.time) if apply else Retention()
     except sqlite3.Error as exc:
-        raise StateError(f"state store {engine.config.engine.state_db}: {exc}") from None
+        path = engine.config.engine.state_db
+        raise StateError(f"state store {path}: {exc}{storage_hint(path)}") from None
     if retention.error:
         report = replace(report, notes=(*report.notes, retention.line()))
     elif retention.line():

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import signal
 import sqlite3
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from engine_fixtures import NOW, TOPOLOGY, nodes, pending
+from engine_fixtures import config as fixture_config
+
 from dike_slurm.apply import CycleReport
+from dike_slurm.backends.base import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.reconcile import CyclePlan
 from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
-from dike_slurm.state import AuditEntry, CycleSummary, StateStore
+from dike_slurm.engine import Engine
+from dike_slurm.state import AuditEntry, CycleSummary, StateError, StateStore
 
 STORE = StateStore(None)  # handed from engine to engine; retention runs on it (in memory)
 
@@ -269,3 +278,110 @@ def test_an_export_that_fails_keeps_the_rows_and_is_a_note_not_a_failed_cycle():
     assert report.notes == ("retention: audit rows not deleted: cannot write audit export /dev/full: No space "
                             "left on device; 2 cycles row(s) deleted; optimize",)
     assert store.table_rows()["audit"] == 2
+
+
+# ---------------------------------------------------------------- the state file's file system failing mid-cycle
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB ext4 file system of its own (a loop-mounted image file): it can be filled, or fail
+    as ext4 does after an I/O error (`mount -o remount,abort`: read-only from then on)."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+        pytest.skip("needs root and mkfs.ext4 to mount a file system of its own")
+    image, mount = tmp_path / "fs.img", tmp_path / "fs"
+    mount.mkdir()
+    with open(image, "wb") as handle:
+        handle.truncate(16 * 2**20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True)
+    if made.returncode or mounted.returncode:
+        pytest.skip(f"cannot mount a loop file system here: {(made.stderr + mounted.stderr).strip()}")
+    try:
+        yield mount
+    finally:  # lazily: a failed test may still hold the state file open
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def remount_repaired(mount: Path) -> None:
+    """What an admin does after ext4 went read-only: unmount, fsck, mount again."""
+    image = mount.with_name("fs.img")
+    subprocess.run(["umount", str(mount)], check=True)
+    subprocess.run(["e2fsck", "-f", "-y", str(image)], capture_output=True)  # exit 1: errors corrected
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Write zeros into folder/filler until the file system has no block left."""
+    filler = folder / "filler"
+    chunk = bytes(65536)
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        try:
+            while True:
+                handle.write(b"\0")
+        except OSError:
+            pass
+    return filler
+
+
+class FaultMidCycle(FakeBackend):
+    """The in-memory cluster, whose third update first breaks the state file's file system and
+    then goes through (Slurm applied it; the engine cannot record that it did)."""
+
+    def __init__(self, *args: Any, fault: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fault = fault
+        self.updates = 0
+
+    def apply(self, update):  # type: ignore[no-untyped-def]
+        self.updates += 1
+        if self.updates == 3:
+            self.fault()
+        return super().apply(update)
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_the_state_file_system_failing_mid_cycle_loses_nothing_and_the_next_cycle_recovers(small_filesystem, fault):
+    mount = small_filesystem
+    cfg = fixture_config(mount, engine={"breaker_min_jobs": 1000})
+    jobs = [pending(i, ("alice", "bob")[i % 2]) for i in range(1, 9)]
+    fillers: list[Path] = []
+
+    def break_it() -> None:
+        if fault == "full":
+            fillers.append(fill(mount))
+        else:
+            subprocess.run(["mount", "-o", "remount,abort", str(mount)], check=True)
+
+    backend = FaultMidCycle(jobs, nodes(), TOPOLOGY, time=NOW, fault=break_it)
+    engine = Engine(cfg, backend, StateStore(cfg.engine.state_db))
+    with pytest.raises(StateError) as failed:
+        run_cycle(engine, apply=True)
+    message = str(failed.value)
+    expected = ("database or disk is full (its file system is full" if fault == "full"
+                else "disk I/O error (its file system is read-only)")
+    assert message.startswith(f"state store {cfg.engine.state_db}: {expected}") and "\n" not in message, message
+    assert backend.updates == 3  # the cycle stopped at the write it could not record
+    engine.store.close()
+    if fault == "full":
+        fillers[0].unlink()  # space returns
+    else:
+        remount_repaired(mount)
+    store = StateStore(cfg.engine.state_db)
+    assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rows = store.audit_log()
+    assert [r.ok for r in rows] == [True, True, False] and rows[2].message.startswith("unconfirmed"), rows
+    assert set(store.owned()) == {rows[0].job_id, rows[1].job_id}  # exactly what was recorded as done
+    assert store.cycles() == []  # the cycle did not finish
+    report = run_cycle(Engine(cfg, backend, store), apply=True)  # the next cycle, space or file system back
+    assert report.errors == 0
+    assert all(backend.admin_comments.get(j.job_id, "").startswith("dike:level=") for j in jobs)
+    # the unconfirmed write reached Slurm: the next cycle finds its value there and has nothing to
+    # write, so that one job's fields are not owned (docs/reliability.md, "Not done")
+    assert set(store.owned()) == {j.job_id for j in jobs} - {rows[2].job_id} and len(store.cycles()) == 1
+    store.close()
