@@ -67,6 +67,13 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
+# 90 simulated days of a corpus trace through the live engine with --apply (under 15 min on 2
+# cores): RSS, state file size, rows per table and cycle CPU time per day, their growth per day;
+# bench/results/soak.{json,png}, the table in docs/reliability.md.
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
+
 # Every case of examples/corpus plus the sample under every policy (about 30 min on 2 cores):
 # tables, out/eval/eval.json and report.html, and the generated section of docs/results.md.
 .PHONY: eval

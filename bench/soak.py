@@ -1,0 +1,337 @@
+"""Months of service in minutes (`make soak`): the live engine, `--apply`, over 90 simulated days.
+
+    .venv/bin/python bench/soak.py                       # 90 days of philly-b436b2-s3, a cycle every 20 min
+    .venv/bin/python bench/soak.py --days 30 --interval-s 300
+
+The corpus case is repeated end to end (copy k submitted `--period-days` x k later, job ids
+offset by 1,000,000 x k) until it covers `--days`: a case's own arrivals span days, not months.
+Each cycle is `service.run_cycle(engine, apply=True)`, as `dike-slurm run --apply` runs it:
+the reads, accounting, decide, diff, the write-ahead-audited writes, the cycle record, the
+jobs/runs pruning and the retention pass; the backend is the replay simulator
+(`slurm.backend = "simulated"`), which steps to each cycle while jobs wait and one of them could
+start (a cycle with nothing to decide is skipped, so a day has at most 86400 / interval cycles).
+
+At the end of each simulated day it records the process's RSS, the state file's size (with its
+-wal and -shm), the rows of each table and that day's cycles' CPU time (p50, p99; the whole
+cycle, and the part spent in the engine: the cycle less the simulated Slurm's reads). It prints
+a table, writes RESULTS/soak.json and RESULTS/soak.png, and fits the growth per day by least
+squares over the steady days: after every window has filled (accounting.lookback_days, the
+retention's audit_days and cycles_days).
+
+What the harness does besides driving the engine: the simulated slurmdbd's finished-job records
+older than the look-back (which the engine never asks for again) are dropped, and the
+simulator's replay metrics are not collected; both would otherwise grow in this process and be
+counted as the engine's RSS. CPU seconds throughout (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+from dike_slurm.config import Config  # noqa: E402
+from dike_slurm.engine import Engine  # noqa: E402
+from dike_slurm.parsing.durations import format_timestamp, parse_timestamp  # noqa: E402
+from dike_slurm.service import run_cycle  # noqa: E402
+from dike_slurm.sim.backend import SimulatedBackend  # noqa: E402
+from dike_slurm.state import StateStore  # noqa: E402
+
+RESULTS = HERE / "results"
+DAY = 86400.0
+ID_OFFSET = 1_000_000
+TIME_COLUMNS = ("Submit", "Eligible", "Start", "End")
+ID_COLUMNS = ("JobID", "JobIDRaw")
+SERIES = ("rss_mb", "state_mb", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
+
+
+def repeated_trace(case: Path, out: Path, days: float, period_days: float) -> int:
+    """The case's sacct dump repeated every `period_days` until it spans `days`; copies made."""
+    lines = (case / "sacct.txt").read_text().splitlines()
+    header = lines[0].split("|")
+    times = [header.index(c) for c in TIME_COLUMNS]
+    ids = [header.index(c) for c in ID_COLUMNS]
+    rows = [line.split("|") for line in lines[1:] if line.strip()]
+    copies = max(1, math.ceil(days / period_days) + 1)  # one more: the last days keep a queue
+    result = [lines[0]]
+    for copy in range(copies):
+        shift = copy * period_days * DAY
+        for row in rows:
+            row = list(row)
+            for i in times:
+                stamp = parse_timestamp(row[i])
+                if stamp is not None:
+                    row[i] = format_timestamp(stamp + shift)
+            for i in ids:
+                head, _, tail = row[i].partition("_")
+                row[i] = str(int(head) + copy * ID_OFFSET) + (f"_{tail}" if tail else "")
+            result.append("|".join(row))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sacct.txt").write_text("\n".join(result) + "\n")
+    for name in ("slurm.conf", "topology.conf"):
+        shutil.copy(case / name, out / name)
+    return copies
+
+
+class TimedBackend(SimulatedBackend):
+    """The simulated cluster, keeping the CPU seconds of its reads (the simulated Slurm's share
+    of a cycle) and dropping the slurmdbd records the engine will not ask for again."""
+
+    def __init__(self, *args, keep_records_s: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_records_s = keep_records_s
+        self.read_cpu_s = 0.0
+        self.collector = lambda result: None  # the replay's metrics: not the engine's memory
+
+    def read_cluster(self):
+        started = time.process_time()
+        try:
+            return super().read_cluster()
+        finally:
+            self.read_cpu_s += time.process_time() - started
+
+    def accounting(self, start: float, end: float):
+        started = time.process_time()
+        try:
+            oldest = end - self.keep_records_s
+            if self.records and self.records[0].end is not None and self.records[0].end < oldest:
+                self.records = [r for r in self.records if r.end is None or r.end >= oldest]
+            return super().accounting(start, end)
+        finally:
+            self.read_cpu_s += time.process_time() - started
+
+
+def rss_mb() -> float:
+    """The process's resident memory now (VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return math.nan
+
+
+def state_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def fit(days: list[int], values: list[float]) -> dict[str, float]:
+    """Least-squares growth per day, its standard error, the mean, and the growth a year at that
+    slope as a share of the mean."""
+    points = [(d, v) for d, v in zip(days, values) if not math.isnan(v)]
+    n = len(points)
+    if n < 3:
+        return {"slope_per_day": math.nan, "stderr": math.nan, "mean": math.nan, "year_pct": math.nan, "days": n}
+    mx = sum(d for d, _ in points) / n
+    my = sum(v for _, v in points) / n
+    sxx = sum((d - mx) ** 2 for d, _ in points)
+    slope = sum((d - mx) * (v - my) for d, v in points) / sxx
+    residual = sum((v - my - slope * (d - mx)) ** 2 for d, v in points)
+    stderr = math.sqrt(residual / (n - 2) / sxx)
+    return {"slope_per_day": slope, "stderr": stderr, "mean": my,
+            "year_pct": 100.0 * slope * 365 / my if my else math.nan, "days": n}
+
+
+def flat(result: dict[str, float]) -> bool:
+    """Growth within noise: the slope is within two standard errors of zero, or a year of it is
+    under 5 % of the mean."""
+    return abs(result["slope_per_day"]) <= 2 * result["stderr"] or abs(result["year_pct"]) < 5.0
+
+
+def soak_config(trace: Path, state: Path, args: argparse.Namespace) -> Config:
+    return Config.model_validate({
+        # Every job opted in to preemption (the replay's default), guardrails opened as in the
+        # engine-through-simulator tests: a latched breaker would stop the writes for good.
+        "engine": {"state_db": str(state), "interval_s": args.interval_s, "max_changes_per_cycle": 10000,
+                   "breaker_min_jobs": 100000, "preemptible_partitions": ["gpu"]},
+        "slurm": {"backend": "simulated", "simulated_trace": str(trace / "sacct.txt"),
+                  "slurm_conf": str(trace / "slurm.conf"), "topology_conf": str(trace / "topology.conf")},
+        "replay": {"interval_s": args.interval_s},
+        "accounting": {"lookback_days": args.lookback_days},
+        "retention": {"audit_days": args.audit_days, "cycles_days": args.audit_days},
+    })
+
+
+def run(args: argparse.Namespace) -> dict:
+    out = args.results / "soak"
+    if out.exists():
+        shutil.rmtree(out)
+    trace = out / "trace"
+    copies = repeated_trace(ROOT / "examples" / "corpus" / args.case, trace, args.days, args.period_days)
+    state = out / "state.sqlite"
+    config = soak_config(trace, state, args)
+    backend = TimedBackend(config, trace / "sacct.txt", trace / "slurm.conf", trace / "topology.conf",
+                           keep_records_s=(args.lookback_days + 1) * DAY)
+    store = StateStore(state)
+    engine = Engine(config, backend, store)
+    wall_started = time.monotonic()
+    rows: list[dict] = []
+    first: float | None = None
+    day_cycles: list[float] = []
+    day_engine: list[float] = []
+    day_writes = 0
+    day = 0
+    total_cycles = total_writes = 0
+
+    def close_day() -> None:
+        nonlocal day_cycles, day_engine, day_writes
+        tables = store.table_rows()
+        rows.append({
+            "day": day + 1, "cycles": len(day_cycles), "writes": day_writes,
+            "rss_mb": round(rss_mb(), 2), "state_mb": round(state_bytes(state) / 2**20, 3),
+            "cycle_p50_ms": round(1000 * percentile(day_cycles, 50), 2),
+            "cycle_p99_ms": round(1000 * percentile(day_cycles, 99), 2),
+            "engine_p50_ms": round(1000 * percentile(day_engine, 50), 2),
+            "engine_p99_ms": round(1000 * percentile(day_engine, 99), 2),
+            "rows": tables, "active_jobs": last_jobs,
+        })
+        if args.verbose:
+            print(format_row(rows[-1]), flush=True)
+        day_cycles, day_engine, day_writes = [], [], 0
+
+    last_jobs = 0
+    while not backend.finished():
+        read_before = backend.read_cpu_s
+        started = time.process_time()
+        report = run_cycle(engine, apply=True)
+        cpu = time.process_time() - started
+        if backend.finished():
+            break
+        now = report.plan.time
+        first = now if first is None else first
+        while now - first >= (day + 1) * DAY:  # the cycle belongs to a later day: close the finished ones
+            close_day()
+            day += 1
+        if day >= args.days:
+            break
+        written = sum(1 for _, o in report.outcomes if o.ok)
+        day_cycles.append(cpu)
+        day_engine.append(cpu - (backend.read_cpu_s - read_before))
+        day_writes += written
+        total_cycles += 1
+        total_writes += written
+        last_jobs = len(report.plan.jobs)
+    if day_cycles and day < args.days:
+        close_day()
+    store.close()
+    warm = max(args.lookback_days, args.audit_days) + 1
+    steady = [r for r in rows if r["day"] > warm]
+    fits = {name: fit([r["day"] for r in steady], [r[name] for r in steady]) for name in SERIES}
+    fits["audit_rows"] = fit([r["day"] for r in steady], [r["rows"]["audit"] for r in steady])
+    return {
+        "case": args.case, "copies": copies, "period_days": args.period_days, "days": len(rows),
+        "interval_s": args.interval_s, "lookback_days": args.lookback_days, "audit_days": args.audit_days,
+        "cycles": total_cycles, "writes": total_writes, "wall_s": round(time.monotonic() - wall_started, 1),
+        "steady_from_day": warm + 1, "per_day": rows, "fits": fits,
+        "flat": {name: flat(f) for name, f in fits.items() if name in SERIES},
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+
+
+def format_row(row: dict) -> str:
+    tables = row["rows"]
+    return (f"{row['day']:>4} {row['cycles']:>6} {row['writes']:>7} {row['active_jobs']:>6} {row['rss_mb']:>8.1f} "
+            f"{row['state_mb']:>8.2f} {tables['audit']:>8} {tables['cycles']:>7} {tables['jobs']:>6} "
+            f"{tables['owned']:>6} {tables['runs']:>6} {row['cycle_p50_ms']:>8.1f} {row['cycle_p99_ms']:>8.1f} "
+            f"{row['engine_p50_ms']:>8.1f} {row['engine_p99_ms']:>8.1f}")
+
+
+HEADER = (f"{'day':>4} {'cycles':>6} {'writes':>7} {'active':>6} {'RSS MB':>8} {'state MB':>8} {'audit':>8} "
+          f"{'cycles':>7} {'jobs':>6} {'owned':>6} {'runs':>6} {'p50 ms':>8} {'p99 ms':>8} {'eng p50':>8} "
+          f"{'eng p99':>8}")
+
+
+def report_text(result: dict) -> str:
+    lines = [f"soak: {result['case']} x{result['copies']} (a copy every {result['period_days']:g} days), "
+             f"{result['days']} simulated days, a cycle every {result['interval_s']:g} s while jobs wait: "
+             f"{result['cycles']} cycles, {result['writes']} writes, {result['wall_s']:.0f} s wall",
+             "   (jobs: active jobs at the day's last cycle; audit..runs: rows per table; p50/p99: the day's cycles, "
+             "CPU ms; eng: the cycle less the simulated Slurm's reads)",
+             HEADER]
+    lines += [format_row(r) for r in result["per_day"]]
+    lines.append(f"growth per day over days {result['steady_from_day']}-{result['days']} (after the look-back "
+                 f"{result['lookback_days']:g} d and retention {result['audit_days']:g} d filled):")
+    for name, f in result["fits"].items():
+        verdict = "" if name not in result["flat"] else ("  flat" if result["flat"][name] else "  GROWS")
+        lines.append(f"  {name:<14} {f['slope_per_day']:+.4g} /day (+/- {f['stderr']:.2g}), mean {f['mean']:.4g}, "
+                     f"a year of it: {f['year_pct']:+.1f}% of the mean{verdict}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    days = [r["day"] for r in result["per_day"]]
+    figure, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=110, sharex=True)
+    panels = [
+        (axes[0][0], "process RSS (MB)", {"RSS": [r["rss_mb"] for r in result["per_day"]]}),
+        (axes[0][1], "state file with -wal, -shm (MB)", {"state": [r["state_mb"] for r in result["per_day"]]}),
+        (axes[1][0], "cycle CPU time (ms)", {
+            "cycle p50": [r["cycle_p50_ms"] for r in result["per_day"]],
+            "cycle p99": [r["cycle_p99_ms"] for r in result["per_day"]],
+            "engine p50": [r["engine_p50_ms"] for r in result["per_day"]],
+            "engine p99": [r["engine_p99_ms"] for r in result["per_day"]]}),
+        (axes[1][1], "rows", {name: [r["rows"][name] for r in result["per_day"]]
+                              for name in ("audit", "cycles", "jobs", "owned", "runs")}),
+    ]
+    for axis, title, series in panels:
+        for label, values in series.items():
+            axis.plot(days, values, label=label, linewidth=1.2)
+        axis.axvline(result["steady_from_day"], color="grey", linestyle=":", linewidth=1)
+        axis.set_title(title, fontsize=10)
+        axis.set_ylim(bottom=0)
+        if len(series) > 1:
+            axis.legend(fontsize=7)
+    for axis in axes[1]:
+        axis.set_xlabel("simulated day")
+    figure.suptitle(f"soak: {result['case']}, cycle every {result['interval_s']:g} s, retention "
+                    f"{result['audit_days']:g} d (dotted: steady from day {result['steady_from_day']})", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", default="philly-b436b2-s3", help="examples/corpus case (default: %(default)s)")
+    parser.add_argument("--days", type=int, default=90, help="simulated days (default: %(default)s)")
+    parser.add_argument("--interval-s", type=float, default=1200.0, help="cycle interval, simulated (default: %(default)s)")
+    parser.add_argument("--period-days", type=float, default=15.0,
+                        help="a copy of the case every this many days (default: %(default)s: offered load 1.5 x 9/15 = 0.9)")
+    parser.add_argument("--lookback-days", type=float, default=14.0,
+                        help="accounting.lookback_days (default: %(default)s; the built-in 30 would leave fewer steady days)")
+    parser.add_argument("--audit-days", type=float, default=14.0,
+                        help="retention of the audit and cycle rows (default: %(default)s, so that it fills early)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for soak.json, soak.png (default: bench/results)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print each day as it closes")
+    args = parser.parse_args(argv)
+    if args.verbose:
+        print(HEADER, flush=True)
+    result = run(args)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.results / "soak.png")
+    print(report_text(result))
+    print(f"wrote {args.results / 'soak.json'}, {args.results / 'soak.png'}")
+    return 0 if all(result["flat"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
