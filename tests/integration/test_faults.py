@@ -473,3 +473,188 @@ def test_sigterm_mid_apply_finishes_the_cycle_and_sighup_reloads(
         assert db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0] == engine.log().count("cycle:"), engine.log()
     for job in jobs[1:]:
         assert admin_comment(slurm_lab, job).startswith("dike:level="), (job, engine.log())
+
+
+# ---------------------------------------------------------------- (h) MariaDB down under a running slurmdbd
+
+LAB_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-lab"
+
+
+@contextmanager
+def mariadb_down(lab: SlurmLab) -> Iterator[dict[str, float]]:
+    """The lab's MariaDB stopped, slurmdbd left running; MariaDB started again by the lab's own
+    script (`slurm-lab up` starts only what is not running), always."""
+    figures: dict[str, float] = {}
+    stop_daemon(lab, "mariadbd")
+    try:
+        yield figures
+    finally:
+        started = time.monotonic()
+        up = subprocess.run([str(LAB_SCRIPT), "--slurm", lab.version, "up"], env=lab.env, capture_output=True,
+                            text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        lab.wait_for(lambda: dbd_up(lab) and lab.run("sacct", "-n", "-X", "-S", "now-1hours", check=False,
+                                                     timeout=30).returncode == 0, 120, "accounting did not come back")
+        figures["restart_s"] = time.monotonic() - started
+
+
+def test_mariadb_down_while_slurmdbd_runs_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
+    lab = slurm_lab
+    job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
+    lab.wait_for(lambda: lab.job_state(job) == "RUNNING", 30, "job did not start")
+    time.sleep(15)  # 8 GPUs x 15 s = 120 GPU-s: above the first threshold (72)
+    lab.run("scontrol", "requeue", str(job))
+    lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-X", "-D", "-j", str(job), "-o", "State").stdout,
+                 60, "sacct does not show the requeued run")
+    assert engine("run", "--once", "--apply").returncode == 0
+    with engine.db() as db:
+        level_before = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
+        runs_before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        sync_before = db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0]
+    assert level_before >= 1 and runs_before >= 1
+    with mariadb_down(lab) as figures:
+        assert _pid(lab, "slurmdbd") is not None  # only its database is gone
+        sacct = lab.run("sacct", "-n", "-X", "-S", "now-1hours", check=False, timeout=60)
+        t0 = time.monotonic()
+        proc = engine("run", "--once", "--apply")
+        took = time.monotonic() - t0
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "accounting unavailable" in proc.stderr and "state store" in proc.stderr, proc.stderr
+        with engine.db() as db:
+            assert db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"] == level_before
+            assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == runs_before
+            assert db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0] == sync_before
+        assert f"dike:level={level_before}" in admin_comment(lab, job)
+        assert _pid(lab, "slurmdbd") is not None
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0 and "accounting unavailable" not in proc.stderr, proc.stderr
+    print(f"FIGURES mariadb down: sacct exit {sacct.returncode} ({(sacct.stderr.strip().splitlines() or [''])[-1]!r}), "
+          f"cycle {took:.1f}s, level kept {level_before}, mariadb back {figures['restart_s']:.1f}s")
+
+
+# ---------------------------------------------------------------- (i) the state file's file system full or read-only
+
+
+@contextmanager
+def loop_filesystem(folder: Path, megabytes: int = 16) -> Iterator[Path]:
+    """An ext4 file system of its own (a loop-mounted image file) at `folder`."""
+    image = folder.with_name(folder.name + ".img")
+    folder.mkdir()
+    with open(image, "wb") as handle:
+        handle.truncate(megabytes * 2**20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(folder)], check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_state_file_system_full_or_read_only_mid_cycle_loses_nothing_and_recovers(
+    slurm_lab: SlurmLab, engine: Engine, tmp_path: Path, fault: str
+) -> None:
+    if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+        pytest.skip("needs root and mkfs.ext4 for a file system of its own")
+    jobs = fill_queue(slurm_lab, 6)
+    with loop_filesystem(tmp_path / "fs") as mount:
+        engine.state_db = mount / "state.sqlite"
+        engine.env["DIKE_ENGINE__STATE_DB"] = str(engine.state_db)
+        counter = tmp_path / "updates"
+        # the 3rd update: the file system fills up (or goes read-only, as ext4 does after an I/O
+        # error), then the update goes to Slurm, which applies it
+        breaks = (f"dd if=/dev/zero of={mount}/filler bs=64k 2>/dev/null; dd if=/dev/zero of={mount}/filler2 "
+                  f"bs=1 2>/dev/null" if fault == "full" else f"mount -o remount,abort {mount}")
+        bin_dir = wrapper_bin(slurm_lab, tmp_path, scontrol=(
+            f'if [ "$1" = update ]; then\n'
+            f'  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n'
+            f'  if [ $n -eq 3 ]; then {breaks}; fi\n'
+            f'fi\n'
+            f'exec @BIN@/scontrol "$@"\n'
+        ))
+        t0 = time.monotonic()
+        proc = engine("run", "--once", "--apply", DIKE_SLURM__BIN_DIR=str(bin_dir))
+        took = time.monotonic() - t0
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        line = one_line_error(proc)
+        said = ("database or disk is full (its file system is full" if fault == "full"
+                else "(its file system is read-only)")
+        assert f"state store {engine.state_db}: " in line and said in line, line
+        if fault == "full":
+            for name in ("filler", "filler2"):
+                (mount / name).unlink()  # space returns
+        else:  # what an admin does after ext4 went read-only: unmount, fsck, mount again
+            image = mount.with_name(mount.name + ".img")
+            subprocess.run(["umount", str(mount)], check=True)
+            subprocess.run(["e2fsck", "-f", "-y", str(image)], capture_output=True)
+            subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+        assert engine.integrity() == "ok"
+        rows = engine.audit()
+        assert [bool(r["ok"]) for r in rows] == [True, True, False], [dict(r) for r in rows]
+        assert rows[2]["message"].startswith("unconfirmed"), dict(rows[2])  # in Slurm, not known to be
+        with engine.db() as db:
+            assert db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0] == 0
+            owned = {r[0] for r in db.execute("SELECT DISTINCT job_id FROM owned")}
+        assert owned == {rows[0]["job_id"], rows[1]["job_id"]}
+        assert admin_comment(slurm_lab, rows[2]["job_id"]).startswith("dike:level=")
+        t0 = time.monotonic()
+        proc = engine("run", "--once", "--apply")
+        recovered = time.monotonic() - t0
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert engine.integrity() == "ok"
+        for job in jobs:
+            assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+    print(f"FIGURES state fs {fault}: failing cycle {took:.1f}s ({line}), next cycle {recovered:.1f}s")
+
+
+# ---------------------------------------------------------------- (j) slurmctld restarted between the read and the writes
+
+
+def test_slurmctld_restarted_between_read_and_writes_jobs_that_finished_are_gone_not_errors(
+    slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
+) -> None:
+    jobs = fill_queue(slurm_lab, 6)
+    finishing = jobs[2:4]  # pending when the engine reads, cancelled before it writes
+    reached, go = tmp_path / "reached", tmp_path / "go"
+    # the first update waits (at most 120 s) until the test has restarted slurmctld
+    bin_dir = wrapper_bin(slurm_lab, tmp_path, scontrol=(
+        f'if [ "$1" = update ] && [ ! -e {reached} ]; then\n'
+        f'  touch {reached}; i=0\n'
+        f'  while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n'
+        f'fi\n'
+        f'exec @BIN@/scontrol "$@"\n'
+    ))
+    run = subprocess.Popen([sys.executable, "-m", "dike_slurm", "run", "--once", "--apply"],
+                           env=engine.environ(DIKE_SLURM__BIN_DIR=str(bin_dir), DIKE_SLURM__COMMAND_TIMEOUT_S="150",
+                                              DIKE_ENGINE__CYCLE_DEADLINE_S="300"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    try:
+        slurm_lab.wait_for(reached.exists, 120, "the engine did not reach its first write")
+        slurm_lab.run("scancel", *map(str, finishing))
+        slurm_lab.wait_for(lambda: not set(finishing) & set(slurm_lab.job_ids()), 60, "cancelled jobs still listed")
+        stop_daemon(slurm_lab, "slurmctld")
+        restart = start_daemon(slurm_lab, "slurmctld")
+    finally:
+        go.touch()
+        stdout, stderr = run.communicate(timeout=300)
+    assert "Traceback" not in stderr, stderr
+    assert run.returncode == 0, stdout + stderr
+    survivors = [j for j in jobs if j not in finishing]
+    assert set(survivors) <= set(slurm_lab.job_ids())  # job ids unchanged across the restart
+    rows = engine.audit()
+    gone = [r for r in rows if r["job_id"] in finishing]
+    assert gone and all(not r["ok"] and re.search("already finished|Invalid job id", r["message"]) for r in gone), \
+        [dict(r) for r in rows]
+    assert all(r["ok"] for r in rows if r["job_id"] not in finishing), [dict(r) for r in rows]
+    assert not any(r["message"].startswith("unconfirmed") for r in rows)
+    with engine.db() as db:
+        cycle = db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT 1").fetchone()
+        owned = {r[0] for r in db.execute("SELECT DISTINCT job_id FROM owned")}
+    assert cycle["errors"] == 0 and not owned & set(finishing)  # gone jobs are not errors, nor owned
+    for job in survivors[1:]:  # the written values survived (written after the restart)
+        assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+    proc = engine("run", "--once", "--apply")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not any(r["job_id"] in finishing for r in engine.audit()[len(rows):])  # never written again
+    print(f"FIGURES ctld restarted between read and writes: restart {restart:.1f}s, {len(gone)} write(s) to "
+          f"finished jobs audited as gone ({gone[0]['message']!r}), 0 errors")
