@@ -141,7 +141,7 @@ def sbatch_argv(job: WorkJob, *, preemptible: bool = False) -> list[str]:
     """The job's sbatch command (as root; a user's goes through runuser in front of it)."""
     argv = [
         "sbatch", "--parsable", "--output=/dev/null", "--chdir=/tmp", f"--job-name={job.name}",
-        f"--nodes={job.nodes}", f"--ntasks-per-node=1", f"--gres=gpu:{job.gpus_per_node}",
+        f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--gres=gpu:{job.gpus_per_node}",
     ]
     if job.time_limit_min is not None:
         argv.append(f"--time={job.time_limit_min}")
@@ -358,6 +358,9 @@ def _say(message: str) -> None:
     print(f"fidelity: {message}", flush=True)
 
 
+LOCKING = True  # --no-lock: the caller holds the lab lock already
+
+
 @contextmanager
 def lab_session(env: dict[str, str], log: Path):
     """The lab lock, the lab up, and the lab down again at the end, whatever happened."""
@@ -365,7 +368,8 @@ def lab_session(env: dict[str, str], log: Path):
     with LOCK_FILE.open("r") as lock:
         started = time.monotonic()
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if LOCKING:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             _say(f"the lab is in use: waiting for its lock ({LOCK_FILE})")
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -699,11 +703,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "out" / "fidelity")
     parser.add_argument("--run-deadline", type=float, default=480.0, help="seconds a run may take after its last submission")
     parser.add_argument("--replay-only", action="store_true", help="compare the dumps already in --out")
+    parser.add_argument("--no-lock", action="store_true", help=f"the caller holds the lab lock ({LOCK_FILE})")
     args = parser.parse_args(argv)
+    global LOCKING
+    LOCKING = not args.no_lock
     signal.signal(signal.SIGTERM, _interrupted)  # the lab still goes down (lab_session's finally)
     try:
         runs = parse_runs(args.runs)
-        out: Path = args.out
+        out: Path = args.out.resolve()
         out.mkdir(parents=True, exist_ok=True)
         workload = generate_workload(args.jobs, args.seed, args.load)
         meta = {"jobs": args.jobs, "seed": args.seed, "load": args.load, "runs": args.runs,
