@@ -44,7 +44,7 @@ def _sbatch(path: Optional[str]) -> str:
 
 @sweep_app.command("plan")
 def plan_command(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="the sweep's SPEC.toml (docs/sweeps.md)"),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="the sweep's SPEC.toml (docs/sweeps.md)"),
     out: Path = typer.Option(..., "--out", metavar="DIR", help="the sweep folder (cells, results, logs, merge)"),
     submit: bool = typer.Option(False, "--submit", help="submit the array with sbatch and print its job id"),
     local: Optional[int] = typer.Option(None, "--local", min=1, metavar="N", help="run the cells here in N processes (no Slurm)"),
@@ -56,8 +56,8 @@ def plan_command(
 
     if submit and local is not None:
         raise InputError("give --submit or --local, not both")
-    spec = sweep.load_spec(spec_path)
-    plan = sweep.write_plan(spec, out)
+    loaded = sweep.load_spec(spec)
+    plan = sweep.write_plan(loaded, out)
     document: dict = {"sweep": plan.name, "folder": str(plan.out), "cells": plan.cells, "resumed": not plan.created,
                       "mem_mb": plan.mem_mb, "time_min": plan.time_min, "script": str(plan.out / sweep.SCRIPT_FILE)}
     if submit:
@@ -82,18 +82,18 @@ def plan_command(
 
 @sweep_app.command("submit")
 def submit_command(
-    out: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
     sbatch: Optional[str] = SBATCH_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Submit DIR's unfinished cells (missing or failed) as one Slurm job array."""
     from dike_slurm.sim import sweep
 
-    submitted = sweep.submit(out, sbatch=_sbatch(sbatch))
+    submitted = sweep.submit(sweep_dir, sbatch=_sbatch(sbatch))
     if as_json:
         _json(submitted)
         return
-    _print_submitted(submitted, out.resolve())
+    _print_submitted(submitted, sweep_dir.resolve())
 
 
 def _print_submitted(submitted: dict, out: Path) -> None:
@@ -109,16 +109,16 @@ def _print_submitted(submitted: dict, out: Path) -> None:
 
 @sweep_app.command("local")
 def local_command(
-    out: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, metavar="N", help="local processes"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run DIR's unfinished cells here in N processes, as the array's tasks would (no Slurm)."""
-    result = _run_local(out, jobs, quiet=as_json)
+    result = _run_local(sweep_dir, jobs, quiet=as_json)
     if as_json:
         _json(result)
         return
-    _print_local(result, out.resolve())
+    _print_local(result, sweep_dir.resolve())
 
 
 def _run_local(out: Path, workers: int, *, quiet: bool) -> dict:
@@ -144,13 +144,13 @@ def _print_local(result: dict, out: Path) -> None:
 
 @sweep_app.command("run")
 def run_command(
-    out: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="a planned sweep folder"),
     task_id: int = typer.Argument(..., metavar="TASK_ID", help="the cell ($SLURM_ARRAY_TASK_ID in the array)"),
 ) -> None:
     """Run one cell (what each array task calls); a cell with a result of status ok is skipped."""
     from dike_slurm.sim import sweep
 
-    outcome = sweep.run_cell(out, task_id)
+    outcome = sweep.run_cell(sweep_dir, task_id)
     if outcome.status == "skipped":
         _print(f"cell {task_id}: already done, skipped")
     elif outcome.status == "ok":
@@ -162,7 +162,7 @@ def run_command(
 
 @sweep_app.command("status")
 def status_command(
-    out: Path = typer.Argument(..., metavar="DIR", help="a sweep folder"),
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="a sweep folder"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Progress read from the cells' files (not from Slurm): ok, failed, started, missing."""
@@ -170,7 +170,7 @@ def status_command(
 
     from dike_slurm.sim import sweep
 
-    state = sweep.status(out)
+    state = sweep.status(sweep_dir)
     if as_json:
         _json(state)
         return
@@ -192,7 +192,7 @@ def status_command(
 
 @sweep_app.command("merge")
 def merge_command(
-    out: Path = typer.Argument(..., metavar="DIR", help="a sweep folder"),
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="a sweep folder"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Combine the finished cells: merge/merged.json, merge/summary.csv, merge/report.md; best per metric."""
@@ -200,8 +200,8 @@ def merge_command(
 
     from dike_slurm.sim import sweep
 
-    document = sweep.merge(out)
-    files = sweep.write_merge(out, document)
+    document = sweep.merge(sweep_dir)
+    files = sweep.write_merge(sweep_dir, document)
     if as_json:
         _json(document)
         return
