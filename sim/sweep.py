@@ -23,6 +23,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -433,7 +434,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return json.dumps(value, indent=2, sort_keys=False) + "\n"
 
 
 @dataclass(frozen=True)
@@ -600,12 +601,14 @@ def _where() -> dict:
     }
 
 
-def run_cell(out: Path, cell_id: int) -> CellOutcome:
+def run_cell(out: Path, cell_id: int, *, on_start: Callable[[dict], None] | None = None) -> CellOutcome:
     """Run one cell unless it has a result of status ok; write its result by write-then-rename.
 
     Any failure of the replay itself (a bad parameter value, MemoryError, a bug) becomes a result
-    of status failed with the error; only a killed process (out of memory, time limit) leaves no
-    result, and `status`/`merge` then show the cell as started or missing with its log.
+    of status failed with the error. A killed process (out of memory, time limit) leaves no
+    result: `status`, `merge` and `submit` then read why from the cell's log (`killed_reason`).
+    `on_start(where)` is called once the cell is marked started: the command prints the line
+    that `killed_reason` looks after.
     """
     out = out.resolve()
     plan = read_plan(out)
@@ -615,7 +618,9 @@ def run_cell(out: Path, cell_id: int) -> CellOutcome:
     if previous is not None and previous.get("status") == "ok":
         return CellOutcome(cell_id, "skipped")
     where = _where()
-    write_atomic(started_file(out, cell_id), _json_text({"key": key, **where, "at": time.time()}))
+    _write_state(started_file(out, cell_id), {"key": key, **where, "at": time.time()})
+    if on_start is not None:
+        on_start(where)
     started, cpu_started = time.perf_counter(), time.process_time()
     result: dict[str, Any] = {"id": cell_id, "key": key}
     try:
@@ -625,9 +630,54 @@ def run_cell(out: Path, cell_id: int) -> CellOutcome:
         result.update(status="failed", error=error_text(exc), traceback=traceback.format_exc(limit=-6))
     wall = time.perf_counter() - started
     result["run"] = {**where, "wall_s": round(wall, 3), "cpu_s": round(time.process_time() - cpu_started, 3)}
-    write_atomic(result_file(out, cell_id), _json_text(result))
+    _write_state(result_file(out, cell_id), result)
     started_file(out, cell_id).unlink(missing_ok=True)
     return CellOutcome(cell_id, result["status"], result.get("error"), wall)
+
+
+def _write_state(path: Path, value: dict) -> None:
+    try:
+        write_atomic(path, _json_text(value))
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", source=str(path)) from None
+
+
+def start_line(cell_id: int, where: dict) -> str:
+    """What `sweep run` prints when a cell starts; a kill message after it belongs to this attempt."""
+    job = f"Slurm job {where['slurm_job']}" if where.get("slurm_job") else f"pid {where.get('pid')}"
+    return f"cell {cell_id}: started on {where.get('host')} ({job})"
+
+
+# What Slurm (slurmstepd) or `sweep local` writes into the output of a killed task.
+_KILLED = (
+    (re.compile(r"oom[-_ ]kill|out[- ]of[- ]memory|exceeded (job )?memory limit", re.IGNORECASE), "out of memory"),
+    (re.compile(r"DUE TO TIME LIMIT"), "time limit"),
+    (re.compile(r"DUE TO NODE FAIL"), "node failure"),
+    (re.compile(r"DUE TO PREEMPTION"), "preempted"),
+    (re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED"), "cancelled"),
+    (re.compile(r"killed by signal (\w+)"), "signal"),
+)
+LOG_TAIL_BYTES = 65536
+
+
+def killed_reason(out: Path, cell_id: int) -> str | None:
+    """Why a started cell has no result, from its log after its last start line; None: no word
+    of it (still running, or died silently)."""
+    try:
+        with (out / log_file(cell_id)).open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - LOG_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    marker = f"cell {cell_id}: started"
+    if marker in text:
+        text = text[text.rindex(marker):]
+    for pattern, reason in _KILLED:
+        match = pattern.search(text)
+        if match:
+            return f"{reason} {match.group(1)}" if reason == "signal" else reason
+    return None
 
 
 def error_text(exc: BaseException) -> str:
@@ -675,6 +725,10 @@ def cell_states(out: Path) -> tuple[dict, list[dict]]:
                 entry["started"] = json.loads(started_file(out, cell_id).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 entry["started"] = {}
+            reason = killed_reason(out, cell_id)
+            if reason is not None:  # killed: it failed, with no result of its own
+                entry["state"] = "failed"
+                entry["result"] = {"status": "failed", "error": f"killed ({reason}); no result written"}
         else:
             entry["state"] = "missing"
         states.append(entry)
@@ -725,6 +779,9 @@ def run_local(out: Path, workers: int, *, python: str | None = None,
         with (out / log_file(cell_id)).open("ab") as log:
             proc = subprocess.run([python, "-m", "dike_slurm", "sweep", "run", str(out), str(cell_id)],
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False)
+            if proc.returncode < 0:  # as slurmstepd does for a killed task: say so in the log
+                name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else -proc.returncode
+                log.write(f"dike-slurm sweep local: cell {cell_id} killed by signal {name}\n".encode())
         return proc.returncode
 
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -150,7 +150,8 @@ def run_command(
     """Run one cell (what each array task calls); a cell with a result of status ok is skipped."""
     from dike_slurm.sim import sweep
 
-    outcome = sweep.run_cell(sweep_dir, task_id)
+    outcome = sweep.run_cell(
+        sweep_dir, task_id, on_start=lambda where: print(sweep.start_line(task_id, where), flush=True))
     if outcome.status == "skipped":
         _print(f"cell {task_id}: already done, skipped")
     elif outcome.status == "ok":

@@ -251,16 +251,23 @@ def test_a_partial_or_stale_result_is_not_taken_for_a_finished_one(tmp_path, tin
     # A crash between writing and renaming leaves only a hidden temporary file, never a result.
     path.unlink()
 
-    def crash(src, dst):  # noqa: ANN001
-        raise OSError("killed before the rename")
+    real_replace = os.replace
+
+    def crash(src, dst):  # noqa: ANN001 - the result's rename fails, the started marker's works
+        if Path(dst) == path:
+            raise OSError("killed before the rename")
+        real_replace(src, dst)
 
     monkeypatch.setattr(sweep.os, "replace", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="0000.json: cannot write: killed before the rename"):
         sweep.run_cell(plan.out, 0)
     monkeypatch.undo()
-    assert not path.exists() and list((plan.out / "results").glob(".*.tmp"))
+    assert not path.exists() and [p.name for p in (plan.out / "results").glob(".*.tmp")] == [
+        f".0000.json.{os.getpid()}.tmp"]
     state = sweep.status(plan.out)
-    assert state["counts"]["ok"] == 0 and sweep.merge(plan.out)["counts"]["ok"] == 0
+    assert state["counts"] == {"ok": 0, "failed": 0, "started": 1, "missing": 7}
+    assert sweep.merge(plan.out)["counts"] == {"ok": 0, "failed": 0, "missing": 8}
+    assert sweep.run_cell(plan.out, 0).status == "ok"  # the leftover temporary file is no result
 
 
 def test_a_started_cell_without_a_result_shows_as_started_then_missing(tmp_path, tiny):
@@ -273,6 +280,56 @@ def test_a_started_cell_without_a_result_shows_as_started_then_missing(tmp_path,
     assert started == {"id": 6, "state": "started", "log": "logs/cell-6.log", "host": "n3", "slurm_job": "77_6"}
     merged = sweep.merge(plan.out)
     assert {"id": 6, "label": "dike", "log": "logs/cell-6.log", "started": True} in merged["missing"]
+
+
+OOM_LINE = ("slurmstepd: error: Detected 1 oom_kill event in StepId=77_5.batch. Some of your processes may have "
+            "been killed by the cgroup out-of-memory handler.\n")
+
+
+def test_a_cell_killed_by_slurm_is_failed_with_the_reason_from_its_log(tmp_path, tiny):
+    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    where = {"host": "n1", "slurm_job": "77_5", "pid": 9}
+    sweep.write_atomic(sweep.started_file(plan.out, 5), json.dumps({"key": "x", **where, "at": __import__("time").time()}))
+    log = plan.out / "logs" / "cell-5.log"
+    log.write_text(sweep.start_line(5, where) + "\n" + OOM_LINE)
+    state = sweep.status(plan.out)
+    assert state["counts"] == {"ok": 0, "failed": 1, "started": 0, "missing": 7}
+    merged = sweep.merge(plan.out)
+    assert merged["failed"] == [{"id": 5, "label": "dike", "log": "logs/cell-5.log",
+                                 "error": "killed (out of memory); no result written"}]
+    script, record = fake_sbatch(tmp_path)
+    assert sweep.submit(plan.out, sbatch=str(script))["cells"] == list(range(8))  # killed: submitted again at once
+    # Run again: the new attempt's start line comes after the old kill, so it counts as running.
+    with log.open("a") as handle:
+        handle.write(sweep.start_line(5, {**where, "slurm_job": "78_5"}) + "\n")
+    assert sweep.status(plan.out)["counts"]["started"] == 1
+    assert 5 not in sweep.submit(plan.out, sbatch=str(script))["cells"]  # may still run: left out
+    for line, reason in (("*** JOB 80 ON n2 CANCELLED AT 2026-12-01T06:00:00 DUE TO TIME LIMIT ***", "time limit"),
+                         ("slurmstepd: error: Job 81 exceeded memory limit (900000 > 327680), being killed",
+                          "out of memory"),
+                         ("*** JOB 82 ON n2 CANCELLED AT 2026-12-01T06:00:00 ***", "cancelled")):
+        log.write_text(sweep.start_line(5, where) + "\n" + line + "\n")
+        assert sweep.killed_reason(plan.out, 5) == reason
+
+
+def test_a_cell_killed_locally_is_failed_with_its_signal(tmp_path, tiny):
+    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    for cell_id in range(1, 8):
+        sweep.run_cell(plan.out, cell_id)
+    dying = tmp_path / "dying-python"
+    dying.write_text(f"#!{sys.executable}\nimport json, os, signal, sys\n"
+                     "folder, cell = sys.argv[5], int(sys.argv[6])\n"
+                     "open(f'{folder}/results/{cell:04d}.started', 'w').write(json.dumps({'key': 'k', 'at': 0}))\n"
+                     "print(f'cell {cell}: started on here (pid 1)', flush=True)\n"
+                     "os.kill(os.getpid(), signal.SIGKILL)\n")
+    dying.chmod(0o755)
+    ran = sweep.run_local(plan.out, 1, python=str(dying))
+    assert ran["ran"] == [0] and ran["exit_codes"] == {0: -9}
+    assert (plan.out / "logs" / "cell-0.log").read_text().endswith("dike-slurm sweep local: cell 0 killed by signal SIGKILL\n")
+    assert sweep.merge(plan.out)["failed"] == [{"id": 0, "label": "fifo", "log": "logs/cell-0.log",
+                                                "error": "killed (signal SIGKILL); no result written"}]
+    assert sweep.run_local(plan.out, 1)["ran"] == [0]  # resumed with the real Python
+    assert sweep.merge(plan.out)["counts"] == {"ok": 8, "failed": 0, "missing": 0}
 
 
 def test_a_failed_cell_fails_alone_and_shows_in_the_merge(tmp_path, tiny):
