@@ -134,11 +134,13 @@ class SimCluster:
         return allowed & (self.free_gpus >= gpus_per_node) & (self.free_cpus >= cpus_per_node)
 
     def choose(self, candidates: np.ndarray, count: int, single_leaf: bool) -> list[int] | None:
-        """Slurm's topology-aware choice (cons_tres, topology/tree) among candidate nodes.
+        """Slurm 22.05's topology-aware choice (cons_tres `_eval_nodes_topo`) among candidate nodes.
 
-        The leaf switch with the most candidate nodes is tried first; if it holds the whole job
-        the job gets its first nodes. Otherwise nodes are taken round-robin, one per leaf in
-        turn, unless the job must stay within one leaf (then: no allocation).
+        Of the leaf switches with at least `count` candidate nodes, the one with the fewest (the
+        tightest fit; the first in topology order on a tie) gives its first nodes. When no leaf
+        holds the job (and it need not stay within one), leaves are used whole, one after the
+        other: each time the tightest leaf that holds the rest, else the one with the most
+        candidates. Measured on the lab: tests/integration/test_fidelity_lab.py.
         """
         picked = np.flatnonzero(candidates)
         if len(picked) < count:
@@ -147,24 +149,21 @@ class SimCluster:
             return picked[:count].tolist()
         leaves = self.leaf_of[picked]
         per_leaf = np.bincount(leaves, minlength=self.leaf_count)
-        best = int(per_leaf.argmax())
-        if per_leaf[best] >= count:
+        holding = np.flatnonzero(per_leaf >= count)
+        if len(holding):
+            best = int(holding[np.argmin(per_leaf[holding])])
             return picked[leaves == best][:count].tolist()
         if single_leaf:
             return None
-        by_leaf: dict[int, list[int]] = {}
-        for node, leaf in zip(picked.tolist(), leaves.tolist()):
-            by_leaf.setdefault(leaf, []).append(node)
         chosen: list[int] = []
-        depth = 0
-        while len(chosen) < count:
-            for leaf in sorted(by_leaf):
-                members = by_leaf[leaf]
-                if depth < len(members):
-                    chosen.append(members[depth])
-                    if len(chosen) == count:
-                        break
-            depth += 1
+        left = count
+        while left > 0:
+            holding = np.flatnonzero(per_leaf >= left)
+            best = int(holding[np.argmin(per_leaf[holding])]) if len(holding) else int(per_leaf.argmax())
+            taken = picked[leaves == best][:left].tolist()
+            chosen += taken
+            left -= len(taken)
+            per_leaf[best] = 0
         return chosen
 
     def leaves_spanned(self, nodes: Iterable[int]) -> int:

@@ -29,8 +29,14 @@ class SimSettings:
     bf_max_job_test: int = 500  # SchedulerParameters=bf_max_job_test
     bf_window_s: float = 86400.0  # SchedulerParameters=bf_window (1440 minutes)
     bf_interval_s: float = 30.0  # SchedulerParameters=bf_interval
+    # The main scheduler: a full pass every sched_interval (Slurm's default 60 s); a change (a
+    # submission, an end, an update) asks for a pass at least batch_sched_delay after the last one
+    # (Slurm's default 3 s, which sim_settings sets). 0 here: a pass at every change, at once.
+    sched_interval_s: float = 60.0
+    batch_sched_delay_s: float = 0.0
     backfill_reservations: int = 16  # blocked jobs planned per pass (Slurm plans every tested job)
     requeueable: bool = True  # slurm.conf JobRequeue (default 1: batch jobs may be requeued)
+    requeue_hold_s: float = 121.0  # a requeued job may start again this long after (cred_expire + 1)
     comm_gpus: int = 8  # communication-heavy threshold (the Dike policy's comm_gpus)
     comm_rules: tuple[CommRule, ...] = ()
 

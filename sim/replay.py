@@ -29,6 +29,9 @@ DEFAULT_MAX_SWITCH_WAIT_S = 300
 DEFAULT_BF_WINDOW_MIN = 1440
 DEFAULT_BF_MAX_JOB_TEST = 500
 DEFAULT_BF_INTERVAL_S = 30
+DEFAULT_CRED_EXPIRE_S = 120  # AuthInfo cred_expire
+DEFAULT_SCHED_INTERVAL_S = 60
+DEFAULT_BATCH_SCHED_DELAY_S = 3
 TIMELINE_BINS = 200
 
 
@@ -125,11 +128,29 @@ def sim_settings(
         bf_max_job_test=_int_parameter(parameters, "bf_max_job_test", DEFAULT_BF_MAX_JOB_TEST, source),
         bf_window_s=60.0 * _int_parameter(parameters, "bf_window", DEFAULT_BF_WINDOW_MIN, source),
         bf_interval_s=float(_int_parameter(parameters, "bf_interval", DEFAULT_BF_INTERVAL_S, source)),
+        sched_interval_s=float(_int_parameter(parameters, "sched_interval", DEFAULT_SCHED_INTERVAL_S, source)),
+        batch_sched_delay_s=float(_int_parameter(parameters, "batch_sched_delay", DEFAULT_BATCH_SCHED_DELAY_S, source)),
         backfill_reservations=replay.backfill_reservations,
         requeueable=conf.options.get("jobrequeue", "1").strip() != "0",
+        requeue_hold_s=requeue_hold_s(conf, source),
         comm_gpus=dike.comm_gpus,
         comm_rules=tuple(dike.comm_rules),
     )
+
+
+def requeue_hold_s(conf: ClusterConf, source: str = "slurm.conf") -> float:
+    """How long a requeued job waits before it may start again: Slurm sets its begin time to the
+    requeue plus the credential lifetime (AuthInfo cred_expire, default 120 s) plus 1 s (22.05
+    job_mgr.c `_job_requeue_op`; measured: tests/integration/test_fidelity_lab.py)."""
+    lifetime = DEFAULT_CRED_EXPIRE_S
+    for item in conf.options.get("authinfo", "").split(","):
+        key, _, value = item.strip().partition("=")
+        if key.lower() == "cred_expire":
+            try:
+                lifetime = int(value)
+            except ValueError:
+                raise InputError(f"AuthInfo cred_expire={value!r} is not an integer", source=source) from None
+    return float(lifetime + 1)
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class Simulator:
         self.postponed_cycle: float | None = None  # due time of a cycle waiting to be evaluated
         self.idle_since: float | None = None  # jobs wait on an idle cluster since then
         self.changed = False  # something happened since the last main pass
+        self.last_main_pass = -INFINITY
+        self.main_pass_due: float | None = None  # a main pass is scheduled then
         self.backfill_changed = False  # ... since the last backfill pass
         self.usage = DecayedUsage(settings.usage_half_life_s)
         # Usage is kept per owner as the live engine keeps it: by account when the policy's
@@ -154,6 +156,11 @@ class Simulator:
         self.now = now
         if kind >= MAIN_PASS:
             if kind == MAIN_PASS:
+                if now != self.main_pass_due:
+                    return  # superseded by an earlier pass
+                self.main_pass_due = None
+                self.last_main_pass = now
+                self.changed = False  # the pass sees everything so far
                 self._pass(self.scheduler.main_pass, now)
             elif self.backfill_changed:
                 self.backfill_changed = False
@@ -180,10 +187,29 @@ class Simulator:
         self.instant_open = False
         if self.changed:
             self.changed = False
-            self._push(self.now, MAIN_PASS)
+            due = self._main_pass_time(self.now)
+            if self.main_pass_due is None or due < self.main_pass_due:
+                self.main_pass_due = due
+                self._push(due, MAIN_PASS)
         if self.backfill_due:
             self.backfill_due = False
             self._push(self.now, BACKFILL_PASS)
+
+    def _main_pass_time(self, now: float) -> float:
+        """When Slurm's main scheduler runs after a change at `now` (22.05 controller.c): a change
+        asks for a pass, which runs once `batch_sched_delay` has passed since the last pass, or at
+        the periodic full pass (every `sched_interval`) if that comes first. With a delay of 0 (the
+        SimSettings default) the pass runs at once."""
+        delay = self.settings.batch_sched_delay_s
+        if delay <= 0:
+            return now
+        period = self.settings.sched_interval_s
+        origin = self.timeline.origin
+        previous_full = origin + math.floor((now - origin) / period) * period
+        if previous_full == now:
+            return now
+        last = max(self.last_main_pass, previous_full)
+        return min(max(now, last + delay), previous_full + period)
 
     def _pass(self, scheduler_pass: Callable[[float, set[Shape]], None], now: float) -> None:
         """A scheduling pass; a postponed cycle is evaluated first if a job it covers could start."""
@@ -337,7 +363,11 @@ class Simulator:
         job.pending_since = now
         job.switch_wait_start = None
         self.stats.preemptions += 1
+        # Slurm holds a requeued job: its begin time becomes now + cred_expire + 1 (121 s by default).
+        job.eligible_at = max(job.eligible_at, now + self.settings.requeue_hold_s)
         self._enter_pending(job)
+        if job.eligible_at > now:
+            self._push(job.eligible_at, WAKE, job)
 
     def _remember_service(self, gpu_seconds: float) -> None:
         if not self.keeps_history:

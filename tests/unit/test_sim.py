@@ -196,13 +196,62 @@ def test_exclude_nodes_are_never_used():
 # ----------------------------------------------------------------------------- topology and communication
 
 
-def spread_trace(heavy_submit=1):
-    """n1 and n3 busy for 1000 s, so a two-node job gets one node under each leaf switch."""
+def spread_trace(heavy_submit=11, **heavy):
+    """n1 and n3 busy for 1000 s (n2 for the first 10 s), so a two-node job submitted after 10 s gets
+    one node under each leaf switch."""
     return [
         job(1, 0, 8, 1000, limit=1000),  # leaves tie: the first (s1) -> n1
-        job(2, 0, 8, 1000, limit=1000),  # s2 has the most free nodes -> n3
-        job(3, heavy_submit, 16, 100, nodes=2, limit=200),
+        job(2, 0, 8, 10, limit=10),  # s1 holds it with fewer free nodes than s2 (the tightest leaf) -> n2
+        job(4, 0, 8, 1000, limit=1000),  # only s2 holds it -> n3
+        job(3, heavy_submit, 16, 100, nodes=2, limit=200, **heavy),
     ]
+
+
+def test_the_main_scheduler_runs_at_most_every_batch_sched_delay():
+    """Slurm 22.05 (controller.c): a change asks for a main pass, which runs once batch_sched_delay
+    has passed since the last pass, or at the periodic full pass (every sched_interval) if that
+    comes first; jobs do not start the moment a node frees (measured on the lab: job starts fall on
+    the pass grid, tests/integration/test_fidelity_lab.py). Passes at 0 (job 1 starts), 3 (job 2,
+    submitted at 1, waits) and 9 (job 3 submitted); job 1 ends at 10, the next pass is 3 s after
+    the last: 12; job 2 ends at 17, 8 s after the last pass: at once."""
+    trace = [job(1, 0, 8, 10), job(2, 1, 8, 5), job(3, 9, 8, 5)]
+    results, _ = simulate(trace, batch_sched_delay_s=3.0, sched_interval_s=60.0)
+    assert [results[i].start for i in (1, 2, 3)] == [0, 12, 17]
+    results, _ = simulate(trace, batch_sched_delay_s=0.0)  # a pass at every change
+    assert [results[i].start for i in (1, 2, 3)] == [0, 10, 15]
+    results, _ = simulate(trace, batch_sched_delay_s=3.0, sched_interval_s=5.0)  # t=10 is a full pass
+    assert [results[i].start for i in (1, 2, 3)] == [0, 10, 15]
+
+
+def test_the_scheduler_timing_comes_from_slurm_conf():
+    from dike_slurm.config import Config
+    from dike_slurm.sim.replay import sim_settings
+
+    settings = sim_settings(Config(), parse_slurm_conf(FOUR_NODES))
+    assert (settings.sched_interval_s, settings.batch_sched_delay_s) == (60, 3)
+    conf = parse_slurm_conf("SchedulerParameters=bf_interval=5,sched_interval=5,batch_sched_delay=1\n" + FOUR_NODES)
+    settings = sim_settings(Config(), conf)
+    assert (settings.sched_interval_s, settings.batch_sched_delay_s, settings.bf_interval_s) == (5, 1, 5)
+
+
+def test_node_choice_is_slurms_tightest_leaf():
+    """select/cons_tres with topology/tree, as measured on the lab (tests/integration/test_fidelity_lab.py):
+    the leaf that holds the job with the fewest usable nodes; spread, whole leaves one after the other."""
+    import numpy as np
+
+    cluster = SimCluster(parse_slurm_conf(FOUR_NODES), parse_topology_conf(TWO_LEAVES))
+    mask = lambda *bits: np.array(bits, dtype=bool)  # noqa: E731
+    assert cluster.choose(mask(1, 1, 1, 1), 1, False) == [0]  # a tie: the first leaf
+    assert cluster.choose(mask(1, 1, 0, 1), 1, False) == [3]  # n3 busy: s2 (n4 alone) fits tightest
+    assert cluster.choose(mask(1, 1, 0, 1), 2, False) == [0, 1]  # only s1 holds two
+    assert cluster.choose(mask(1, 0, 1, 0), 2, True) is None
+    assert cluster.choose(mask(1, 0, 1, 0), 2, False) == [0, 2]
+    six = "NodeName=n[1-6] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-6] Default=YES\n"
+    three = "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\nSwitchName=s3 Nodes=n[5-6]\n"
+    cluster = SimCluster(parse_slurm_conf(six), parse_topology_conf(three))
+    # no leaf holds three: the largest (s2, the first of s2 and s3) whole, then the tightest for the
+    # last node (s1 with one usable node, not s3 with two); round-robin would give n1, n3, n5
+    assert cluster.choose(mask(1, 0, 1, 1, 1, 1), 3, False) == [2, 3, 0]
 
 
 @pytest.mark.parametrize("penalty, run_time", [(0.0, 100), (0.5, 150), (1.0, 200), (2.35, 335)])
@@ -210,16 +259,15 @@ def test_comm_penalty_when_a_heavy_job_is_spread(penalty, run_time):
     results, _ = simulate(spread_trace(), conf=FOUR_NODES, topology=TWO_LEAVES, comm_penalty=penalty)
     heavy = results[3]
     assert heavy.leaves == 2 and not heavy.consolidated
-    assert heavy.start == 1 and heavy.end - heavy.start == pytest.approx(run_time)
+    assert heavy.start == 11 and heavy.end - heavy.start == pytest.approx(run_time)
     assert heavy.gpu_seconds == pytest.approx(16 * run_time)
 
 
 def test_no_penalty_when_consolidated_or_light():
     results, _ = simulate([job(1, 0, 8, 1000), job(3, 1, 16, 100, nodes=2)], conf=FOUR_NODES, topology=TWO_LEAVES)
     assert results[3].leaves == 1 and results[3].consolidated and results[3].end == 101
-    tagged_light = [job(1, 0, 8, 1000), job(2, 0, 8, 1000), job(3, 1, 16, 100, nodes=2, comment="dike:comm=low")]
-    results, _ = simulate(tagged_light, conf=FOUR_NODES, topology=TWO_LEAVES)
-    assert results[3].leaves == 2 and not results[3].heavy and results[3].end == 101
+    results, _ = simulate(spread_trace(comment="dike:comm=low"), conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert results[3].leaves == 2 and not results[3].heavy and results[3].end == 111
 
 
 def test_switches_wait_then_runs_anywhere():
@@ -242,7 +290,8 @@ def test_the_switches_clock_runs_while_the_job_fits_nowhere():
     and n3 for 100 s, long jobs n2 and n4; the two-node job asks for one leaf with a 40 s wait
     from t=0 and fits nowhere until t=100. Slurm 22.05 started it spread 1 s after the nodes
     freed: its wait had run out while nothing fit."""
-    trace = [job(1, 0, 8, 100), job(2, 0, 8, 100), job(3, 0, 8, 1000), job(4, 0, 8, 1000), job(5, 0, 16, 10, nodes=2)]
+    # in submit order onto n1, n2 (the tightest leaf), n3, n4: the blockers are jobs 1 and 3
+    trace = [job(1, 0, 8, 100), job(2, 0, 8, 1000), job(3, 0, 8, 100), job(4, 0, 8, 1000), job(5, 0, 16, 10, nodes=2)]
     results, _ = simulate(trace, Consolidate(), ConsolidateParams(wait_s=40), conf=FOUR_NODES, topology=TWO_LEAVES)
     assert [results[i].start for i in (1, 2, 3, 4)] == [0, 0, 0, 0]
     assert results[5].start == 100 and results[5].leaves == 2
@@ -259,8 +308,10 @@ def test_switches_are_ignored_without_a_topology():
 def test_preemption_requeues_with_restart_cost_and_keeps_service():
     policy = LeastServedPreempting()
     trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
-    # checkpoint_interval_s=0: every second of work is kept (the loss model is tested below)
-    results, simulator = simulate(trace, policy, PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=0.0)
+    # checkpoint_interval_s=0: every second of work is kept (the loss model is tested below); no
+    # requeue hold (Slurm's, tested below), so job 1 may start again as soon as job 2 ends
+    results, simulator = simulate(trace, policy, PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=0.0,
+                                  requeue_hold_s=0.0)
     first, second = results[1], results[2]
     assert second.start == 120 and second.end == 220  # job 1 requeued at the cycle of t=120
     assert first.preemptions == 1 and simulator.stats.preemptions == 1
@@ -281,7 +332,8 @@ def test_preemption_requeues_with_restart_cost_and_keeps_service():
 def test_a_requeue_loses_the_work_since_the_last_checkpoint_and_the_restart():
     trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
     results, _ = simulate(
-        trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=50.0
+        trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0, checkpoint_interval_s=50.0,
+        requeue_hold_s=0.0,
     )
     first = results[1]
     # Requeued at t=120 after 120 s of work: checkpoints at 50 and 100 keep 100 s, 20 s are lost.
@@ -289,6 +341,31 @@ def test_a_requeue_loses_the_work_since_the_last_checkpoint_and_the_restart():
     assert first.end == 220 + 60 + 900
     assert first.lost_gpu_s == 8 * (20 + 60)  # the lost work and the restart
     assert first.gpu_seconds == 8 * (120 + 960)
+
+
+def test_a_requeued_job_is_held_as_slurm_holds_it():
+    """Slurm sets a requeued job's begin time to the requeue + cred_expire + 1 s (121 s by default;
+    tests/integration/test_fidelity_lab.py): job 1, requeued at t=120, may not start before t=241,
+    although job 2 ends at t=220; job 3 (submitted at 200) takes the free node meanwhile."""
+    trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
+    results, _ = simulate(trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0,
+                          checkpoint_interval_s=0.0)
+    assert results[2].start == 120 and results[2].end == 220
+    assert results[3].start == 220 and results[3].end == 230
+    assert results[1].preemptions == 1 and results[1].end == 241 + 60 + 880
+    assert results[1].wait_s == 121
+
+
+def test_the_requeue_hold_comes_from_authinfo_cred_expire():
+    from dike_slurm.config import Config
+    from dike_slurm.errors import InputError
+    from dike_slurm.sim.replay import sim_settings
+
+    assert sim_settings(Config(), parse_slurm_conf(FOUR_NODES)).requeue_hold_s == 121
+    conf = parse_slurm_conf("AuthInfo=socket=/run/m.sock,cred_expire=30\n" + FOUR_NODES)
+    assert sim_settings(Config(), conf).requeue_hold_s == 31
+    with pytest.raises(InputError):
+        sim_settings(Config(), parse_slurm_conf("AuthInfo=cred_expire=soon\n" + FOUR_NODES))
 
 
 def test_the_replay_guard_refuses_what_the_live_engine_would_refuse():

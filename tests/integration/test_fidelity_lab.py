@@ -1,0 +1,101 @@
+"""Slurm behaviours the replay simulator follows, pinned on the lab (found by `make fidelity`,
+bench/fidelity.py; docs/replay.md, "Fidelity").
+
+The lab: leaves s1 = n[1-2] and s2 = n[3-4], 8 GPUs per node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+SlurmLab = Any
+
+
+def wait_running(lab: SlurmLab, job_id: int, timeout: float = 60) -> list[str]:
+    lab.wait_for(lambda: lab.job_state(job_id) == "RUNNING", timeout, f"job {job_id} RUNNING")
+    return lab.job_nodes(job_id)
+
+
+def test_a_job_goes_to_the_leaf_that_fits_it_most_tightly(slurm_lab):
+    """select/cons_tres with topology/tree (22.05 `_eval_nodes_topo`, `_topo_compare_switches`):
+    among the leaf switches with enough nodes that can take the job, the one with the FEWEST such
+    nodes; its nodes in slurm.conf order. The simulator took the leaf with the most (before the
+    fix), which fragments the leaves multi-node jobs need."""
+    lab = slurm_lab
+    holder = lab.sbatch("-w", "n3", "--gres=gpu:8", "--wrap", "sleep 600")
+    assert wait_running(lab, holder) == ["n3"]
+    # n1, n2 under s1 and n4 under s2 can take it: s2 holds fewer, so n4 (the most-nodes rule: n1)
+    first = lab.sbatch("--gres=gpu:1", "--wrap", "sleep 600")
+    assert wait_running(lab, first) == ["n4"]
+    # n4 still has 7 GPUs: the same leaf again, not the emptier s1
+    second = lab.sbatch("--gres=gpu:2", "--wrap", "sleep 600")
+    assert wait_running(lab, second) == ["n4"]
+    # a two-node job fits only s1 now (s2 has one usable node): n1 and n2
+    pair = lab.sbatch("-N2", "--gres=gpu:4", "--wrap", "sleep 600")
+    assert sorted(wait_running(lab, pair)) == ["n1", "n2"]
+
+
+
+def job_fields(lab: SlurmLab, job_id: int) -> dict[str, str]:
+    """`scontrol -o show job` as key -> value (the fields read here hold no spaces)."""
+    out = lab.run("scontrol", "-o", "show", "job", str(job_id)).stdout
+    return dict(word.split("=", 1) for word in out.split() if "=" in word)
+
+
+def epoch(text: str) -> float:
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+def test_a_requeued_job_is_held_for_the_credential_lifetime(slurm_lab):
+    """`scontrol requeue` (what the engine's preemption does) puts the job back with a new submit
+    time and a begin time of now + cred_expire + 1 = 121 s (22.05 job_mgr.c; AuthInfo has no
+    cred_expire on the lab, so Slurm's default 120 s): it cannot start again for two minutes, even
+    on an idle cluster. The simulator holds requeued jobs as long (SimSettings.requeue_hold_s)."""
+    lab = slurm_lab
+    job = lab.sbatch("--requeue", "--gres=gpu:1", "--wrap", "sleep 600")
+    wait_running(lab, job)
+    before = job_fields(lab, job)
+    requeued_at = time.time()
+    lab.run("scontrol", "requeue", str(job))
+    fields = lab.wait_for(lambda: (f := job_fields(lab, job))["JobState"] == "PENDING" and f, 30, "job pending again")
+    hold = epoch(fields["EligibleTime"]) - requeued_at
+    assert 119 <= hold <= 124, fields["EligibleTime"]
+    assert epoch(fields["SubmitTime"]) > epoch(before["SubmitTime"])
+    # 10 s on an idle cluster (two scheduling passes) and it still waits for its begin time
+    time.sleep(10)
+    fields = job_fields(lab, job)
+    assert fields["JobState"] == "PENDING" and fields["Reason"] == "BeginTime", fields
+
+
+def main_cycles(lab: SlurmLab) -> int:
+    """The main scheduler's passes since the last `sdiag -r` (sdiag's "Main schedule statistics")."""
+    out = lab.run("sdiag").stdout
+    section = out.split("Main schedule statistics", 1)[1]
+    for line in section.splitlines():
+        if line.strip().startswith("Total cycles:"):
+            return int(line.split(":", 1)[1])
+    raise AssertionError(f"no main-scheduler 'Total cycles' in sdiag:\n{out}")
+
+
+def test_the_main_scheduler_is_not_run_at_every_event(slurm_lab):
+    """slurmctld (22.05 controller.c) runs the main scheduler every sched_interval (5 s on the lab)
+    and, when something asked for it (a submission, a job's end, an update), no sooner than
+    batch_sched_delay (3 s) after its last pass: 20 events within a few seconds get a handful of
+    passes, not 20, and jobs start at those passes rather than the moment their nodes free. The
+    simulator schedules its main pass so (SimSettings.sched_interval_s, batch_sched_delay_s); with a
+    pass at every change the fidelity replay ran 19% faster than the lab (docs/replay.md, Fidelity)."""
+    lab = slurm_lab
+    lab.run("sdiag", "-r")
+    started = time.monotonic()
+    jobs = []
+    for _ in range(10):
+        jobs.append(lab.sbatch("--gres=gpu:1", "--wrap", "sleep 1"))
+        time.sleep(0.3)  # the events are spread over 3 s on purpose
+    lab.wait_for(lambda: not (set(lab.job_ids()) & set(jobs)), 60, "the ten jobs to end")
+    window = time.monotonic() - started
+    cycles = main_cycles(lab)
+    # 10 submissions and 10 ends: a pass at every event would be 20; rate-limited at most one per
+    # batch_sched_delay plus the periodic passes (and one at the start)
+    assert 1 <= cycles <= window / 3 + window / 5 + 2, f"{cycles} main passes in {window:.1f} s"
