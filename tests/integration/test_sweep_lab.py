@@ -1,6 +1,6 @@
 """A sweep as a real Slurm job array on the lab: submitted, waited for, merged, and compared bit for
-bit with the same cells run by `sweep local`; a failed cell shows as failed; re-submitting runs
-only the unfinished cells.
+bit with the same cells run by `sweep local`; a failed cell and a cancelled one show as failed;
+re-submitting runs only the unfinished cells.
 
 The array's tasks call this checkout's Python by its absolute path, so this needs the 22.05 lab,
 whose jobs run on this host; the 24.11 and 26.05 labs run their jobs inside a chroot where this
@@ -126,10 +126,22 @@ def test_sweep_as_a_job_array_matches_local_runs_bit_for_bit(slurm_lab: SlurmLab
     resubmitted = dike_slurm(slurm_lab, "sweep", "submit", str(on_slurm), "--sbatch", sbatch, cwd=tmp_path)
     second = int(resubmitted.stdout.splitlines()[-1])
     assert second != job_id and "6 cells (3,7,12-15)" in resubmitted.stdout
+    # Cell 3 is cancelled while it runs: slurmstepd's line in its log makes it a failed cell.
+    log3 = on_slurm / "logs" / "cell-3.log"
+    slurm_lab.wait_for(lambda: f"Slurm job {second}_3)" in log3.read_text(), 120, "cell 3 did not start", interval=0.5)
+    slurm_lab.run("scancel", f"{second}_3")
     states = wait_for_array(slurm_lab, second, 6)
-    assert states == {3: "COMPLETED", 7: "COMPLETED", 12: "FAILED", 13: "FAILED", 14: "FAILED", 15: "FAILED"}
+    assert states == {3: "CANCELLED", 7: "COMPLETED", 12: "FAILED", 13: "FAILED", 14: "FAILED", 15: "FAILED"}
     for i, before in kept.items():
         assert (on_slurm / "results" / f"{i:04d}.json").read_bytes() == before  # not run again
+    status = json.loads(dike_slurm(slurm_lab, "sweep", "status", str(on_slurm), "--json", cwd=tmp_path).stdout)
+    assert status["counts"] == {"ok": 11, "failed": 5, "started": 0, "missing": 0}
+    assert {"id": 3, "state": "failed", "log": "logs/cell-3.log",
+            "error": "killed (cancelled); no result written"} in status["unfinished"]
+
+    third = dike_slurm(slurm_lab, "sweep", "submit", str(on_slurm), "--sbatch", sbatch, cwd=tmp_path)
+    assert "5 cells (3,12-15)" in third.stdout
+    wait_for_array(slurm_lab, int(third.stdout.splitlines()[-1]), 5)
     again = json.loads(dike_slurm(slurm_lab, "sweep", "merge", str(on_slurm), "--json", cwd=tmp_path).stdout)
     assert json.dumps(again) == json.dumps(local_merged)
-    assert json.loads((on_slurm / "results" / "0003.json").read_text())["run"]["slurm_job"] == f"{second}_3"
+    assert json.loads((on_slurm / "results" / "0007.json").read_text())["run"]["slurm_job"] == f"{second}_7"
