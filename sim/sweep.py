@@ -465,6 +465,7 @@ def write_plan(spec: Spec, out: Path, *, python: str | None = None) -> Plan:
     holds other cells is refused.
     """
     out = out.resolve()
+    _check_folder(out)
     cells = expand(spec)
     config_sha = _sha(spec.config)
     keys = [cell.key(config_sha) for cell in cells]
@@ -508,6 +509,12 @@ def write_plan(spec: Spec, out: Path, *, python: str | None = None) -> Plan:
     return Plan(out, spec.name, len(cells), created, script, mem_mb, time_min)
 
 
+def _check_folder(out: Path) -> None:
+    if not _SAFE_PATH.match(str(out)):
+        raise InputError("the sweep folder's path must be plain (letters, digits, / . _ - + , : @ =): "
+                         "sbatch reads it from an #SBATCH line", source=str(out))
+
+
 def read_plan(out: Path) -> dict:
     path = out / PLAN_FILE
     try:
@@ -524,9 +531,7 @@ def read_plan(out: Path) -> dict:
 
 def array_script(spec: Spec, out: Path, cells: int, mem_mb: int, time_min: int, python: str) -> str:
     """The sbatch script: one array task per cell, each `sweep run DIR $SLURM_ARRAY_TASK_ID`."""
-    if not _SAFE_PATH.match(str(out)):
-        raise InputError("the sweep folder's path must be plain (letters, digits, / . _ - + , : @ =): "
-                         "sbatch reads it from an #SBATCH line", source=str(out))
+    _check_folder(out)
     options = spec.slurm
     job_name = options.job_name or f"dike-sweep-{spec.name}"
     hours, minutes = divmod(time_min, 60)

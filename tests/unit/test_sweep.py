@@ -185,6 +185,7 @@ def test_array_script_sizes_and_quotes(tmp_path, tiny):
     spaced = tmp_path / "with space"
     with pytest.raises(InputError, match="path must be plain"):
         sweep.write_plan(spec, spaced)
+    assert not spaced.exists()  # refused before anything is written
     fixed = sweep.load_spec(basic_spec(tmp_path, tiny, "[slurm]\nmem_mb = 999\ntime_min = 125"))
     again = sweep.write_plan(fixed, tmp_path / "fixed")
     assert "#SBATCH --mem=999M" in again.script and "#SBATCH --time=2:05:00" in again.script
