@@ -19,14 +19,16 @@ squares over the steady days: after every window has filled (accounting.lookback
 retention's audit_days and cycles_days).
 
 What the harness does besides driving the engine: the simulated slurmdbd's finished-job records
-older than the look-back (which the engine never asks for again) are dropped, and the
-simulator's replay metrics are not collected; both would otherwise grow in this process and be
-counted as the engine's RSS. CPU seconds throughout (the machine is shared).
+older than the look-back (which the engine never asks for again) are dropped, the simulated
+backend's per-job count of recorded GPU-seconds is dropped once the job has finished, and the
+simulator's replay metrics are not collected; all three would otherwise grow in this process
+and be counted as the engine's memory. CPU seconds throughout (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -50,7 +52,7 @@ DAY = 86400.0
 ID_OFFSET = 1_000_000
 TIME_COLUMNS = ("Submit", "Eligible", "Start", "End")
 ID_COLUMNS = ("JobID", "JobIDRaw")
-SERIES = ("rss_mb", "state_mb", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
+SERIES = ("rss_mb", "py_blocks", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
 
 
 def repeated_trace(case: Path, out: Path, days: float, period_days: float) -> int:
@@ -90,6 +92,10 @@ class TimedBackend(SimulatedBackend):
         self.keep_records_s = keep_records_s
         self.read_cpu_s = 0.0
         self.collector = lambda result: None  # the replay's metrics: not the engine's memory
+
+    def _finished(self, result) -> None:
+        super()._finished(result)
+        self.recorded_gpu_s.pop(result.job_id, None)  # needed only until the job's last run is recorded
 
     def read_cluster(self):
         started = time.process_time()
@@ -146,9 +152,11 @@ def fit(days: list[int], values: list[float]) -> dict[str, float]:
             "year_pct": 100.0 * slope * 365 / my if my else math.nan, "days": n}
 
 
-def flat(result: dict[str, float]) -> bool:
+def flat(result: dict[str, float]) -> bool | None:
     """Growth within noise: the slope is within two standard errors of zero, or a year of it is
-    under 5 % of the mean."""
+    under 5 % of the mean (None: too few days to say)."""
+    if math.isnan(result["slope_per_day"]):
+        return None
     return abs(result["slope_per_day"]) <= 2 * result["stderr"] or abs(result["year_pct"]) < 5.0
 
 
@@ -190,9 +198,13 @@ def run(args: argparse.Namespace) -> dict:
     def close_day() -> None:
         nonlocal day_cycles, day_engine, day_writes
         tables = store.table_rows()
+        gc.unfreeze()  # the engine freezes what a cycle leaves (dike_slurm/gcpause.py): count it too
+        gc.collect()  # what is left is what something still holds
         rows.append({
             "day": day + 1, "cycles": len(day_cycles), "writes": day_writes,
             "rss_mb": round(rss_mb(), 2), "state_mb": round(state_bytes(state) / 2**20, 3),
+            "py_objects": len(gc.get_objects()), "py_blocks": sys.getallocatedblocks(),
+            "state_bytes_per_row": round(state_bytes(state) / max(1, sum(tables.values())), 1),
             "cycle_p50_ms": round(1000 * percentile(day_cycles, 50), 2),
             "cycle_p99_ms": round(1000 * percentile(day_cycles, 99), 2),
             "engine_p50_ms": round(1000 * percentile(day_engine, 50), 2),
@@ -228,29 +240,50 @@ def run(args: argparse.Namespace) -> dict:
     if day_cycles and day < args.days:
         close_day()
     store.close()
-    warm = max(args.lookback_days, args.audit_days) + 1
-    steady = [r for r in rows if r["day"] > warm]
+    steady = [r for r in rows if r["day"] >= args.steady_from_day]
     fits = {name: fit([r["day"] for r in steady], [r[name] for r in steady]) for name in SERIES}
     fits["audit_rows"] = fit([r["day"] for r in steady], [r["rows"]["audit"] for r in steady])
     return {
         "case": args.case, "copies": copies, "period_days": args.period_days, "days": len(rows),
         "interval_s": args.interval_s, "lookback_days": args.lookback_days, "audit_days": args.audit_days,
         "cycles": total_cycles, "writes": total_writes, "wall_s": round(time.monotonic() - wall_started, 1),
-        "steady_from_day": warm + 1, "per_day": rows, "fits": fits,
-        "flat": {name: flat(f) for name, f in fits.items() if name in SERIES},
+        "steady_from_day": args.steady_from_day, "per_day": rows, "periods": periods(rows, args.period_days),
+        "fits": fits, "flat": {name: flat(f) for name, f in fits.items() if name in SERIES},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
+
+
+def periods(rows: list[dict], period_days: float) -> list[dict]:
+    """Each whole repeat of the trace: its workload (cycles, writes) and the means of the series."""
+    length = int(period_days)
+    result = []
+    for start in range(1, len(rows) - length + 2, length):
+        days = [r for r in rows if start <= r["day"] < start + length]
+
+        def mean(name: str, days: list[dict] = days) -> float:
+            values = [r[name] for r in days if not math.isnan(r[name])]
+            return round(sum(values) / len(values), 2) if values else math.nan
+
+        result.append({
+            "days": f"{start}-{start + length - 1}", "cycles": sum(r["cycles"] for r in days),
+            "writes": sum(r["writes"] for r in days),
+            "audit_rows": round(sum(r["rows"]["audit"] for r in days) / len(days)),
+            **{name: mean(name) for name in SERIES}, "rss_max_mb": max(r["rss_mb"] for r in days),
+            "state_max_mb": max(r["state_mb"] for r in days),
+        })
+    return result
 
 
 def format_row(row: dict) -> str:
     tables = row["rows"]
     return (f"{row['day']:>4} {row['cycles']:>6} {row['writes']:>7} {row['active_jobs']:>6} {row['rss_mb']:>8.1f} "
+            f"{row['py_blocks'] / 1000:>8.1f} "
             f"{row['state_mb']:>8.2f} {tables['audit']:>8} {tables['cycles']:>7} {tables['jobs']:>6} "
             f"{tables['owned']:>6} {tables['runs']:>6} {row['cycle_p50_ms']:>8.1f} {row['cycle_p99_ms']:>8.1f} "
             f"{row['engine_p50_ms']:>8.1f} {row['engine_p99_ms']:>8.1f}")
 
 
-HEADER = (f"{'day':>4} {'cycles':>6} {'writes':>7} {'active':>6} {'RSS MB':>8} {'state MB':>8} {'audit':>8} "
+HEADER = (f"{'day':>4} {'cycles':>6} {'writes':>7} {'active':>6} {'RSS MB':>8} {'blocks k':>8} {'state MB':>8} {'audit':>8} "
           f"{'cycles':>7} {'jobs':>6} {'owned':>6} {'runs':>6} {'p50 ms':>8} {'p99 ms':>8} {'eng p50':>8} "
           f"{'eng p99':>8}")
 
@@ -259,14 +292,25 @@ def report_text(result: dict) -> str:
     lines = [f"soak: {result['case']} x{result['copies']} (a copy every {result['period_days']:g} days), "
              f"{result['days']} simulated days, a cycle every {result['interval_s']:g} s while jobs wait: "
              f"{result['cycles']} cycles, {result['writes']} writes, {result['wall_s']:.0f} s wall",
-             "   (jobs: active jobs at the day's last cycle; audit..runs: rows per table; p50/p99: the day's cycles, "
-             "CPU ms; eng: the cycle less the simulated Slurm's reads)",
+             "   (active: jobs at the day's last cycle; blocks k: Python's allocated memory blocks after a collection, "
+             "thousands; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
+             "simulated Slurm's reads)",
              HEADER]
     lines += [format_row(r) for r in result["per_day"]]
-    lines.append(f"growth per day over days {result['steady_from_day']}-{result['days']} (after the look-back "
-                 f"{result['lookback_days']:g} d and retention {result['audit_days']:g} d filled):")
+    lines.append(f"per repeat of the trace ({result['period_days']:g} days; means of the days):")
+    lines.append(f"{'days':>7} {'cycles':>6} {'writes':>6} {'audit':>6} {'RSS MB':>7} {'max':>6} {'blocks':>8} "
+                 f"{'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
+    for p in result["periods"]:
+        lines.append(f"{p['days']:>7} {p['cycles']:>6} {p['writes']:>6} {p['audit_rows']:>6} {p['rss_mb']:>7.2f} "
+                     f"{p['rss_max_mb']:>6.1f} {p['py_blocks']:>8.0f} {p['state_mb']:>8.2f} {p['state_max_mb']:>6.2f} "
+                     f"{p['state_bytes_per_row']:>6.0f} "
+                     f"{p['cycle_p50_ms']:>7.1f} {p['cycle_p99_ms']:>7.1f} {p['engine_p50_ms']:>7.1f} "
+                     f"{p['engine_p99_ms']:>7.1f}")
+    lines.append(f"growth per day over days {result['steady_from_day']}-{result['days']} (least squares over the days; "
+                 f"look-back {result['lookback_days']:g} d, retention {result['audit_days']:g} d):")
     for name, f in result["fits"].items():
-        verdict = "" if name not in result["flat"] else ("  flat" if result["flat"][name] else "  GROWS")
+        verdict = {None: "  (too few days)", True: "  flat", False: "  GROWS"}[result["flat"][name]] \
+            if name in result["flat"] else ""
         lines.append(f"  {name:<14} {f['slope_per_day']:+.4g} /day (+/- {f['stderr']:.2g}), mean {f['mean']:.4g}, "
                      f"a year of it: {f['year_pct']:+.1f}% of the mean{verdict}")
     return "\n".join(lines)
@@ -281,7 +325,9 @@ def plot(result: dict, path: Path) -> None:
     days = [r["day"] for r in result["per_day"]]
     figure, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=110, sharex=True)
     panels = [
-        (axes[0][0], "process RSS (MB)", {"RSS": [r["rss_mb"] for r in result["per_day"]]}),
+        (axes[0][0], "process RSS (MB); Python's allocated blocks (thousands)", {
+            "RSS": [r["rss_mb"] for r in result["per_day"]],
+            "blocks / 1000": [r["py_blocks"] / 1000 for r in result["per_day"]]}),
         (axes[0][1], "state file with -wal, -shm (MB)", {"state": [r["state_mb"] for r in result["per_day"]]}),
         (axes[1][0], "cycle CPU time (ms)", {
             "cycle p50": [r["cycle_p50_ms"] for r in result["per_day"]],
@@ -319,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="accounting.lookback_days (default: %(default)s; the built-in 30 would leave fewer steady days)")
     parser.add_argument("--audit-days", type=float, default=14.0,
                         help="retention of the audit and cycle rows (default: %(default)s, so that it fills early)")
+    parser.add_argument("--steady-from-day", type=int, default=46,
+                        help="fit the growth from this day (default: %(default)s: the 14-day windows are full and the "
+                             "simulated cluster's load per repeat has settled, see the per-repeat table)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for soak.json, soak.png (default: bench/results)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each day as it closes")
     args = parser.parse_args(argv)

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_short_soak_measures_every_day_and_its_retention_deletes(tmp_path: Path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), "--case", "philly-0e4a51-s3", "--period-days", "9",
-         "--days", "6", "--interval-s", "3600", "--lookback-days", "1", "--audit-days", "1", "--results", str(tmp_path)],
+         "--days", "6", "--interval-s", "3600", "--lookback-days", "1", "--audit-days", "1", "--steady-from-day", "3",
+         "--results", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a series grows (six days are mostly warm-up)
@@ -26,6 +27,7 @@ def test_a_short_soak_measures_every_day_and_its_retention_deletes(tmp_path: Pat
     assert all(d["engine_p50_ms"] <= d["cycle_p50_ms"] for d in busy)
     # retention of one day: the audit holds fewer rows than the writes made, and cycle rows < cycles run
     assert days[-1]["rows"]["audit"] < document["writes"] and days[-1]["rows"]["cycles"] < document["cycles"]
-    assert set(document["fits"]) >= {"rss_mb", "state_mb", "cycle_p50_ms", "cycle_p99_ms"}
+    assert set(document["fits"]) >= {"rss_mb", "py_blocks", "state_mb", "cycle_p50_ms", "cycle_p99_ms"}
+    assert all(d["py_blocks"] > 1000 and d["py_objects"] > 1000 for d in days)
     assert (tmp_path / "soak.png").stat().st_size > 1000
     assert "growth per day over days" in proc.stdout
