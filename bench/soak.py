@@ -359,15 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", default="philly-b436b2-s3", help="examples/corpus case (default: %(default)s)")
     parser.add_argument("--days", type=int, default=90, help="simulated days (default: %(default)s)")
     parser.add_argument("--interval-s", type=float, default=1200.0, help="cycle interval, simulated (default: %(default)s)")
-    parser.add_argument("--period-days", type=float, default=15.0,
-                        help="a copy of the case every this many days (default: %(default)s: offered load 1.5 x 9/15 = 0.9)")
+    parser.add_argument("--period-days", type=float, default=20.0,
+                        help="a copy of the case every this many days (default: %(default)s: offered load 1.5 x 9/20 = "
+                             "0.68; at 15 days, 0.9, the load grows from one copy to the next)")
     parser.add_argument("--lookback-days", type=float, default=14.0,
                         help="accounting.lookback_days (default: %(default)s; the built-in 30 would leave fewer steady days)")
     parser.add_argument("--audit-days", type=float, default=14.0,
                         help="retention of the audit and cycle rows (default: %(default)s, so that it fills early)")
-    parser.add_argument("--steady-from-day", type=int, default=46,
-                        help="fit the growth from this day (default: %(default)s: the 14-day windows are full and the "
-                             "simulated cluster's load per repeat has settled, see the per-repeat table)")
+    parser.add_argument("--steady-from-day", type=int, default=41,
+                        help="fit the growth from this day (default: %(default)s: after two copies, the 14-day windows "
+                             "are full)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for soak.json, soak.png (default: bench/results)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each day as it closes")
     args = parser.parse_args(argv)
