@@ -393,7 +393,6 @@ class StateStore:
             for row in reversed(rows)
         ]
 
-
     # ---------------------------------------------------------------- retention
 
     def iter_audit(self, job_id: int | None = None, since: float | None = None) -> Iterator[AuditEntry]:
@@ -414,7 +413,9 @@ class StateStore:
         are appended to that JSON lines file and flushed to disk first; the delete commits with the
         file's new length, so an export a crash left uncommitted is cut off and written again, never
         duplicated, and a failed export deletes nothing."""
-        rows = self._db.execute("SELECT * FROM audit WHERE at < ? ORDER BY at, id LIMIT ?", (before, limit + 1)).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM audit WHERE at < ? ORDER BY at, id LIMIT ?", (before, limit + 1)
+        ).fetchall()
         more = len(rows) > limit
         entries = [_audit_entry(row) for row in rows[:limit]]
         if not entries:
@@ -490,12 +491,13 @@ class Pruned:
 
 
 def audit_json_line(entry: AuditEntry) -> str:
-    """One audit entry as a JSON line (the fields of `audit --json`'s entries; the id is unique)."""
+    """One audit entry as a JSON line (the fields of `audit --json`'s entries; the id is unique), in
+    ASCII: any text, lone surrogates included, is escaped."""
     return json.dumps({
         "id": entry.id, "at": entry.at, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.at)),
         "cycle": entry.cycle, "job_id": entry.job_id, "action": entry.action, "change": entry.change,
         "command": entry.command, "undo": entry.undo, "ok": entry.ok, "message": entry.message, "reason": entry.reason,
-    }, ensure_ascii=False) + "\n"
+    }) + "\n"
 
 
 def _append_lines(path: Path, entries: list[AuditEntry], committed: int | None) -> int:
@@ -513,7 +515,7 @@ def _append_lines(path: Path, entries: list[AuditEntry], committed: int | None) 
             os.ftruncate(handle, committed)
             length = committed
         try:
-            data = "".join(audit_json_line(e) for e in entries).encode("utf-8", "surrogateescape")
+            data = "".join(audit_json_line(e) for e in entries).encode("ascii")
             view = memoryview(data)
             while view:
                 view = view[os.write(handle, view):]
@@ -535,7 +537,7 @@ def export_audit(entries: Iterable[AuditEntry], path: Path) -> int:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
     try:
-        with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        with open(temporary, "w", encoding="ascii") as handle:
             for entry in entries:
                 handle.write(audit_json_line(entry))
                 count += 1

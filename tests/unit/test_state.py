@@ -18,6 +18,7 @@ from dike_slurm.state import (
     Pruned,
     StateError,
     StateStore,
+    audit_json_line,
     decode_value,
     encode_value,
     exclusive_lock,
@@ -255,3 +256,17 @@ def test_the_audit_export_command_writes_the_whole_audit_as_json_lines(tmp_path)
                             str(out), "--since", "1970-01-01T00:04:00"], capture_output=True, text=True, timeout=120)
     assert since.returncode == 0 and exported_ids(out) == ids[239:]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_exported_line_is_one_ascii_line_whatever_the_text(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    hostile = "a\nb\r\x1b[31m\x00 é \u2028 $(rm -rf /)"
+    with store.transaction():
+        store.audit(AuditEntry(1.0, 1, 7, "update", hostile, "cmd", "undo", False, hostile, hostile))
+    export = tmp_path / "audit.jsonl"
+    store.prune_audit(10.0, 5, export)
+    data = export.read_bytes()
+    assert data.isascii() and data.count(b"\n") == 1 and data.endswith(b"\n")
+    assert json.loads(data)["reason"] == hostile
+    surrogate = audit_json_line(AuditEntry(1.0, 1, 7, "update", "\ud800", "cmd", "undo", True))
+    assert surrogate.isascii() and json.loads(surrogate)["change"] == "\ud800"
