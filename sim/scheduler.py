@@ -174,11 +174,15 @@ class SlurmScheduler:
     # ------------------------------------------------------------------ placement constraints
 
     def constrain(self, job: SimJob, placement: Placement, now: float) -> None:
-        """Set a job's placement constraint (a changed one restarts its Switches wait)."""
+        """Set a job's placement constraint. Its Switches clock, once started, is never restarted:
+        Slurm 22.05 keeps `wait4switch_start` through `scontrol update` and requeues, so a new wait
+        counts from the first start (tests/integration/test_fidelity_lab.py)."""
         job.placement = placement
         job.allowed = None if placement.is_empty else self.cluster.allowed_mask(job.trace.partition, placement)
-        job.switch_wait_start = None
         if placement.max_switches == 1 and self.single_leaf_possible and job.state == PENDING:
+            if job.switch_wait_start is not None:
+                self._start_switch_clock(job, job.switch_wait_start, now)  # the new wait's end, if ahead
+                return
             # Measured on Slurm 22.05 (tests/integration/test_switches_clock_lab.py): the wait
             # runs from when the job carries the constraint, also while it fits nowhere. A live
             # engine sets it at the first cycle that sees the job; a cycle postponed here (nothing
@@ -205,7 +209,7 @@ class SlurmScheduler:
         placement = job.placement
         if placement.max_switches != 1 or not self.single_leaf_possible:
             return allowed, False  # Slurm's cons_tres ignores Switches > 1
-        if job.switch_wait_start is None:  # a requeued job: from its first try again
+        if job.switch_wait_start is None:  # never started yet: from this first try
             self._start_switch_clock(job, now, now)
         return allowed, now - job.switch_wait_start < self._switch_wait(placement)
 

@@ -360,8 +360,7 @@ class Simulator:
         job.lost_gpu_s += job.trace.gpus * (length - saved * job.slowdown)
         job.restart_due = True
         job.preemptions += 1
-        job.pending_since = now
-        job.switch_wait_start = None
+        job.pending_since = now  # its Switches clock is kept, as Slurm keeps wait4switch_start
         self.stats.preemptions += 1
         # Slurm holds a requeued job: its begin time becomes now + cred_expire + 1 (121 s by default).
         job.eligible_at = max(job.eligible_at, now + self.settings.requeue_hold_s)

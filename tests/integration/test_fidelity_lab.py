@@ -99,3 +99,25 @@ def test_the_main_scheduler_is_not_run_at_every_event(slurm_lab):
     # 10 submissions and 10 ends: a pass at every event would be 20; rate-limited at most one per
     # batch_sched_delay plus the periodic passes (and one at the start)
     assert 1 <= cycles <= window / 3 + window / 5 + 2, f"{cycles} main passes in {window:.1f} s"
+
+
+def test_rewriting_the_switches_constraint_does_not_restart_its_clock(slurm_lab):
+    """22.05 never resets a job's `wait4switch_start` (set when the select plugin first evaluates
+    the job with the constraint; `scontrol update Switches=` changes only the count and the wait).
+    n2 and n4 held, so a two-node job can only run spread over n1 + n3: asked for one leaf within
+    60 s, rewritten at +25 s to one leaf within 50 s, it spreads about 50 s after its submission.
+    Had the update restarted the clock, not before 75 s. The simulator keeps the first start of
+    the clock through rewrites and requeues (sim/scheduler.py `constrain`)."""
+    lab = slurm_lab
+    holders = [lab.sbatch("-w", node, "--gres=gpu:8", "--wrap", "sleep 600") for node in ("n2", "n4")]
+    for holder in holders:
+        wait_running(lab, holder)
+    submitted = time.time()
+    heavy = lab.sbatch("-N2", "--gres=gpu:8", "--switches=1@00:01:00", "--wrap", "sleep 5")
+    time.sleep(max(0.0, submitted + 25 - time.time()))  # the rewrite comes 25 s in, by design
+    assert job_fields(lab, heavy)["JobState"] == "PENDING"
+    lab.run("scontrol", "update", f"JobId={heavy}", "Switches=1@00:00:50")
+    nodes = wait_running(lab, heavy, timeout=120)
+    assert sorted(nodes) == ["n1", "n3"]
+    waited = epoch(job_fields(lab, heavy)["StartTime"]) - submitted
+    assert 45 <= waited <= 65, f"started {waited:.0f} s after its submission"

@@ -297,6 +297,39 @@ def test_the_switches_clock_runs_while_the_job_fits_nowhere():
     assert results[5].start == 100 and results[5].leaves == 2
 
 
+class RewriteParams(PolicyParams):
+    first_wait_s: int = 100
+    later_wait_s: int = 90
+    rewrite_at: float = 120.0
+
+
+class RewriteSwitches(Policy):
+    """FIFO; jobs of 16 GPUs or more ask for one leaf, with another wait from `rewrite_at` on."""
+
+    name = "test-rewrite-switches"
+    description = "test"
+    Params = RewriteParams
+
+    def decide(self, snapshot, params, rng):
+        ranked = sorted(snapshot.pending + snapshot.running, key=lambda j: (j.submit_time, j.job_id))
+        priorities = tuple(SetPriority(j.job_id, 0, float(len(ranked) - i), "fifo") for i, j in enumerate(ranked))
+        wait = params.first_wait_s if snapshot.time < params.rewrite_at else params.later_wait_s
+        placements = tuple(
+            SetPlacement(j.job_id, Placement(max_switches=1, switches_wait_s=wait), "consolidate")
+            for j in snapshot.pending if j.gpus >= 16
+        )
+        return Decisions(priorities, placements)
+
+
+def test_a_rewritten_switches_wait_counts_from_the_first_start_of_the_clock():
+    """Slurm 22.05 never resets wait4switch_start (tests/integration/test_fidelity_lab.py): the
+    heavy job's clock starts at the cycle of t=60 with a 100 s wait; rewritten at t=120 to 90 s,
+    the wait ends at 60 + 90 = 150 (restarted it would have ended at 210)."""
+    results, _ = simulate(spread_trace(heavy_submit=60), RewriteSwitches(), RewriteParams(),
+                          conf=FOUR_NODES, topology=TWO_LEAVES)
+    assert results[3].start == 150 and results[3].leaves == 2
+
+
 def test_switches_are_ignored_without_a_topology():
     results, _ = simulate(spread_trace(heavy_submit=60), Consolidate(), ConsolidateParams(wait_s=3000), conf=FOUR_NODES)
     assert results[3].start == 60
