@@ -47,6 +47,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dike_slurm.errors import DikeError
+
 REPO = Path(__file__).resolve().parents[1]
 LAB_SCRIPT = REPO / "scripts" / "slurm-lab"
 LAB_VERSION = "22.05"
@@ -388,8 +390,9 @@ def lab_session(env: dict[str, str], log: Path):
 
 
 def lab_env() -> dict[str, str]:
-    """os.environ plus `scripts/slurm-lab env` (SLURM_CONF, ...), without DIKE_* variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIKE_")}
+    """os.environ plus `scripts/slurm-lab env` (SLURM_CONF, ...), without the engine's DIKE_* settings."""
+    # the engine's own DIKE_SECTION__KEY variables and DIKE_CONFIG would change the runs' configuration
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("DIKE_") and ("__" in k or k == "DIKE_CONFIG"))}
     out = subprocess.run([str(LAB_SCRIPT), "--slurm", LAB_VERSION, "env"], capture_output=True, text=True,
                          check=False, env=env)
     if out.returncode != 0:
@@ -727,8 +730,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif (out / "fidelity.json").exists():
             meta["lab_runs"] = json.loads((out / "fidelity.json").read_text()).get("meta", {}).get("lab_runs", [])
         document = analyse(out, runs, meta)
-    except FidelityError as exc:
+    except (FidelityError, DikeError) as exc:
         print(f"fidelity: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a run folder or dump that is not there (--replay-only), a full disk
+        print(f"fidelity: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fidelity: interrupted", file=sys.stderr)
