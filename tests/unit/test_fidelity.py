@@ -4,6 +4,7 @@ reading of a run's sacct dump and its replay. The lab runs themselves are `make 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -225,3 +226,20 @@ def test_the_replay_of_a_run_starts_over_requeued_sleeps(tmp_path):
     assert replayed[1].end - replayed[1].start == 8 and replayed[1].preemptions == 0
     assert replayed[0].start == 0 and replayed[0].leaves == 1 and replayed[0].nodes == 2
     assert stats["preemptions"] == 0
+
+
+def test_replay_only_writes_the_table_the_json_and_the_plot(tmp_path, capsys):
+    write_run(tmp_path)
+    assert fidelity.main(["--replay-only", "--runs", "fifo", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "table.md").read_text()
+    assert "| fifo: replay vs lab run 1 | 4 |" in table
+    document = json.loads((tmp_path / "fidelity.json").read_text())
+    assert document["comparisons"]["fifo: replay vs lab run 1"]["jobs"] == 4
+    assert (tmp_path / "fidelity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "fifo: replay vs lab run 1" in capsys.readouterr().out
+
+
+def test_a_missing_run_is_one_line(tmp_path, capsys):
+    assert fidelity.main(["--replay-only", "--runs", "fifo", "--out", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fidelity: error: ") and "Traceback" not in err
