@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from dike_slurm.decisions import ClearPlacement, SetPlacement
 from dike_slurm.model import Job, Placement, Snapshot
-from dike_slurm.policies.preemption import NodeLedger, PreemptionPlan, pick_nodes
+from dike_slurm.policies.preemption import NodeLedger, PreemptionPlan, can_start, pick_nodes
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ def plan_node_hold(
     pins = {p.job_id: p.placement.require_nodes for p in plan.pins}
     window = ranked_pending[:max_scan]
     for position, job in enumerate(window):
+        if not can_start(job, snapshot.time):
+            continue  # Slurm holds it: it takes no room and gets no hold
         per_node, count = job.gpus_per_node, max(job.num_nodes, 1)
         pinned = pins.get(job.job_id)
         if pinned is not None:

@@ -91,6 +91,12 @@ class NodeLedger:
             self.free[node] -= per_node
 
 
+def can_start(job: Job, now: float) -> bool:
+    """Whether Slurm may start the pending job now: not before its eligible time (a requeued job
+    is held for cred_expire + 1 s, reason BeginTime; a `--begin` in the future likewise)."""
+    return job.eligible_time is None or job.eligible_time <= now
+
+
 def pick_nodes(candidates: list[tuple[float, int]], count: int, nodes: NodeLedger, one_leaf: bool) -> list[int] | None:
     """The `count` cheapest (cost, node) candidates, all under one leaf when asked."""
     if len(candidates) < count:
@@ -144,6 +150,8 @@ def plan_preemptions(
     for job in ranked_pending[: limits.max_scan]:
         if blocked_tried >= limits.max_blocked or len(requeues) >= limits.max_requeues:
             break
+        if not can_start(job, snapshot.time):
+            continue  # Slurm holds it (e.g. its begin time after a requeue): nobody is preempted for it
         per_node, count = job.gpus_per_node, max(job.num_nodes, 1)
         usable = nodes.usable(job)
         single = one_leaf(job) and count <= nodes.largest_leaf

@@ -212,6 +212,27 @@ def test_dike_preemption_requeues_the_cheapest_opted_in_victim_and_pins_the_bloc
     assert off.requeues == () and not off.placement_of(1).placement.require_nodes
 
 
+@pytest.mark.parametrize("policy, params", [
+    (DikePolicy(), FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})),
+    (TiresiasPolicy(), TiresiasParams()),
+    (SrtfOraclePolicy(), SrtfOraclePolicy.Params(preemptive=True)),
+], ids=["dike", "tiresias", "srtf_oracle"])
+def test_nobody_is_preempted_for_a_job_slurm_holds_until_its_begin_time(policy, params):
+    """A requeued job waits cred_expire + 1 s (reason BeginTime) before Slurm may start it again:
+    requeueing a victim for it would only idle the victim's GPUs (seen on the lab, six victims in
+    24 s for one held job: docs/replay.md, Fidelity)."""
+    full = {"n1": 8, "n2": 8, "n3": 8, "n4": 8}
+    victims = [running(10 + i, "a", gpus=8, ran=20 * GPUH, node=f"n{i}", requeueable=True, true_duration_s=90 * GPUH)
+               for i in range(1, 5)]
+
+    def requeues(eligible_in: float) -> tuple:
+        blocked = pending(1, "c", gpus=8, eligible_time=NOW + eligible_in, true_duration_s=60.0)
+        return policy.decide(snapshot([blocked, *victims], alloc=full), params, RNG).requeues
+
+    assert requeues(eligible_in=-1.0)  # eligible: a victim is requeued for it
+    assert requeues(eligible_in=90.0) == ()  # held until its begin time: nobody
+
+
 def test_dike_blocked_means_does_not_fit_on_a_node_not_too_few_free_gpus_in_total():
     params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
     # 2 free GPUs on each of the 4 nodes: 8 free in total, but no node holds a 4-GPU job.
