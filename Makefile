@@ -85,7 +85,7 @@ eval: $(STAMP)
 # twice) and replays each run's sacct through the simulator. It holds the lab lock (flock
 # /tmp/dike-lab.lock, shared with everyone using the lab) throughout; each run brings the lab up
 # before and down after, also on failure. Run by hand, bench/fidelity.py takes the lock per run
-# instead. Not part of `make test`. Results: out/fidelity/ (fidelity.json, table.md, fidelity.png).
+# instead. Not part of `make test`. Results: out/fidelity/ (fidelity.json, table.md, fidelity.png, fidelity.html).
 .PHONY: fidelity
 fidelity: $(STAMP)
 	flock /tmp/dike-lab.lock $(BIN)/python bench/fidelity.py --no-lock --out out/fidelity

@@ -18,7 +18,8 @@
    Kendall's tau of the start order, start-time error (median, p95, and as a share of the mean
    wait), mean JCT, the number of leaf switches of every multi-node job, preemptions.
 5. out/fidelity/: fidelity.json, table.md (the table of docs/replay.md's Fidelity section),
-   fidelity.png (simulated against real start times; real run 2 against real run 1 in grey).
+   fidelity.png (simulated against real start times; real run 2 against real run 1 in grey),
+   fidelity.html (the table and the plot in the replay report's format, one self-contained page).
 
 Known errors (the lab does not come up, sbatch refuses a job, a run does not finish in time)
 end in one line and exit status 1; the lab is brought down whatever happened. `--replay-only`
@@ -28,6 +29,7 @@ re-replays the dumps an earlier run left in --out (no lab needed).
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import datetime
 import fcntl
@@ -601,24 +603,42 @@ def _fmt(value: float, digits: int = 1, pct: bool = False) -> str:
     return f"{100 * value:+.{digits}f}%" if pct else f"{value:.{digits}f}"
 
 
+TABLE_HEADERS = ("comparison", "jobs", "Kendall tau", "start error median / p95 (s)", "mean start error / mean wait",
+                 "mean JCT ref / other (s)", "mean JCT error", "multi-node jobs on the same number of leaves",
+                 "preemptions ref / other")
+
+
+def table_cells(rows: Sequence[tuple[str, dict]]) -> list[list[str]]:
+    """Each comparison's row as text, for the markdown table and the HTML page alike."""
+    return [
+        [label, str(m["jobs"]), _fmt(m["kendall_tau"], 3),
+         f"{_fmt(m['start_error_median_s'])} / {_fmt(m['start_error_p95_s'])}",
+         f"{_fmt(m['start_error_wait_share'], 2)} (wait {_fmt(m['mean_wait_s'])} s)",
+         f"{_fmt(m['mean_jct_reference_s'])} / {_fmt(m['mean_jct_other_s'])}", _fmt(m["mean_jct_error"], pct=True),
+         f"{m['same_leaves']}/{m['multi_node_jobs']} "
+         f"({_fmt(m['same_leaves_share'] * 100 if m['multi_node_jobs'] else float('nan'), 0)}%)",
+         f"{m['preemptions_reference']} / {m['preemptions_other']}"]
+        for label, m in rows
+    ]
+
+
 def table(rows: Sequence[tuple[str, dict]]) -> str:
     """The markdown table of docs/replay.md's Fidelity section."""
-    lines = [
-        "| comparison | jobs | Kendall tau | start error median / p95 (s) | mean start error / mean wait "
-        "| mean JCT ref / other (s) | mean JCT error | multi-node jobs on the same number of leaves "
-        "| preemptions ref / other |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, m in rows:
-        lines.append(
-            f"| {label} | {m['jobs']} | {_fmt(m['kendall_tau'], 3)} | {_fmt(m['start_error_median_s'])} / "
-            f"{_fmt(m['start_error_p95_s'])} | {_fmt(m['start_error_wait_share'], 2)} "
-            f"(wait {_fmt(m['mean_wait_s'])} s) | {_fmt(m['mean_jct_reference_s'])} / {_fmt(m['mean_jct_other_s'])} "
-            f"| {_fmt(m['mean_jct_error'], pct=True)} | {m['same_leaves']}/{m['multi_node_jobs']} "
-            f"({_fmt(m['same_leaves_share'] * 100 if m['multi_node_jobs'] else float('nan'), 0)}%) "
-            f"| {m['preemptions_reference']} / {m['preemptions_other']} |"
-        )
+    lines = ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
     return "\n".join(lines) + "\n"
+
+
+def html_page(rows: Sequence[tuple[str, dict]], png: Path, meta: Mapping) -> str:
+    """fidelity.html: the table and the plot (embedded) in the replay report's format, one file
+    that loads nothing from the network."""
+    from dike_slurm.sim.report import template_environment
+
+    image = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+    settings = [(key, str(meta[key])) for key in ("date", "commit", "lab", "runs", "jobs", "seed", "load",
+                                                  "engine_interval_s") if key in meta]
+    return template_environment().get_template("fidelity.html.j2").render(
+        headers=TABLE_HEADERS, cells=table_cells(rows), image=image, settings=settings)
 
 
 def plot(path: Path, panels: Sequence[tuple[str, dict[int, JobOutcome], dict[int, JobOutcome], dict[int, JobOutcome] | None]]) -> None:
@@ -658,7 +678,7 @@ def plot(path: Path, panels: Sequence[tuple[str, dict[int, JobOutcome], dict[int
 
 
 def analyse(out: Path, runs: Sequence[RunSpec], meta: dict) -> dict:
-    """Replay every run's dump and compare; write fidelity.json, table.md and fidelity.png."""
+    """Replay every run's dump and compare; write fidelity.json, table.md, fidelity.png and fidelity.html."""
     document: dict = {"meta": meta, "runs": {}, "comparisons": {}}
     real: dict[str, dict[int, JobOutcome]] = {}
     sim: dict[str, dict[int, JobOutcome]] = {}
@@ -687,6 +707,7 @@ def analyse(out: Path, runs: Sequence[RunSpec], meta: dict) -> dict:
     (out / "fidelity.json").write_text(json.dumps(document, indent=2, default=_json_default) + "\n", encoding="utf-8")
     (out / "table.md").write_text(table(rows), encoding="utf-8")
     plot(out / "fidelity.png", panels)
+    (out / "fidelity.html").write_text(html_page(rows, out / "fidelity.png", meta), encoding="utf-8")
     jobs = {label: {str(k): dataclasses.asdict(v) for k, v in sorted(outcomes.items())} for label, outcomes in real.items()}
     replays = {label: {str(k): dataclasses.asdict(v) for k, v in sorted(outcomes.items())} for label, outcomes in sim.items()}
     (out / "jobs.json").write_text(json.dumps({"real": jobs, "replay": replays}) + "\n", encoding="utf-8")
@@ -740,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("fidelity: interrupted", file=sys.stderr)
         return 130
     print((out / "table.md").read_text(), end="")
-    _say(f"wrote {out / 'fidelity.json'}, {out / 'table.md'}, {out / 'fidelity.png'}")
+    _say(f"wrote {out / 'fidelity.json'}, {out / 'table.md'}, {out / 'fidelity.png'}, {out / 'fidelity.html'}")
     return 0 if document["comparisons"] else 1
 
 

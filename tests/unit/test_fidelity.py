@@ -236,6 +236,9 @@ def test_replay_only_writes_the_table_the_json_and_the_plot(tmp_path, capsys):
     document = json.loads((tmp_path / "fidelity.json").read_text())
     assert document["comparisons"]["fifo: replay vs lab run 1"]["jobs"] == 4
     assert (tmp_path / "fidelity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "fidelity.html").read_text()  # the report format: one page, the plot embedded
+    assert "<td>fifo: replay vs lab run 1</td><td>4</td>" in page and 'src="data:image/png;base64,' in page
+    assert "http://" not in page and "https://" not in page
     assert "fifo: replay vs lab run 1" in capsys.readouterr().out
 
 
