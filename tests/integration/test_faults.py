@@ -542,8 +542,10 @@ def loop_filesystem(folder: Path, megabytes: int = 16) -> Iterator[Path]:
     folder.mkdir()
     with open(image, "wb") as handle:
         handle.truncate(megabytes * 2**20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(folder)], check=True, capture_output=True)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(folder)], capture_output=True, text=True)
+    if made.returncode or mounted.returncode:  # e.g. a container without loop devices: said, as the unit twin says it
+        pytest.skip(f"cannot mount a loop file system here: {(made.stderr + mounted.stderr).strip()}")
     try:
         yield folder
     finally:
