@@ -357,15 +357,8 @@ class StateStore:
 
     def audit_log(self, job_id: int | None = None, limit: int = 1000, since: float | None = None) -> list[AuditEntry]:
         """The newest `limit` entries (of one job, at or after `since`), newest last."""
-        where, args = [], []
-        if job_id is not None:
-            where.append("job_id = ?")
-            args.append(job_id)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
-        rows = self._db.execute(f"SELECT * FROM audit {clause}ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        clause, args = _audit_filter(job_id, since)
+        rows = self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_audit_entry(row) for row in reversed(rows)]
 
     def record_cycle(self, summary: CycleSummary) -> int:
@@ -397,14 +390,7 @@ class StateStore:
 
     def iter_audit(self, job_id: int | None = None, since: float | None = None) -> Iterator[AuditEntry]:
         """Every entry (of one job, at or after `since`), oldest first, read as it goes."""
-        where, args = [], []
-        if job_id is not None:
-            where.append("job_id = ?")
-            args.append(job_id)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        clause, args = _audit_filter(job_id, since)
         for row in self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id", args):
             yield _audit_entry(row)
 
@@ -560,6 +546,18 @@ _JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attain
 
 
 _MEMORY_FIELDS = tuple(f.name for f in fields(JobMemory))  # = _JOB_COLUMNS
+
+
+def _audit_filter(job_id: int | None, since: float | None) -> tuple[str, tuple]:
+    """The WHERE clause (" WHERE ...", or "") and its arguments for the audit of one job and/or from `since` on."""
+    where, args = [], []
+    if job_id is not None:
+        where.append("job_id = ?")
+        args.append(job_id)
+    if since is not None:
+        where.append("at >= ?")
+        args.append(since)
+    return (f" WHERE {' AND '.join(where)}" if where else ""), tuple(args)
 
 
 def _job_memory(row: tuple) -> JobMemory:

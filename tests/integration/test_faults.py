@@ -281,8 +281,9 @@ def test_slurmctld_killed_mid_apply_audit_is_exact_and_next_cycle_converges(
 # ---------------------------------------------------------------- (c) slurmdbd down
 
 
-def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
-    lab = slurm_lab
+def job_with_a_level(lab: SlurmLab, engine: Engine) -> tuple[int, int, int, str]:
+    """A job that ran long enough for level 1, was requeued, and was seen by one applied cycle:
+    (job, its level, the runs and the sync point the state store then holds)."""
     job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
     lab.wait_for(lambda: lab.job_state(job) == "RUNNING", 30, "job did not start")
     time.sleep(15)  # 8 GPUs x 15 s = 120 GPU-s: above the first threshold (72)
@@ -291,10 +292,16 @@ def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, en
                  60, "sacct does not show the requeued run")
     assert engine("run", "--once", "--apply").returncode == 0
     with engine.db() as db:
-        level_before = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
-        runs_before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        sync_before = db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0]
-    assert level_before >= 1 and runs_before >= 1
+        level = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
+        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        sync = db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0]
+    assert level >= 1 and runs >= 1
+    return job, level, runs, sync
+
+
+def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
+    lab = slurm_lab
+    job, level_before, runs_before, sync_before = job_with_a_level(lab, engine)
     with daemon_down(lab, "slurmdbd") as figures:
         proc = engine("run", "--once", "--apply")
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -500,18 +507,7 @@ def mariadb_down(lab: SlurmLab) -> Iterator[dict[str, float]]:
 
 def test_mariadb_down_while_slurmdbd_runs_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
     lab = slurm_lab
-    job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
-    lab.wait_for(lambda: lab.job_state(job) == "RUNNING", 30, "job did not start")
-    time.sleep(15)  # 8 GPUs x 15 s = 120 GPU-s: above the first threshold (72)
-    lab.run("scontrol", "requeue", str(job))
-    lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-X", "-D", "-j", str(job), "-o", "State").stdout,
-                 60, "sacct does not show the requeued run")
-    assert engine("run", "--once", "--apply").returncode == 0
-    with engine.db() as db:
-        level_before = db.execute("SELECT level FROM jobs WHERE job_id = ?", (job,)).fetchone()["level"]
-        runs_before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        sync_before = db.execute("SELECT value FROM meta WHERE key = 'last_sync'").fetchone()[0]
-    assert level_before >= 1 and runs_before >= 1
+    job, level_before, runs_before, sync_before = job_with_a_level(lab, engine)
     with mariadb_down(lab) as figures:
         assert _pid(lab, "slurmdbd") is not None  # only its database is gone
         sacct = lab.run("sacct", "-n", "-X", "-S", "now-1hours", check=False, timeout=60)
