@@ -30,7 +30,7 @@ import sys
 import time
 import tomllib
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -256,16 +256,7 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
     for policy in grid:
         if policy not in policies:
             raise _fail(source, f"grid.{policy}", f"{policy!r} is not in policies")
-    raw_variants = data.get("variant", [])
-    if not isinstance(raw_variants, list):
-        raise _fail(source, "variant", "expected [[variant]] tables")
-    for index, raw in enumerate(raw_variants):
-        where = f"variant[{index}]"
-        if not isinstance(raw, dict):
-            raise _fail(source, where, "expected a table")
-        extra = sorted(set(raw) - VARIANT_KEYS)
-        if extra:
-            raise _fail(source, f"{where}.{extra[0]}", f"unknown key (known: {', '.join(sorted(VARIANT_KEYS))})")
+    for where, raw in _tables(data, "variant", VARIANT_KEYS, source, "expected [[variant]] tables"):
         policy, params = raw.get("policy"), raw.get("params", {})
         if not isinstance(policy, str):
             raise _fail(source, f"{where}.policy", "expected a policy name")
@@ -302,20 +293,28 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
     )
 
 
+def _tables(data: dict, name: str, keys: set[str], source: str, expected: str) -> Iterator[tuple[str, dict]]:
+    """The SPEC's [[name]] tables as (`name[i]`, table); a non-list, a non-table or an unknown key
+    is an error naming the key."""
+    tables = data.get(name, [])
+    if not isinstance(tables, list):
+        raise _fail(source, name, expected)
+    for index, raw in enumerate(tables):
+        where = f"{name}[{index}]"
+        if not isinstance(raw, dict):
+            raise _fail(source, where, "expected a table")
+        extra = sorted(set(raw) - keys)
+        if extra:
+            raise _fail(source, f"{where}.{extra[0]}", f"unknown key (known: {', '.join(sorted(keys))})")
+        yield where, raw
+
+
 def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
     from dike_slurm.sim.evaluate import find_cases
 
     inputs: list[SweepInput] = []
-    dumps = data.get("dump", [])
-    if not isinstance(dumps, list):
-        raise _fail(source, "dump", "expected [[dump]] tables (path, slurm_conf, topology, name)")
-    for index, raw in enumerate(dumps):
-        where = f"dump[{index}]"
-        if not isinstance(raw, dict):
-            raise _fail(source, where, "expected a table")
-        extra = sorted(set(raw) - DUMP_KEYS)
-        if extra:
-            raise _fail(source, f"{where}.{extra[0]}", f"unknown key (known: {', '.join(sorted(DUMP_KEYS))})")
+    for where, raw in _tables(data, "dump", DUMP_KEYS, source,
+                              "expected [[dump]] tables (path, slurm_conf, topology, name)"):
         paths = {}
         for key in ("path", "slurm_conf", "topology"):
             if key not in raw:
