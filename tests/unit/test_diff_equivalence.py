@@ -1,0 +1,379 @@
+"""reconcile.diff builds every JobPlan and PlannedWrite in one step, reads its order walk from
+plain lists and returns early for jobs with nothing to write: for any queue, owned fields, memory
+and decisions (hypothesis), its plans, notes, the writes' kinds and the guardrails' verdict equal
+the straightforward diff it replaced, kept below as the reference."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dike_slurm import reconcile
+from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
+from dike_slurm.backends.base import (
+    PLACEMENT_ORDER,
+    ClusterState,
+    FieldValue,
+    JobField,
+    JobUpdate,
+    SwitchRequest,
+    placement_fields,
+    placement_value,
+)
+from dike_slurm.config import Config
+from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
+from dike_slurm.reconcile import (
+    STRATEGY_FIELD,
+    JobPlan,
+    PlannedWrite,
+    _JobContext,
+    is_exempt,
+    is_unset,
+    priority_needed,
+    priority_value,
+    score_ceiling,
+    strategy_now,
+    user_changes,
+    values_match,
+)
+from dike_slurm.state import JobMemory, OwnedField
+
+# ---------------------------------------------------------------- the reference: diff as it was
+
+
+def reference_diff(
+    snapshot: Snapshot,
+    decisions: Decisions,
+    cluster: ClusterState,
+    memory: Mapping[int, JobMemory],
+    owned_all: Mapping[int, Mapping[JobField, OwnedField]],
+    config: Config,
+    declared_ceiling: float | None,
+) -> tuple[list[JobPlan], list[str]]:
+    """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
+
+    `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
+    """
+    engine = config.engine
+    key = STRATEGY_FIELD[engine.priority_strategy]
+    span = engine.priority_span
+    tolerance = engine.priority_tolerance * span
+    ceiling = score_ceiling(decisions, declared_ceiling)
+    known = {j.job_id for j in snapshot.jobs}
+    notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
+    rank = {job_id: i for i, job_id in enumerate(decisions.order())}
+    priorities = {p.job_id: p for p in decisions.priorities}
+    placements = {p.job_id: p for p in decisions.placements}
+    contexts = []
+    for job in snapshot.jobs:
+        decision = priorities.get(job.job_id)
+        owned = owned_all.get(job.job_id, {})
+        remembered = memory.get(job.job_id)
+        value_now, _ = strategy_now(key, job, cluster, owned)
+        wanted = None
+        if decision is not None:
+            wanted = priority_value(decision.score, ceiling, span)
+            if engine.priority_strategy == "nice":
+                wanted = -wanted  # a negative nice adds to the priority, as SiteFactor does
+        exempt = is_exempt(job, config)
+        hands_off = set(remembered.hands_off) if remembered else set()
+        hands_off_reason = remembered.hands_off_reason if remembered else ""
+        changed = None if exempt else user_changes(job, owned, hands_off)
+        if changed:
+            hands_off |= changed[0]
+            hands_off_reason = changed[1]
+        needed = (
+            not exempt
+            and priority_needed(key, job, decision, wanted, value_now, tolerance, owned, remembered, hands_off)
+        )
+        contexts.append(_JobContext(job, decision, owned, remembered, value_now, wanted, exempt, hands_off,
+                                    hands_off_reason, needed))
+    reference_keep_policy_order(contexts, key)
+    plans = []
+    for context in contexts:
+        job, decision = context.job, context.decision
+        placement_decision = placements.get(job.job_id)
+        common = dict(
+            job=job,
+            level=decision.level if decision else None,
+            reason=decision.reason if decision else "the policy gave no priority",
+            promoted=bool(decision and decision.promoted),
+            value_now=context.value_now,
+            value_wanted=context.wanted,
+            placement_wanted=(
+                placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+            ),
+        )
+        if context.exempt:
+            plans.append(JobPlan(managed=False, note=f"exempt ({config.scope.exempt_tag} in comment)",
+                                 writes=(), **common))
+            continue
+        writes = []
+        written = reference_priority_write(context, key, cluster, rank, engine.admin_comment)
+        if written is not None:
+            writes.append(written)
+        written = reference_placement_write(
+            job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, len(rank))
+        )
+        if written is not None:
+            writes.append(written)
+        plans.append(
+            JobPlan(managed=True, note=context.hands_off_reason, writes=tuple(writes),
+                    hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else (),
+                    hands_off_reason=context.hands_off_reason, **common)
+        )
+    return plans, notes
+
+
+def reference_keep_policy_order(contexts: list[_JobContext], key: JobField) -> None:
+    """Rewrite more values where the tolerance would leave pending jobs out of the policy's order.
+
+    Slurm runs pending jobs by value; values within the tolerance are left alone, which must
+    never swap two jobs the policy ranks differently. Walk the managed pending jobs in the
+    policy's order and, wherever a job's value is not above the next one's, rewrite the one of
+    the pair further from its wanted value, until the values follow the order.
+    """
+    sign = -1 if key is JobField.NICE else 1  # a lower Nice runs first
+    chain = sorted(
+        (c for c in contexts
+         if c.job.state is JobState.PENDING and c.decision is not None and c.wanted is not None
+         and not c.exempt and key not in c.hands_off),
+        key=lambda c: (-c.decision.score, c.job.job_id),  # type: ignore[union-attr]
+    )
+
+    def effective(context: _JobContext) -> int:
+        value = context.wanted if context.needed else (context.value_now or 0)
+        return sign * int(value)  # type: ignore[arg-type]
+
+    # One walk: a rewrite changes one job's value, so only its two pairs need another look;
+    # step back one pair and go on. Each job is rewritten at most once: O(n) steps in all.
+    index = 0
+    while index < len(chain) - 1:
+        first, second = chain[index], chain[index + 1]
+        assert first.decision is not None and second.decision is not None
+        in_order = first.decision.score <= second.decision.score or effective(first) > effective(second)
+        candidates = [] if in_order else [c for c in (first, second) if not c.needed]
+        if not candidates:  # in order, or both at their wanted values (rounding made them equal)
+            index += 1
+            continue
+        pick = max(candidates, key=lambda c: abs(int(c.wanted) - int(c.value_now or 0)))  # type: ignore[arg-type]
+        pick.needed = True
+        index = max(index - 1, 0)
+
+
+def reference_priority_write(
+    context: _JobContext, key: JobField, cluster: ClusterState, rank: Mapping[int, int], write_comment: bool
+) -> PlannedWrite | None:
+    """The strategy field `key` (when needed) and the AdminComment of one job, in one update."""
+    job, decision, owned = context.job, context.decision, context.owned
+    if decision is None or context.wanted is None or key in context.hands_off:
+        return None
+    values: dict[JobField, FieldValue] = {}
+    originals: dict[JobField, FieldValue] = {}
+    before: dict[JobField, FieldValue] = {}
+    if context.needed and context.value_now != context.wanted:
+        values[key] = context.wanted
+        before[key], originals[key] = strategy_now(key, job, cluster, owned)
+    comment_now = cluster.admin_comments.get(job.job_id, "")
+    if write_comment and is_engine_comment(comment_now):
+        if values or comment_level(comment_now) != decision.level:
+            text = admin_comment_text(decision.level, job.counted_gpu_s, decision.promoted)
+            if text != comment_now:
+                values[JobField.ADMIN_COMMENT] = text
+                mine = owned.get(JobField.ADMIN_COMMENT)
+                originals[JobField.ADMIN_COMMENT] = mine.original if mine is not None else comment_now
+                before[JobField.ADMIN_COMMENT] = comment_now
+    if not values:
+        return None
+    return PlannedWrite(
+        job.job_id,
+        JobUpdate.of(job.job_id, values),
+        JobUpdate.of(job.job_id, originals),
+        tuple(originals.items()),
+        (),
+        decision.reason,
+        rank.get(job.job_id, len(rank)),
+        tuple(before.items()),
+    )
+
+
+def reference_placement_write(
+    job: Job,
+    decision: SetPlacement | ClearPlacement | None,
+    owned: Mapping[JobField, OwnedField],
+    hands_off: set[JobField],
+    rank: int,
+) -> PlannedWrite | None:
+    """The constraint fields of a pending job: the policy's, or back to the original it replaced."""
+    if job.state is not JobState.PENDING:
+        return None
+    wanted = placement_fields(decision.placement) if isinstance(decision, SetPlacement) else {}
+    if not wanted and not any(key in owned for key in PLACEMENT_ORDER):
+        return None  # nothing wanted, nothing of ours to put back
+    values: dict[JobField, FieldValue] = {}
+    originals: dict[JobField, FieldValue] = {}
+    before: dict[JobField, FieldValue] = {}
+    restores: list[JobField] = []
+    for key in PLACEMENT_ORDER:
+        if key in hands_off:
+            continue
+        current = placement_value(job.placement, key)
+        mine = owned.get(key)
+        if key in wanted:
+            if mine is None and not is_unset(key, current):
+                continue  # the user's own request: never overridden
+            if values_match(key, current, wanted[key]):
+                continue
+            values[key] = wanted[key]
+            originals[key] = mine.original if mine is not None else current
+            before[key] = current
+        elif mine is not None:  # the policy no longer wants it: put the original back
+            if not values_match(key, current, mine.original):
+                values[key] = mine.original
+                originals[key] = mine.original
+                before[key] = current
+            restores.append(key)
+    if not values and not restores:
+        return None
+    reason = decision.reason if decision is not None else "constraint no longer wanted"
+    return PlannedWrite(
+        job.job_id,
+        JobUpdate.of(job.job_id, values),
+        JobUpdate.of(job.job_id, originals),
+        tuple(originals.items()),
+        tuple(restores),
+        reason,
+        rank,
+        tuple(before.items()),
+    )
+
+
+# ---------------------------------------------------------------- generated cycles
+
+NODES = ("n1", "n2", "n3")
+PLACEMENTS = st.one_of(
+    st.just(NO_PLACEMENT),
+    st.builds(
+        Placement,
+        max_switches=st.one_of(st.none(), st.integers(0, 2)),
+        switches_wait_s=st.one_of(st.none(), st.sampled_from([0, 60, 600])),
+        features=st.one_of(st.none(), st.sampled_from(["", "leaf_a", "leaf_b"])),
+        exclude_nodes=st.lists(st.sampled_from(NODES), unique=True, max_size=2).map(tuple),
+        require_nodes=st.lists(st.sampled_from(NODES), unique=True, max_size=1).map(tuple),
+    ),
+)
+COMMENTS = st.sampled_from(["", "dike:level=0 attained=0.0gpuh", "dike:level=1 attained=0.3gpuh",
+                            "dike:level=2 attained=1.0gpuh promoted", "an admin's note"])
+VALUES = {
+    JobField.SITE_FACTOR: st.integers(0, 100), JobField.PRIORITY: st.one_of(st.none(), st.integers(0, 100)),
+    JobField.NICE: st.integers(-100, 5), JobField.ADMIN_COMMENT: COMMENTS,
+    JobField.FEATURES: st.sampled_from(["", "leaf_a", "leaf_b"]),
+    JobField.SWITCHES: st.builds(SwitchRequest, st.integers(0, 2), st.one_of(st.none(), st.sampled_from([0, 60, 600]))),
+    JobField.EXCLUDED_NODES: st.lists(st.sampled_from(NODES), unique=True, max_size=2).map(tuple),
+    JobField.REQUIRED_NODES: st.lists(st.sampled_from(NODES), unique=True, max_size=1).map(tuple),
+}
+SCORES = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 1.0001, 2.0, 3.0]), st.floats(-1, 5))
+
+
+@st.composite
+def cycles(draw):
+    """A config, a queue, what Slurm and the state store hold for it, and a policy's decisions."""
+    config = Config.model_validate({"engine": {
+        "priority_strategy": draw(st.sampled_from(["site_factor", "priority", "nice"])),
+        "priority_span": draw(st.sampled_from([1, 10, 100])),
+        "priority_tolerance": draw(st.sampled_from([0.0, 0.01, 0.1, 0.5])),
+        "admin_comment": draw(st.booleans()),
+        "max_changes_per_cycle": draw(st.sampled_from([0, 3, 1000])),
+        "breaker_min_jobs": draw(st.sampled_from([0, 1000])),
+        "breaker_change_fraction": draw(st.sampled_from([0.5, 1.0])),
+    }})
+    ids = draw(st.lists(st.integers(1, 60), unique=True, max_size=25))
+    jobs, owned, memory, site_factors, admin_comments = [], {}, {}, {}, {}
+    for job_id in ids:
+        jobs.append(Job(
+            job_id=job_id, user="u", submit_time=0.0,
+            state=draw(st.sampled_from([JobState.PENDING, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED])),
+            placement=draw(PLACEMENTS), comment=draw(st.sampled_from(["", "dike:exempt", "x"])),
+            nice=draw(st.integers(-100, 5)), priority=draw(VALUES[JobField.PRIORITY]),
+            attained_gpu_s=draw(st.sampled_from([0.0, 1080.0, 3600.0])),
+        ))
+        fields = draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=4))
+        if fields:
+            owned[job_id] = {f: OwnedField(job_id, f, draw(VALUES[f]), draw(VALUES[f]), 0.0) for f in fields}
+        if draw(st.booleans()):
+            memory[job_id] = JobMemory(
+                job_id, 0.0, written_level=draw(st.one_of(st.none(), st.integers(0, 2))),
+                hands_off=tuple(draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=2))),
+                hands_off_reason=draw(st.sampled_from(["", "a user changed it"])),
+            )
+        if draw(st.booleans()):
+            site_factors[job_id] = draw(VALUES[JobField.SITE_FACTOR])
+        if draw(st.booleans()):
+            admin_comments[job_id] = draw(COMMENTS)
+    decided = draw(st.lists(st.sampled_from(ids + [99]), unique=True)) if ids else []
+    priorities = tuple(SetPriority(job_id, draw(st.integers(0, 2)), draw(SCORES), f"why {job_id}", draw(st.booleans()))
+                       for job_id in decided)
+    placed = draw(st.lists(st.sampled_from(ids + [98]), unique=True)) if ids else []
+    placements = tuple(
+        SetPlacement(job_id, draw(PLACEMENTS), "placed") if draw(st.booleans()) else ClearPlacement(job_id, "cleared")
+        for job_id in placed
+    )
+    snapshot = Snapshot(time=0.0, jobs=tuple(jobs), nodes=())
+    cluster = ClusterState(0.0, tuple(jobs), (), Topology(), site_factors, admin_comments)
+    ceiling = draw(st.one_of(st.none(), st.sampled_from([1.0, 3.0])))
+    return snapshot, Decisions(priorities, placements), cluster, memory, owned, config, ceiling
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cycles())
+def test_the_diff_equals_the_straightforward_diff(cycle):
+    snapshot, decisions, cluster, memory, owned, config, ceiling = cycle
+    plans, notes = reconcile.diff(snapshot, decisions, cluster, memory, owned, config, ceiling)
+    expected, expected_notes = reference_diff(snapshot, decisions, cluster, memory, owned, config, ceiling)
+    assert plans == expected and notes == expected_notes
+    assert all(type(p) is JobPlan and type(w) is PlannedWrite for p in plans for w in p.writes)
+    # the kind each write was built with is the one PlannedWrite computes
+    assert [w.kind for p in plans for w in p.writes] == [
+        replace(w).kind for p in expected for w in p.writes
+    ]
+    assert reconcile.guardrails(plans, owned, config) == reconcile.guardrails(expected, owned, config)
+
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([JobField.SITE_FACTOR, JobField.NICE]),
+       st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.0]), st.integers(0, 4), st.one_of(st.none(), st.integers(0, 4)),
+                          st.booleans()), max_size=12))
+def test_the_order_walk_rewrites_the_jobs_the_straightforward_walk_rewrites(key, shapes):
+    """Pending jobs with few distinct scores and values: out-of-order pairs and ties in the
+    distance to the wanted value are common."""
+    sign = -1 if key is JobField.NICE else 1
+
+    def contexts() -> list[_JobContext]:
+        return [
+            _JobContext(Job(job_id=i, user="u", state=JobState.PENDING, submit_time=0.0), SetPriority(i, 0, score, ""),
+                        {}, None, None if now is None else sign * now, sign * wanted, False, (), "", needed)
+            for i, (score, wanted, now, needed) in enumerate(shapes)
+        ]
+
+    walked, expected = contexts(), contexts()
+    reconcile.keep_policy_order(walked, key)
+    reference_keep_policy_order(expected, key)
+    assert [c.needed for c in walked] == [c.needed for c in expected]
+
+def test_one_step_builders_equal_the_constructors():
+    job = Job(job_id=1, user="u", state=JobState.PENDING, submit_time=0.0)
+    update = JobUpdate(1, ((JobField.FEATURES, "leaf_a"),))
+    args = (1, update, update, update.values, (JobField.SWITCHES,), "why", 3, ())
+    write = reconcile._planned_write(*args, "placement")
+    assert write == PlannedWrite(*args) and write.__dict__ == {**PlannedWrite(*args).__dict__, "kind": "placement"}
+    assert write.kind == PlannedWrite(*args).kind
+    values = (job, True, "note", 1, "why", False, 5, 6, None, (write,), (JobField.NICE,), "note")
+    plan = reconcile._job_plan(*values)
+    assert plan == JobPlan(*values) and plan.__dict__ == JobPlan(*values).__dict__
+    assert hash(plan) == hash(JobPlan(*values))
