@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
+from types import MappingProxyType
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
@@ -41,15 +42,19 @@ __all__ = ["CyclePlan", "CycleReport", "Engine", "JobPlan", "PlannedWrite", "Rev
 
 log = logging.getLogger("dike_slurm.engine")
 
+_NO_SERVICE = JobService()
+_NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
+
 SACCT_OVERLAP_S = 900.0  # each cycle re-reads accounting from this long before the last read
 
 
 def in_scope(job: Job, config: Config) -> bool:
     """Partition (every listed one), account and QOS all in the configured scope."""
     scope = config.scope
-    partitions = [p for p in job.partition.split(",") if p]
-    if scope.partitions and (not partitions or not set(partitions) <= set(scope.partitions)):
-        return False
+    if scope.partitions:
+        partitions = [p for p in job.partition.split(",") if p]
+        if not partitions or not set(partitions) <= set(scope.partitions):
+            return False
     if scope.accounts and job.account not in scope.accounts:
         return False
     return not (scope.qos and job.qos not in scope.qos)
@@ -60,7 +65,7 @@ def opted_in_to_preemption(job: Job, config: Config) -> bool:
     engine = config.engine
     return (
         engine.preemptible_tag in (job.comment or "")
-        or bool(set(job.partition.split(",")) & set(engine.preemptible_partitions))
+        or bool(engine.preemptible_partitions and set(job.partition.split(",")) & set(engine.preemptible_partitions))
         or job.qos in engine.preemptible_qos
     )
 
@@ -111,7 +116,7 @@ class Engine:
         service = job_service(runs, now)
         fairness_by = self.policy.usage_owner(self.params)
         usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
-        jobs = tuple(self._enrich(j, service, memory, owned, cluster) for j in active_in_scope)
+        jobs = self._enrich(active_in_scope, service, memory, owned, cluster)
         snapshot = Snapshot(
             time=now,
             jobs=jobs,
@@ -181,33 +186,41 @@ class Engine:
 
     def _enrich(
         self,
-        job: Job,
+        jobs: list[Job],
         service: Mapping[int, JobService],
         memory: Mapping[int, JobMemory],
         owned: Mapping[int, Mapping[JobField, OwnedField]],
         cluster: ClusterState,
-    ) -> Job:
-        """The job with what the queue does not say: service over all runs, promotions, site factor."""
-        got = service.get(job.job_id, JobService())
-        remembered = memory.get(job.job_id)
-        pending_since = job.submit_time
-        if job.state is JobState.PENDING and got.last_end is not None:
-            pending_since = max(job.submit_time, got.last_end)
-        site_factor = cluster.site_factors.get(job.job_id)
-        if site_factor is None and JobField.SITE_FACTOR in owned.get(job.job_id, {}):
-            site_factor = owned[job.job_id][JobField.SITE_FACTOR].written  # type: ignore[assignment]
-        return job.with_changes(
-            attained_gpu_s=got.attained_gpu_s,
-            attained_at_promotion_gpu_s=min(
-                remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
-            ),
-            run_count=got.run_count,
-            last_run_s=got.last_run_s,
-            preemptions=remembered.requeues if remembered else 0,
-            pending_since=pending_since,
-            requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
-            site_factor=site_factor,
-        )
+    ) -> tuple[Job, ...]:
+        """The jobs with what the queue does not say: service over all runs, promotions, site factor."""
+        enriched = []
+        site_factors = cluster.site_factors
+        for job in jobs:
+            job_id = job.job_id
+            got = service.get(job_id, _NO_SERVICE)
+            remembered = memory.get(job_id)
+            pending_since = job.submit_time
+            if job.state is JobState.PENDING and got.last_end is not None:
+                pending_since = max(job.submit_time, got.last_end)
+            site_factor = site_factors.get(job_id)
+            if site_factor is None:
+                mine = owned.get(job_id, _NOTHING_OWNED).get(JobField.SITE_FACTOR)
+                if mine is not None:
+                    site_factor = mine.written  # type: ignore[assignment]
+            enriched.append(job.with_changes(
+                attained_gpu_s=got.attained_gpu_s,
+                attained_at_promotion_gpu_s=min(
+                    remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
+                ),
+                run_count=got.run_count,
+                last_run_s=got.last_run_s,
+                preemptions=remembered.requeues if remembered else 0,
+                pending_since=pending_since,
+                requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
+                site_factor=site_factor,
+            ))
+        return tuple(enriched)
+
     def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:
         """Write the plan, audit every write, remember levels, runs and promotions."""
         return Applier(self.config, self.backend, self.store, self.clock).apply(plan, started)

@@ -266,7 +266,7 @@ def diff(
 
 # A JobPlan and a PlannedWrite filled in one step: their frozen __init__ sets one field at a
 # time, and a cycle at 50,000 pending jobs builds 55,000 plans and up to 70,000 writes
-# (tests/unit/test_diff_equivalence.py holds them equal to the constructors').
+# (tests/unit/test_cycle_equivalence.py holds them equal to the constructors').
 _NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -167,6 +167,8 @@ class StateStore:
         except (sqlite3.Error, OSError) as exc:
             raise StateError(f"cannot open state file {path}: {exc}") from None
         self._db.row_factory = sqlite3.Row
+        self._owned_changes = 0  # changes this store made to the owned table (see owned())
+        self._owned_read: tuple[tuple[int, int], dict[int, dict[JobField, OwnedField]]] | None = None
         self._prepare()
 
     def _prepare(self) -> None:
@@ -289,14 +291,28 @@ class StateStore:
 
     def forget_jobs(self, last_seen_before: float) -> int:
         """Drop jobs (and their owned fields) not seen active since then; the audit stays."""
-        self._db.execute(
+        self._owned_changes += self._db.execute(
             "DELETE FROM owned WHERE job_id IN (SELECT job_id FROM jobs WHERE last_seen < ?)", (last_seen_before,)
-        )
+        ).rowcount
         return self._db.execute("DELETE FROM jobs WHERE last_seen < ?", (last_seen_before,)).rowcount
 
     # ---------------------------------------------------------------- owned fields
 
-    def owned(self) -> dict[int, dict[JobField, OwnedField]]:
+    def owned(self) -> Mapping[int, Mapping[JobField, OwnedField]]:
+        """Every field the engine owns, by job; shared between calls, never to be changed.
+
+        Outside a transaction, the map read last is handed out again as long as neither this
+        store nor any other connection (`dike-slurm revert` in another process) changed the file
+        since: the service's quiet cycles read the ~110,000 owned fields of 55,000 jobs once.
+        """
+        if self._db.in_transaction:  # it may yet be rolled back: read what it holds now, keep nothing
+            return self._read_owned()
+        version = (self._db.execute("PRAGMA data_version").fetchone()[0], self._owned_changes)
+        if self._owned_read is None or self._owned_read[0] != version:
+            self._owned_read = (version, self._read_owned())
+        return self._owned_read[1]
+
+    def _read_owned(self) -> dict[int, dict[JobField, OwnedField]]:
         result: dict[int, dict[JobField, OwnedField]] = {}
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples: this reads every owned field of every job, every cycle
@@ -317,6 +333,7 @@ class StateStore:
 
     def record_write(self, job_id: int, field: JobField, original: FieldValue, written: FieldValue, at: float) -> None:
         """Remember a value the engine wrote; the original is kept from the first write on."""
+        self._owned_changes += 1
         self._db.execute(
             "INSERT INTO owned (job_id, field, original, written, written_at) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (job_id, field) DO UPDATE SET written = excluded.written, written_at = excluded.written_at",
@@ -325,9 +342,9 @@ class StateStore:
 
     def release(self, job_id: int, fields: Iterable[JobField]) -> None:
         """The engine no longer owns these fields (restored, or left to the user)."""
-        self._db.executemany(
+        self._owned_changes += self._db.executemany(
             "DELETE FROM owned WHERE job_id = ? AND field = ?", [(job_id, f.value) for f in fields]
-        )
+        ).rowcount
 
     # ---------------------------------------------------------------- audit and cycles
 

@@ -55,6 +55,8 @@ def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list]
     while not backend.finished():
         reports.append(engine.cycle(apply=apply))
         assert len(reports) < 20000, "the simulation did not end"
+        if apply:  # the owned fields the store keeps between cycles are the ones the file holds
+            assert engine.store.owned() == StateStore(cfg.engine.state_db, read_only=True).owned()
     return backend, reports
 
 

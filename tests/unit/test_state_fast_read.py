@@ -1,8 +1,12 @@
 """The state store's every-cycle reads build their objects in one step (dike_slurm/state.py:
 `_job_memory`, `owned`): what they read back equals what the dataclass constructors build, for
-any remembered job and any owned field (hypothesis)."""
+any remembered job and any owned field (hypothesis); and the owned fields kept between reads
+equal what the file holds (hypothesis)."""
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,3 +63,52 @@ def test_owned_fields_read_back_equal_to_the_constructor(written):
     read = store.owned()
     assert read == expected
     assert all(type(o) is OwnedField for fields_of in read.values() for o in fields_of.values())
+
+
+OPERATIONS = st.lists(st.tuples(
+    st.sampled_from(["write", "release", "forget", "rolled back", "other process writes", "other process releases"]),
+    st.integers(1, 3), st.sampled_from([JobField.SITE_FACTOR, JobField.SWITCHES]), st.integers(0, 3),
+), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPERATIONS)
+def test_owned_kept_between_reads_equals_a_fresh_read(operations):
+    """owned() hands out the map it read last until this store or another connection changes the
+    file: after any mix of writes, releases, forgotten jobs, rolled-back transactions and another
+    process's writes it equals what the file holds; with nothing changed it is not read again."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "state.sqlite"
+        store, other = StateStore(path), StateStore(path)
+        store.owned()
+        for action, job_id, field, value in operations:
+            writer = other if action.startswith("other") else store
+            try:
+                with writer.transaction():
+                    if action in ("write", "other process writes", "rolled back"):
+                        writer.remember([JobMemory(job_id, float(value))])
+                        writer.record_write(job_id, field, value_of(field, value), value_of(field, value + 1), 0.0)
+                    elif action in ("release", "other process releases"):
+                        writer.release(job_id, [field])
+                    else:
+                        writer.forget_jobs(float(value))
+                    if action == "rolled back":
+                        writer.owned()  # read inside the transaction that is then undone
+                        raise RuntimeError
+            except RuntimeError:
+                pass
+            assert store.owned() == StateStore(path, read_only=True).owned()
+        assert store.owned() is store.owned()
+        store.close()
+        other.close()
+
+
+def value_of(field: JobField, n: int):
+    """A value of the field's type."""
+    if field is JobField.SWITCHES:
+        return SwitchRequest(n, 60)
+    if field in (JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES):
+        return tuple(f"n{i}" for i in range(n))
+    if field in (JobField.ADMIN_COMMENT, JobField.FEATURES):
+        return f"text{n}"
+    return n

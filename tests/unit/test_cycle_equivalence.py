@@ -1,7 +1,11 @@
-"""reconcile.diff builds every JobPlan and PlannedWrite in one step, reads its order walk from
-plain lists and returns early for jobs with nothing to write: for any queue, owned fields, memory
-and decisions (hypothesis), its plans, notes, the writes' kinds and the guardrails' verdict equal
-the straightforward diff it replaced, kept below as the reference."""
+"""The engine cycle's optimised steps against the straightforward ones they replaced (kept below
+as references), for any queue, owned fields, memory and decisions (hypothesis).
+
+reconcile.diff builds every JobPlan and PlannedWrite in one step, reads its order walk from plain
+lists and returns early for jobs with nothing to write: its plans, notes, the writes' kinds and
+the guardrails' verdict equal the reference diff's. Engine._enrich copies the jobs in one loop,
+and the scope and preemption checks build no sets the configuration does not need: the same
+jobs as the reference's per-job copy."""
 
 from __future__ import annotations
 
@@ -41,9 +45,11 @@ from dike_slurm.reconcile import (
     user_changes,
     values_match,
 )
-from dike_slurm.state import JobMemory, OwnedField
+from dike_slurm.engine import Engine, in_scope
+from dike_slurm.state import JobMemory, OwnedField, StateStore
+from dike_slurm.usage import JobService
 
-# ---------------------------------------------------------------- the reference: diff as it was
+# ---------------------------------------------------------------- the references: diff and enrich as they were
 
 
 def reference_diff(
@@ -253,6 +259,55 @@ def reference_placement_write(
     )
 
 
+def reference_in_scope(job: Job, config: Config) -> bool:
+    scope = config.scope
+    partitions = [p for p in job.partition.split(",") if p]
+    if scope.partitions and (not partitions or not set(partitions) <= set(scope.partitions)):
+        return False
+    if scope.accounts and job.account not in scope.accounts:
+        return False
+    return not (scope.qos and job.qos not in scope.qos)
+
+
+def reference_opted_in_to_preemption(job: Job, config: Config) -> bool:
+    engine = config.engine
+    return (
+        engine.preemptible_tag in (job.comment or "")
+        or bool(set(job.partition.split(",")) & set(engine.preemptible_partitions))
+        or job.qos in engine.preemptible_qos
+    )
+
+
+def reference_enrich(
+    engine: Engine,
+    job: Job,
+    service: Mapping[int, JobService],
+    memory: Mapping[int, JobMemory],
+    owned: Mapping[int, Mapping[JobField, OwnedField]],
+    cluster: ClusterState,
+) -> Job:
+    got = service.get(job.job_id, JobService())
+    remembered = memory.get(job.job_id)
+    pending_since = job.submit_time
+    if job.state is JobState.PENDING and got.last_end is not None:
+        pending_since = max(job.submit_time, got.last_end)
+    site_factor = cluster.site_factors.get(job.job_id)
+    if site_factor is None and JobField.SITE_FACTOR in owned.get(job.job_id, {}):
+        site_factor = owned[job.job_id][JobField.SITE_FACTOR].written  # type: ignore[assignment]
+    return job.with_changes(
+        attained_gpu_s=got.attained_gpu_s,
+        attained_at_promotion_gpu_s=min(
+            remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
+        ),
+        run_count=got.run_count,
+        last_run_s=got.last_run_s,
+        preemptions=remembered.requeues if remembered else 0,
+        pending_since=pending_since,
+        requeueable=job.requeueable and reference_opted_in_to_preemption(job, engine.config),
+        site_factor=site_factor,
+    )
+
+
 # ---------------------------------------------------------------- generated cycles
 
 NODES = ("n1", "n2", "n3")
@@ -377,3 +432,30 @@ def test_one_step_builders_equal_the_constructors():
     plan = reconcile._job_plan(*values)
     assert plan == JobPlan(*values) and plan.__dict__ == JobPlan(*values).__dict__
     assert hash(plan) == hash(JobPlan(*values))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cycles(), st.data())
+def test_enrich_equals_the_per_job_copy(cycle, data):
+    snapshot, _, cluster, memory, owned, _, _ = cycle
+    preemptible = data.draw(st.sampled_from([{}, {"preemptible_partitions": ["gpu"]}, {"preemptible_qos": ["low"]}]))
+    config = Config.model_validate({"engine": preemptible})
+    jobs = [
+        replace(j, requeueable=data.draw(st.booleans()), partition=data.draw(st.sampled_from(["gpu", "cpu,gpu", ""])),
+                qos=data.draw(st.sampled_from(["low", "normal"])))
+        for j in snapshot.jobs
+    ]
+    service = {
+        j.job_id: JobService(data.draw(st.floats(0, 1e6)), data.draw(st.integers(0, 3)), data.draw(st.floats(0, 1e4)),
+                             data.draw(st.one_of(st.none(), st.floats(-10, 10))))
+        for j in jobs if data.draw(st.booleans())
+    }
+    memory = {job_id: replace(m, requeues=data.draw(st.integers(0, 3)),
+                              attained_at_promotion_gpu_s=data.draw(st.floats(0, 1e6)))
+              for job_id, m in memory.items()}
+    scoped = Config.model_validate({"scope": data.draw(st.sampled_from([{}, {"partitions": ["gpu"]}, {"qos": ["low"]}]))})
+    assert [in_scope(j, scoped) for j in jobs] == [reference_in_scope(j, scoped) for j in jobs]
+    engine = Engine(config, None, StateStore(None))  # type: ignore[arg-type]
+    assert engine._enrich(jobs, service, memory, owned, cluster) == tuple(
+        reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs
+    )
