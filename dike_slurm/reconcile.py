@@ -435,6 +435,8 @@ def placement_write(
     wanted = placement_fields(decision.placement) if isinstance(decision, SetPlacement) else {}
     if not wanted and not any(key in owned for key in PLACEMENT_ORDER):
         return None  # nothing wanted, nothing of ours to put back
+    if wanted and job.placement == decision.placement and all(key in wanted for key in owned if key.is_placement):  # type: ignore[union-attr]
+        return None  # Slurm holds what is wanted, and nothing of ours is left to put back
     values: dict[JobField, FieldValue] = {}
     originals: dict[JobField, FieldValue] = {}
     before: dict[JobField, FieldValue] = {}
