@@ -212,6 +212,7 @@ class SlurmCliBackend(Backend):
         self.slurm_format: SlurmFormat | None = None  # of the last squeue read
         self.slurm_release: str | None = None
         self.last_counts: tuple[ReadCount, ...] = ()  # what the last read_cluster printed and read
+        self._jobs_by_record: dict[str, Job] = {}  # the last lean read's jobs, by record (see read_jobs)
 
     def _command(self, name: str) -> str:
         return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
@@ -295,7 +296,9 @@ class SlurmCliBackend(Backend):
         self.lean_refused = None
         excluded_token = self.token()
         excluded = self._read(squeue, "-a", "-o", squeue_format.excluded_format(excluded_token), env=self.lean_env)
-        lean = squeue_format.read_jobs(result.stdout, token, "squeue -O", excluded, excluded_token, "squeue -o %A%x")
+        lean = squeue_format.read_jobs(result.stdout, token, "squeue -O", excluded, excluded_token, "squeue -o %A%x",
+                                       known=self._jobs_by_record)
+        self._jobs_by_record = lean.by_record
         site_factors = self._site_factors()
         node_token = self.token()
         text = self._read(self._command("sinfo"), "-N", "-O", squeue_format.node_format(node_token), env=self.lean_env)

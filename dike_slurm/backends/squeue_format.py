@@ -220,19 +220,30 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
 
 @dataclass(frozen=True)
 class LeanJobs:
-    """The active jobs of one lean read and what Slurm holds in their AdminComment."""
+    """The active jobs of one lean read and what Slurm holds in their AdminComment; `by_record`:
+    every Job read, by its record's text (for the next read, `read_jobs(known=...)`)."""
 
     jobs: tuple[Job, ...]
     admin_comments: dict[int, str]
     count: ReadCount
+    by_record: dict[str, Job]
+
+
+# Joins a record's fields (and its ExcNodeList) into the text a Job is known by between reads.
+# Slurm's fields are C strings: no NUL in them, so the joined text names one record only (a
+# record whose fields hold a NUL anyway is read afresh, never looked up).
+_JOIN = "\0"
+_JOINS = len(JOB_FIELDS)  # the NULs of a joined record: one after each field but the last, one before ExcNodeList
 
 
 def read_jobs(
-    text: str, token: str, command: str, excluded_text: str, excluded_token: str, excluded_command: str
+    text: str, token: str, command: str, excluded_text: str, excluded_token: str, excluded_command: str,
+    known: Mapping[str, Job] | None = None,
 ) -> LeanJobs:
     """Every record of the lean squeue read (`text`, and the ExcNodeList of `squeue -o %A%x` in
     `excluded_text`): active jobs read, finished ones left out, the rest an error
-    (ReadCount.check) that names the command."""
+    (ReadCount.check) that names the command. `known`: the previous read's `by_record`; a record
+    printed exactly as then is that read's Job (job_from_fields is a function of the record)."""
     rows = records(text, token, JOB_FIELDS, command, "JOBID")
     excluded = {int(job_id): nodes for job_id, nodes in records(excluded_text, excluded_token, EXCLUDED_FIELDS,
                                                                 excluded_command, "JOBID")
@@ -240,12 +251,17 @@ def read_jobs(
     count = ReadCount(command, printed=len(rows))
     jobs: list[Job] = []
     comments: dict[int, str] = {}
+    known = known or {}
+    by_record: dict[str, Job] = {}
     for row in rows:
         try:
-            job = job_from_fields(row, excluded)
+            record = _JOIN.join(row) + _JOIN + excluded.get(int(row[0]), "")
+            job = known.get(record) or job_from_fields(row, excluded)
         except (ValueError, InputError) as exc:
             count.skip(_reason(exc))
             continue
+        if record.count(_JOIN) == _JOINS:
+            by_record[record] = job
         job_id = job.job_id
         if job.state not in _ACTIVE:
             count.left_out += 1
@@ -257,7 +273,7 @@ def read_jobs(
             comments[job_id] = comment if comment != _NULL else ""
     count.read = len(jobs)
     count.check("jobs")
-    return LeanJobs(tuple(jobs), comments, count)
+    return LeanJobs(tuple(jobs), comments, count, by_record)
 
 
 def read_nodes(text: str, token: str, command: str) -> tuple[dict[str, Node], ReadCount]:

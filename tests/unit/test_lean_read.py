@@ -169,6 +169,32 @@ def test_the_lean_read_builds_the_jobs_the_json_read_builds(specs):
     assert lean.count.printed == len(specs) and lean.count.read == len(jobs)
 
 
+@SETTLED
+@given(job_specs(), st.data())
+def test_a_read_that_reuses_the_last_reads_jobs_builds_what_a_fresh_read_builds(specs, data):
+    """read_jobs(known=...) takes the previous read's Job for a record printed exactly as then:
+    the next cycle's queue, with some jobs changed (ExcNodeList too, printed by another command),
+    reads as it would without it, hostile text and NULs included."""
+    changes = st.fixed_dictionaries({}, optional={
+        "excluded": st.sampled_from(["", "n3", "n[1-4]"]), "name": FREE_TEXT,
+        "state": st.sampled_from(["PENDING", "RUNNING", "COMPLETED"]), "features": st.sampled_from([None, "leaf_s2"]),
+    })
+    later = [{**spec, **data.draw(changes)} for spec in specs]
+    first = read_jobs(*_texts(specs))
+    fresh = read_jobs(*_texts(later))
+    again = read_jobs(*_texts(later), known=first.by_record)
+    assert (again.jobs, again.admin_comments, vars(again.count)) == (fresh.jobs, fresh.admin_comments, vars(fresh.count))
+    assert again.by_record == fresh.by_record
+    reused = [j for j in again.jobs if any(j is k for k in first.jobs)]
+    assert len(reused) == sum(1 for before, after in zip(specs, later)
+                              if before == after and after["state"] in ("PENDING", "RUNNING", "SUSPENDED")
+                              and "\x00" not in before["name"] + before["comment"] + before["admin_comment"])
+
+
+def _texts(specs: list[dict]) -> tuple[str, str, str, str, str, str]:
+    queue, excluded = lean_text(specs)
+    return queue, TOKEN, "squeue -O", excluded, TOKEN, "squeue -o"
+
 @pytest.mark.parametrize("text", HOSTILE)
 def test_hostile_free_text_is_read_verbatim_and_shifts_no_field(text):
     spec = dict(job_id=7, state="PENDING", user="u", account="a", partition="gpu", qos="normal", name=text,
