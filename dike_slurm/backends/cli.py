@@ -402,9 +402,11 @@ class SlurmCliBackend(Backend):
         text = self._read(self._command("sprio"), "-h", "-o", SPRIO_FORMAT)
         factors = {}
         for line in text.splitlines():
-            parts = [p.strip() for p in line.split("|")]
-            if len(parts) >= 2 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
-                factors[int(parts[0])] = int(parts[1])
+            parts = line.split("|", 2)  # the job id and SiteFactor; the rest is not read
+            if len(parts) >= 2:
+                job_id, factor = parts[0].strip(), parts[1].strip()
+                if job_id.isdigit() and factor.lstrip("-").isdigit():
+                    factors[int(job_id)] = int(factor)
         return factors
 
     def _topology(self) -> Topology:

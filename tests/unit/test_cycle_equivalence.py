@@ -5,7 +5,8 @@ reconcile.diff builds every JobPlan and PlannedWrite in one step, reads its orde
 lists and returns early for jobs with nothing to write: its plans, notes, the writes' kinds and
 the guardrails' verdict equal the reference diff's. Engine._enrich copies the jobs in one loop,
 and the scope and preemption checks build no sets the configuration does not need: the same
-jobs as the reference's per-job copy."""
+jobs as the reference's per-job copy. The CLI backend's sprio read splits each line once: the
+same SiteFactors as the reference's, for any text."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from dike_slurm.backends.base import (
     placement_fields,
     placement_value,
 )
-from dike_slurm.config import Config
+from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
+from dike_slurm.config import Config, SlurmSettings
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
 from dike_slurm.reconcile import (
@@ -308,6 +310,15 @@ def reference_enrich(
     )
 
 
+def reference_site_factors(text: str) -> dict[int, int]:
+    factors = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
+            factors[int(parts[0])] = int(parts[1])
+    return factors
+
+
 # ---------------------------------------------------------------- generated cycles
 
 NODES = ("n1", "n2", "n3")
@@ -458,6 +469,8 @@ def test_one_step_builders_equal_the_constructors():
     write = reconcile._planned_write(*args, "placement")
     assert write == PlannedWrite(*args) and write.__dict__ == {**PlannedWrite(*args).__dict__, "kind": "placement"}
     assert write.kind == PlannedWrite(*args).kind
+    built = reconcile._job_update(1, update.values)
+    assert built == update and built.__dict__ == update.__dict__ and hash(built) == hash(update)
     values = (job, True, "note", 1, "why", False, 5, 6, None, (write,), (JobField.NICE,), "note")
     plan = reconcile._job_plan(*values)
     assert plan == JobPlan(*values) and plan.__dict__ == JobPlan(*values).__dict__
@@ -489,3 +502,12 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
     assert engine._enrich(jobs, service, memory, owned, cluster) == tuple(
         reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet="0123456789|- \t\u00a0x\u0663", max_size=16),
+                          st.builds("{}|{}|{}".format, st.integers(0, 10**6), st.integers(-9, 10**6), st.integers(0, 9)))
+                ).map("\n".join))
+def test_the_sprio_read_equals_the_straightforward_read(text):
+    backend = SlurmCliBackend(SlurmSettings(), runner=lambda argv, env, timeout: CommandResult(0, text, ""), environ={})
+    assert backend._site_factors() == reference_site_factors(text)
