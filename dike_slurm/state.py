@@ -130,10 +130,11 @@ def decode_value(field: JobField, text: str) -> FieldValue:
     """The inverse of encode_value for this field's type."""
     if field in _INTEGER_FIELDS and text != "null":
         return int(text)  # what json.dumps wrote for an int; read for every owned field every cycle
+    if field in _REPEATING_FIELDS:
+        return _decode_repeating(field, text)
     return _decode_json(field, text)
 
 
-@functools.lru_cache(maxsize=8192)  # comments and constraints repeat across thousands of jobs
 def _decode_json(field: JobField, text: str) -> FieldValue:
     data = json.loads(text)
     if field is JobField.SWITCHES:
@@ -145,6 +146,11 @@ def _decode_json(field: JobField, text: str) -> FieldValue:
     return None if data is None else int(data)
 
 
+# A few distinct Switches and constraint texts repeat across thousands of jobs; an admin comment
+# (its attained GPU-hours) and a node list are one job's own, so a cache of them would only fill
+# up over months of service (bench/soak.py).
+_decode_repeating = functools.lru_cache(maxsize=1024)(_decode_json)
+_REPEATING_FIELDS = frozenset({JobField.SWITCHES, JobField.FEATURES})
 _INTEGER_FIELDS = frozenset({JobField.SITE_FACTOR, JobField.PRIORITY, JobField.NICE})
 _FIELD_BY_NAME = {f.value: f for f in JobField}
 

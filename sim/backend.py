@@ -162,7 +162,6 @@ class SimulatedBackend(Backend):
         return ReadResult(chosen, len(chosen), {}, "simulation")
 
     def _record(self, job_id: int, user: str, gpus: int, start: float, end: float, state: JobState) -> None:
-        self.recorded_gpu_s[job_id] = self.recorded_gpu_s.get(job_id, 0.0) + gpus * (end - start)
         self.records.append(AccountingRecord(
             job_id=job_id, display_id=str(job_id), user=user, account=self.accounts.get(job_id, ""), state=state,
             state_text=state.value, submit=start, start=start, end=end, elapsed_s=int(end - start), gpus=gpus,
@@ -171,7 +170,8 @@ class SimulatedBackend(Backend):
     def _finished(self, result: JobResult) -> None:
         """The simulator's finish callback."""
         self.collector(result)
-        last_run_s = (result.gpu_seconds - self.recorded_gpu_s.get(result.job_id, 0.0)) / max(result.gpus, 1)
+        earlier_runs_gpu_s = self.recorded_gpu_s.pop(result.job_id, 0.0)  # a finished job is not requeued again
+        last_run_s = (result.gpu_seconds - earlier_runs_gpu_s) / max(result.gpus, 1)
         self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end, JobState.COMPLETED)
         self.raw.pop(result.job_id, None)
         self.placements.pop(result.job_id, None)
@@ -224,5 +224,6 @@ class SimulatedBackend(Backend):
         if job is None or job.state is not JobState.RUNNING or job.start_time is None or self.snapshot is None:
             return WriteOutcome(False, text, "Job is not running", job_gone=True)
         self._record(job_id, job.user, job.gpus, job.start_time, self.snapshot.time, JobState.REQUEUED)
+        self.recorded_gpu_s[job_id] = self.recorded_gpu_s.get(job_id, 0.0) + job.gpus * (self.snapshot.time - job.start_time)
         self.requeues.append(job_id)
         return WriteOutcome(True, text)
