@@ -19,15 +19,16 @@ squares over the steady days: after every window has filled (accounting.lookback
 retention's audit_days and cycles_days).
 
 What the harness does besides driving the engine: the simulated slurmdbd's finished-job records
-older than the look-back (which the engine never asks for again) are dropped, the simulated
-backend's per-job count of recorded GPU-seconds is dropped once the job has finished, and the
-simulator's replay metrics are not collected; all three would otherwise grow in this process
-and be counted as the engine's memory. CPU seconds throughout (the machine is shared).
+older than the look-back (which the engine never asks for again) are dropped, and the
+simulator's replay metrics are not collected; both would otherwise grow in this process and be
+counted as the engine's memory. CPU seconds throughout (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import math
@@ -35,6 +36,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,7 +54,7 @@ DAY = 86400.0
 ID_OFFSET = 1_000_000
 TIME_COLUMNS = ("Submit", "Eligible", "Start", "End")
 ID_COLUMNS = ("JobID", "JobIDRaw")
-SERIES = ("rss_mb", "py_blocks", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
+SERIES = ("rss_mb", "rss_anon_mb", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
 
 
 def repeated_trace(case: Path, out: Path, days: float, period_days: float) -> int:
@@ -93,10 +95,6 @@ class TimedBackend(SimulatedBackend):
         self.read_cpu_s = 0.0
         self.collector = lambda result: None  # the replay's metrics: not the engine's memory
 
-    def _finished(self, result) -> None:
-        super()._finished(result)
-        self.recorded_gpu_s.pop(result.job_id, None)  # needed only until the job's last run is recorded
-
     def read_cluster(self):
         started = time.process_time()
         try:
@@ -115,12 +113,23 @@ class TimedBackend(SimulatedBackend):
             self.read_cpu_s += time.process_time() - started
 
 
-def rss_mb() -> float:
-    """The process's resident memory now (VmRSS)."""
+def rss_mb(key: str = "VmRSS") -> float:
+    """The process's resident memory now (VmRSS; RssAnon: its heaps, without mapped files)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024.0
     return math.nan
+
+
+def sqlite_memory() -> Callable[[], float]:
+    """SQLite's own heap in MB now (sqlite3_memory_used: its page cache and statements), from the
+    library Python's sqlite3 module loaded; NaN where that library cannot be found."""
+    name = ctypes.util.find_library("sqlite3")
+    if name is None:
+        return lambda: math.nan
+    used = ctypes.CDLL(name).sqlite3_memory_used
+    used.restype = ctypes.c_int64
+    return lambda: used() / 2**20
 
 
 def state_bytes(path: Path) -> int:
@@ -187,7 +196,8 @@ def run(args: argparse.Namespace) -> dict:
     store = StateStore(state)
     engine = Engine(config, backend, store)
     wall_started = time.monotonic()
-    rows: list[dict] = []
+    sqlite_mb = sqlite_memory()
+    days_file = out / "days.jsonl"  # on disk, not in this process: the harness's records are not the engine's memory
     first: float | None = None
     day_cycles: list[float] = []
     day_engine: list[float] = []
@@ -198,21 +208,25 @@ def run(args: argparse.Namespace) -> dict:
     def close_day() -> None:
         nonlocal day_cycles, day_engine, day_writes
         tables = store.table_rows()
-        gc.unfreeze()  # the engine freezes what a cycle leaves (dike_slurm/gcpause.py): count it too
-        gc.collect()  # what is left is what something still holds
-        rows.append({
+        # As the service's own collector would: what a cycle froze (dike_slurm/gcpause.py) stays
+        # frozen, so garbage that only a full collection of the frozen objects would find counts.
+        gc.collect()
+        row = {
             "day": day + 1, "cycles": len(day_cycles), "writes": day_writes,
-            "rss_mb": round(rss_mb(), 2), "state_mb": round(state_bytes(state) / 2**20, 3),
-            "py_objects": len(gc.get_objects()), "py_blocks": sys.getallocatedblocks(),
+            "rss_mb": round(rss_mb(), 2), "rss_anon_mb": round(rss_mb("RssAnon"), 2),
+            "sqlite_mb": round(sqlite_mb(), 3), "state_mb": round(state_bytes(state) / 2**20, 3),
+            "py_objects": len(gc.get_objects()) + gc.get_freeze_count(), "py_blocks": sys.getallocatedblocks(),
             "state_bytes_per_row": round(state_bytes(state) / max(1, sum(tables.values())), 1),
             "cycle_p50_ms": round(1000 * percentile(day_cycles, 50), 2),
             "cycle_p99_ms": round(1000 * percentile(day_cycles, 99), 2),
             "engine_p50_ms": round(1000 * percentile(day_engine, 50), 2),
             "engine_p99_ms": round(1000 * percentile(day_engine, 99), 2),
             "rows": tables, "active_jobs": last_jobs,
-        })
+        }
+        with days_file.open("a") as stream:
+            stream.write(json.dumps(row) + "\n")
         if args.verbose:
-            print(format_row(rows[-1]), flush=True)
+            print(format_row(row), flush=True)
         day_cycles, day_engine, day_writes = [], [], 0
 
     last_jobs = 0
@@ -240,6 +254,7 @@ def run(args: argparse.Namespace) -> dict:
     if day_cycles and day < args.days:
         close_day()
     store.close()
+    rows = [json.loads(line) for line in days_file.read_text().splitlines()]
     steady = [r for r in rows if r["day"] >= args.steady_from_day]
     fits = {name: fit([r["day"] for r in steady], [r[name] for r in steady]) for name in SERIES}
     fits["audit_rows"] = fit([r["day"] for r in steady], [r["rows"]["audit"] for r in steady])
@@ -293,16 +308,17 @@ def report_text(result: dict) -> str:
              f"{result['days']} simulated days, a cycle every {result['interval_s']:g} s while jobs wait: "
              f"{result['cycles']} cycles, {result['writes']} writes, {result['wall_s']:.0f} s wall",
              "   (active: jobs at the day's last cycle; blocks k: Python's allocated memory blocks after a collection, "
-             "thousands; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
+             "thousands; anon MB: RSS less mapped files; sqlite MB: SQLite's own heap; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
              "simulated Slurm's reads)",
              HEADER]
     lines += [format_row(r) for r in result["per_day"]]
     lines.append(f"per repeat of the trace ({result['period_days']:g} days; means of the days):")
-    lines.append(f"{'days':>7} {'cycles':>6} {'writes':>6} {'audit':>6} {'RSS MB':>7} {'max':>6} {'blocks':>8} "
-                 f"{'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
+    lines.append(f"{'days':>7} {'cycles':>6} {'writes':>6} {'audit':>6} {'RSS MB':>7} {'max':>6} {'anon MB':>7} "
+                 f"{'blocks':>8} {'sqlite MB':>9} {'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
     for p in result["periods"]:
         lines.append(f"{p['days']:>7} {p['cycles']:>6} {p['writes']:>6} {p['audit_rows']:>6} {p['rss_mb']:>7.2f} "
-                     f"{p['rss_max_mb']:>6.1f} {p['py_blocks']:>8.0f} {p['state_mb']:>8.2f} {p['state_max_mb']:>6.2f} "
+                     f"{p['rss_max_mb']:>6.1f} {p['rss_anon_mb']:>7.2f} {p['py_blocks']:>8.0f} {p['sqlite_mb']:>9.2f} "
+                     f"{p['state_mb']:>8.2f} {p['state_max_mb']:>6.2f} "
                      f"{p['state_bytes_per_row']:>6.0f} "
                      f"{p['cycle_p50_ms']:>7.1f} {p['cycle_p99_ms']:>7.1f} {p['engine_p50_ms']:>7.1f} "
                      f"{p['engine_p99_ms']:>7.1f}")
@@ -325,8 +341,10 @@ def plot(result: dict, path: Path) -> None:
     days = [r["day"] for r in result["per_day"]]
     figure, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=110, sharex=True)
     panels = [
-        (axes[0][0], "process RSS (MB); Python's allocated blocks (thousands)", {
+        (axes[0][0], "process RSS, its heaps, SQLite's heap (MB); Python's allocated blocks (thousands)", {
             "RSS": [r["rss_mb"] for r in result["per_day"]],
+            "RSS anon": [r["rss_anon_mb"] for r in result["per_day"]],
+            "SQLite": [r["sqlite_mb"] for r in result["per_day"]],
             "blocks / 1000": [r["py_blocks"] / 1000 for r in result["per_day"]]}),
         (axes[0][1], "state file with -wal, -shm (MB)", {"state": [r["state_mb"] for r in result["per_day"]]}),
         (axes[1][0], "cycle CPU time (ms)", {

@@ -101,6 +101,7 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
     assert backend.summary() == replayed.metrics.summary
     # with Dike's default preemption on, both paths requeued jobs through the same guard
     assert replayed.metrics.summary["preemptions"] > 0 and replayed.stats.requeues_refused > 0
+    assert backend.recorded_gpu_s == {}  # what a requeued run used is kept only until its job finishes
 
 
 def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_path):
