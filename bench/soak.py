@@ -32,9 +32,12 @@ import ctypes.util
 import gc
 import json
 import math
+import os
 import platform
+import re
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +57,7 @@ DAY = 86400.0
 ID_OFFSET = 1_000_000
 TIME_COLUMNS = ("Submit", "Eligible", "Start", "End")
 ID_COLUMNS = ("JobID", "JobIDRaw")
-SERIES = ("rss_mb", "rss_anon_mb", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
+SERIES = ("rss_mb", "rss_anon_mb", "py_arenas", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
 
 
 def repeated_trace(case: Path, out: Path, days: float, period_days: float) -> int:
@@ -119,6 +122,25 @@ def rss_mb(key: str = "VmRSS") -> float:
         if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024.0
     return math.nan
+
+
+def python_arenas() -> int:
+    """Python's small-object allocator's arenas (1 MiB each in CPython 3.10+) now, from
+    `sys._debugmallocstats`, which prints only to the C stderr: -1 where that is not CPython's."""
+    if not hasattr(sys, "_debugmallocstats"):
+        return -1
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        match = re.search(rb"# arenas allocated current\s*=\s*([\d,]+)", capture.read())
+    return int(match.group(1).replace(b",", b"")) if match else -1
 
 
 def sqlite_memory() -> Callable[[], float]:
@@ -214,7 +236,7 @@ def run(args: argparse.Namespace) -> dict:
         row = {
             "day": day + 1, "cycles": len(day_cycles), "writes": day_writes,
             "rss_mb": round(rss_mb(), 2), "rss_anon_mb": round(rss_mb("RssAnon"), 2),
-            "sqlite_mb": round(sqlite_mb(), 3), "state_mb": round(state_bytes(state) / 2**20, 3),
+            "sqlite_mb": round(sqlite_mb(), 3), "py_arenas": python_arenas(), "state_mb": round(state_bytes(state) / 2**20, 3),
             "py_objects": len(gc.get_objects()) + gc.get_freeze_count(), "py_blocks": sys.getallocatedblocks(),
             "state_bytes_per_row": round(state_bytes(state) / max(1, sum(tables.values())), 1),
             "cycle_p50_ms": round(1000 * percentile(day_cycles, 50), 2),
@@ -308,16 +330,16 @@ def report_text(result: dict) -> str:
              f"{result['days']} simulated days, a cycle every {result['interval_s']:g} s while jobs wait: "
              f"{result['cycles']} cycles, {result['writes']} writes, {result['wall_s']:.0f} s wall",
              "   (active: jobs at the day's last cycle; blocks k: Python's allocated memory blocks after a collection, "
-             "thousands; anon MB: RSS less mapped files; sqlite MB: SQLite's own heap; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
+             "thousands; anon MB: RSS less mapped files; arenas: Python's 1 MiB arenas; sqlite MB: SQLite's own heap; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
              "simulated Slurm's reads)",
              HEADER]
     lines += [format_row(r) for r in result["per_day"]]
     lines.append(f"per repeat of the trace ({result['period_days']:g} days; means of the days):")
     lines.append(f"{'days':>7} {'cycles':>6} {'writes':>6} {'audit':>6} {'RSS MB':>7} {'max':>6} {'anon MB':>7} "
-                 f"{'blocks':>8} {'sqlite MB':>9} {'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
+                 f"{'arenas':>6} {'blocks':>8} {'sqlite MB':>9} {'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
     for p in result["periods"]:
         lines.append(f"{p['days']:>7} {p['cycles']:>6} {p['writes']:>6} {p['audit_rows']:>6} {p['rss_mb']:>7.2f} "
-                     f"{p['rss_max_mb']:>6.1f} {p['rss_anon_mb']:>7.2f} {p['py_blocks']:>8.0f} {p['sqlite_mb']:>9.2f} "
+                     f"{p['rss_max_mb']:>6.1f} {p['rss_anon_mb']:>7.2f} {p['py_arenas']:>6.1f} {p['py_blocks']:>8.0f} {p['sqlite_mb']:>9.2f} "
                      f"{p['state_mb']:>8.2f} {p['state_max_mb']:>6.2f} "
                      f"{p['state_bytes_per_row']:>6.0f} "
                      f"{p['cycle_p50_ms']:>7.1f} {p['cycle_p99_ms']:>7.1f} {p['engine_p50_ms']:>7.1f} "

@@ -30,6 +30,7 @@ def test_a_short_soak_measures_every_day_and_its_retention_deletes(tmp_path: Pat
     assert set(document["fits"]) >= {"rss_mb", "py_blocks", "state_mb", "cycle_p50_ms", "cycle_p99_ms"}
     assert all(d["py_blocks"] > 1000 and d["py_objects"] > 1000 for d in days)
     assert all(0 < d["rss_anon_mb"] < d["rss_mb"] and 0 < d["sqlite_mb"] < d["rss_anon_mb"] for d in busy)
+    assert all(isinstance(d["py_arenas"], int) and d["py_arenas"] > 0 for d in busy)
     assert (tmp_path / "soak" / "days.jsonl").read_text().count("\n") == len(days)  # the days, kept on disk
     assert (tmp_path / "soak.png").stat().st_size > 1000
     assert "growth per day over days" in proc.stdout
