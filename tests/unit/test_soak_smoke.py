@@ -34,3 +34,18 @@ def test_a_short_soak_measures_every_day_and_its_retention_deletes(tmp_path: Pat
     assert (tmp_path / "soak" / "days.jsonl").read_text().count("\n") == len(days)  # the days, kept on disk
     assert (tmp_path / "soak.png").stat().st_size > 1000
     assert "growth per day over days" in proc.stdout
+
+
+def test_the_verdict_tells_growth_from_noise_and_from_a_fall():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from soak import fit, trend
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    days = list(range(40, 90))
+    wobble = [(-1) ** d * 0.5 for d in days]
+    assert trend(fit(days, [100 + w for w in wobble])) == "flat"
+    assert trend(fit(days, [100 + 0.1 * d + w for d, w in zip(days, wobble)])) == "grows"  # +36% a year
+    assert trend(fit(days, [100 - 0.1 * d + w for d, w in zip(days, wobble)])) == "falls"
+    assert trend(fit(days, [100 + 0.001 * d + w for d, w in zip(days, wobble)])) == "flat"  # +0.4% a year
+    assert trend(fit(days[:2], [1.0, 2.0])) is None
