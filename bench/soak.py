@@ -57,7 +57,8 @@ DAY = 86400.0
 ID_OFFSET = 1_000_000
 TIME_COLUMNS = ("Submit", "Eligible", "Start", "End")
 ID_COLUMNS = ("JobID", "JobIDRaw")
-SERIES = ("rss_mb", "rss_anon_mb", "py_arenas", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row", "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
+SERIES = ("rss_mb", "rss_anon_mb", "py_arenas", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row",
+          "cycle_p50_ms", "cycle_p99_ms", "engine_p50_ms", "engine_p99_ms")
 
 
 def repeated_trace(case: Path, out: Path, days: float, period_days: float) -> int:
@@ -239,7 +240,8 @@ def run(args: argparse.Namespace) -> dict:
         row = {
             "day": day + 1, "cycles": len(day_cycles), "writes": day_writes,
             "rss_mb": round(rss_mb(), 2), "rss_anon_mb": round(rss_mb("RssAnon"), 2),
-            "sqlite_mb": round(sqlite_mb(), 3), "py_arenas": python_arenas(), "state_mb": round(state_bytes(state) / 2**20, 3),
+            "sqlite_mb": round(sqlite_mb(), 3), "py_arenas": python_arenas(),
+            "state_mb": round(state_bytes(state) / 2**20, 3),
             "py_objects": len(gc.get_objects()) + gc.get_freeze_count(), "py_blocks": sys.getallocatedblocks(),
             "state_bytes_per_row": round(state_bytes(state) / max(1, sum(tables.values())), 1),
             "cycle_p50_ms": round(1000 * percentile(day_cycles, 50), 2),
@@ -333,16 +335,19 @@ def report_text(result: dict) -> str:
              f"{result['days']} simulated days, a cycle every {result['interval_s']:g} s while jobs wait: "
              f"{result['cycles']} cycles, {result['writes']} writes, {result['wall_s']:.0f} s wall",
              "   (active: jobs at the day's last cycle; blocks k: Python's allocated memory blocks after a collection, "
-             "thousands; anon MB: RSS less mapped files; arenas: Python's 1 MiB arenas; sqlite MB: SQLite's own heap; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
+             "thousands; anon MB: RSS less mapped files; arenas: Python's 1 MiB arenas; sqlite MB: SQLite's own "
+             "heap; audit..runs: rows per table; p50/p99: the day's cycles, CPU ms; eng: the cycle less the "
              "simulated Slurm's reads)",
              HEADER]
     lines += [format_row(r) for r in result["per_day"]]
     lines.append(f"per repeat of the trace ({result['period_days']:g} days; means of the days):")
     lines.append(f"{'days':>7} {'cycles':>6} {'writes':>6} {'audit':>6} {'RSS MB':>7} {'max':>6} {'anon MB':>7} "
-                 f"{'arenas':>6} {'blocks':>8} {'sqlite MB':>9} {'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} {'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
+                 f"{'arenas':>6} {'blocks':>8} {'sqlite MB':>9} {'state MB':>8} {'max':>6} {'B/row':>6} {'p50 ms':>7} "
+                 f"{'p99 ms':>7} {'eng p50':>7} {'eng p99':>7}")
     for p in result["periods"]:
         lines.append(f"{p['days']:>7} {p['cycles']:>6} {p['writes']:>6} {p['audit_rows']:>6} {p['rss_mb']:>7.2f} "
-                     f"{p['rss_max_mb']:>6.1f} {p['rss_anon_mb']:>7.2f} {p['py_arenas']:>6.1f} {p['py_blocks']:>8.0f} {p['sqlite_mb']:>9.2f} "
+                     f"{p['rss_max_mb']:>6.1f} {p['rss_anon_mb']:>7.2f} {p['py_arenas']:>6.1f} {p['py_blocks']:>8.0f} "
+                     f"{p['sqlite_mb']:>9.2f} "
                      f"{p['state_mb']:>8.2f} {p['state_max_mb']:>6.2f} "
                      f"{p['state_bytes_per_row']:>6.0f} "
                      f"{p['cycle_p50_ms']:>7.1f} {p['cycle_p99_ms']:>7.1f} {p['engine_p50_ms']:>7.1f} "
