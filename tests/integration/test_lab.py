@@ -34,7 +34,11 @@ def test_four_idle_nodes_with_eight_gpus_on_two_leaves(slurm_lab: SlurmLab) -> N
     nodes = {n.name: n for n in cluster.nodes}
     assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
     for name, node in nodes.items():
-        assert node.state == "IDLE", (name, node.state)
+        # Slurm 23.02+ flags a node PLANNED while the backfill scheduler holds it for a waiting job,
+        # and clears the flag only at its next pass: the previous test's jobs, cancelled a moment
+        # ago, can leave it (seen on 24.11: IDLE+PLANNED). The node is idle and schedulable.
+        base, *flags = node.state.split("+")
+        assert base == "IDLE" and set(flags) <= {"PLANNED"} and node.available, (name, node.state)
         assert (node.gpus, node.gpus_alloc) == (8, 0), (name, node.gpus, node.gpus_alloc)
         assert node.partitions == ("gpu",), (name, node.partitions)
         leaf = "s1" if name in LEAVES["s1"] else "s2"
