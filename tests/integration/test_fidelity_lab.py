@@ -87,9 +87,10 @@ def test_the_main_scheduler_is_not_run_at_every_submission(slurm_lab):
     main pass so (SimSettings.sched_interval_s, batch_sched_delay_s); with a pass at every change
     the fidelity replay ran 19% faster than the lab (docs/replay.md, Fidelity).
 
-    The jobs do not end while the passes are counted: a job's end reaches slurmctld as an epilog
-    completion, which calls `schedule()` at once (proc_req.c), so a count over ends depends on how
-    the ends fall and bounds nothing."""
+    The jobs do not end while the passes are counted, so that the count has one cause. (The
+    source has a job's epilog completion call `schedule()` directly, proc_req.c; yet on the lab a
+    job waiting for another's nodes started with the next rate-limited pass, 2 s after the end
+    when a pass had run just before it, on 22.05 and 26.05 alike, as the simulator has it.)"""
     lab = slurm_lab
     lab.run("sdiag", "-r")
     started = time.monotonic()
