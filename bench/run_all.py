@@ -76,8 +76,10 @@ def timed_plans(make: Callable[[], tuple[Engine, object]], text: SlurmText, repe
 
     `make` opens an engine and its backend as a starting service would. Each run is that of a
     new engine (nothing kept from an earlier cycle), or with `running` the next cycle of one
-    engine that already planned once on the same queue (what it keeps between cycles: the
-    lean read's jobs, the state store's owned fields).
+    engine that already ran one (planned and applied) on the same queue (what it keeps between
+    cycles: the lean read's jobs, the state store's owned fields and remembered jobs); then the
+    plan is applied too, as `run --apply` does, and timed apart (`apply_s`: the cycle record and
+    the jobs' memories; the plan has no write).
 
     The floor (splitting the lean text on its token, or json.loads of the JSON text: the read the
     backend makes) is measured right before every run, and the ratio
@@ -88,7 +90,7 @@ def timed_plans(make: Callable[[], tuple[Engine, object]], text: SlurmText, repe
     module_functions = reconcile.diff, reconcile.guardrails
     engine, backend = make()
     if running:
-        engine.plan()
+        engine.apply(engine.plan())
     try:
         for run in range(repeat):
             if run and not running:
@@ -103,6 +105,10 @@ def timed_plans(make: Callable[[], tuple[Engine, object]], text: SlurmText, repe
             figures = {"cycle_s": time.process_time() - started, "read_s": read.last, "decide_s": decide.last,
                        "diff_s": diff.last, "guardrails_s": guard.last, "floor_s": floor}
             figures["ratio_to_floor"] = figures["cycle_s"] / floor
+            if running:
+                started = time.process_time()
+                engine.apply(plan)
+                figures["apply_s"] = time.process_time() - started
             for key, value in figures.items():
                 if value is not None:
                     best[key] = min(best.get(key, math.inf), value)
@@ -161,7 +167,8 @@ def cycle_size(size: Size, policies: tuple[str, ...], repeat: int, folder: Path,
             console.print(f"  cycle {size.label:<18} {name:<12} {job_read:<4} first {first['cycle_s']:6.2f} s "
                           f"({first['ratio_to_floor']:.1f}x floor, {first['writes']} writes), steady "
                           f"{steady['cycle_s']:6.2f} s ({steady['ratio_to_floor']:.1f}x floor, {steady['writes']} writes), "
-                          f"steady running {running['cycle_s']:6.2f} s ({running['ratio_to_floor']:.1f}x floor)",
+                          f"steady running {running['cycle_s']:6.2f} s ({running['ratio_to_floor']:.1f}x floor; "
+                          f"its apply {running['apply_s']:.2f} s)",
                           highlight=False)
         primary = figures.get("lean") or figures["json"]
         row["policies"][name] = {**primary, **({"json": figures["json"]} if "json" in figures and "lean" in figures else {})}
@@ -171,10 +178,10 @@ def cycle_size(size: Size, policies: tuple[str, ...], repeat: int, folder: Path,
 def cycle_tables(rows: list[dict], console: Console) -> None:
     table = Table(title="Engine cycle without Slurm I/O (CPU s, best of N): Engine.plan() and its phases; "
                         "first: every job needs a write, steady: Slurm already holds every value (an engine just started, "
-                        "or running: its second such cycle); lean: squeue -O "
+                        "or running: its second such cycle, and apply: that cycle's apply, which writes nothing to Slurm); lean: squeue -O "
                         "(floor: splitting its text), json: squeue --json (floor: json.loads)")
     for column in ("size", "MB lean/json", "floor lean/json", "policy", "read", "cycle kind", "writes", "read s",
-                   "decide", "diff+guard", "other", "cycle", "cycle/floor"):
+                   "decide", "diff+guard", "other", "cycle", "cycle/floor", "apply"):
         table.add_column(column, justify="right")
     for row in rows:
         first_row = True
@@ -192,6 +199,7 @@ def cycle_tables(rows: list[dict], console: Console) -> None:
                         name if kind == "first" and job_read == "lean" else "", job_read if kind == "first" else "",
                         kind, str(p["writes"]), f"{p.get('read_s', math.nan):.3f}", f"{p.get('decide_s', math.nan):.3f}",
                         f"{diff:.3f}", f"{p['other_s']:.3f}", f"{p['cycle_s']:.3f}", f"{p['ratio_to_floor']:.1f}x",
+                        f"{p['apply_s']:.3f}" if "apply_s" in p else "",
                     )
                     first_row = False
     console.print(table)

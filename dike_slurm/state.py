@@ -175,6 +175,8 @@ class StateStore:
         self._db.row_factory = sqlite3.Row
         self._owned_changes = 0  # changes this store made to the owned table (see owned())
         self._owned_read: tuple[tuple[int, int], dict[int, dict[JobField, OwnedField]]] | None = None
+        self._jobs_changes = 0  # changes this store made to the jobs table (see jobs())
+        self._jobs_read: tuple[tuple[int, int], dict[int, JobMemory]] | None = None
         self._prepare()
 
     def _prepare(self) -> None:
@@ -270,7 +272,21 @@ class StateStore:
 
     # ---------------------------------------------------------------- jobs
 
-    def jobs(self) -> dict[int, JobMemory]:
+    def jobs(self) -> Mapping[int, JobMemory]:
+        """Every remembered job; shared between calls, never to be changed.
+
+        Kept as owned() keeps its map: outside a transaction, the map read last is handed out
+        again while neither this store nor another connection changed the file (a quiet cycle
+        rewrites no job: `Applier._remember`).
+        """
+        if self._db.in_transaction:
+            return self._read_jobs()
+        version = (self._db.execute("PRAGMA data_version").fetchone()[0], self._jobs_changes)
+        if self._jobs_read is None or self._jobs_read[0] != version:
+            self._jobs_read = (version, self._read_jobs())
+        return self._jobs_read[1]
+
+    def _read_jobs(self) -> dict[int, JobMemory]:
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples, in _JOB_COLUMNS order: read every cycle
         cursor.execute(f"SELECT {_JOB_COLUMNS} FROM jobs")
@@ -283,16 +299,19 @@ class StateStore:
         return None if row is None else _job_memory(row)
 
     def remember(self, memories: Iterable[JobMemory]) -> None:
+        rows = [
+            (m.job_id, m.level, m.written_level, m.attained_gpu_s, m.attained_at_promotion_gpu_s, m.promotions,
+             m.requeues, ",".join(f.value for f in m.hands_off), m.hands_off_reason, m.reason, m.last_seen)
+            for m in memories
+        ]
+        if not rows:
+            return
+        self._jobs_changes += 1
         self._db.executemany(
             "INSERT OR REPLACE INTO jobs (job_id, level, written_level, attained_gpu_s, attained_at_promotion_gpu_s,"
             " promotions, requeues, hands_off, hands_off_reason, reason, last_seen)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (m.job_id, m.level, m.written_level, m.attained_gpu_s, m.attained_at_promotion_gpu_s,
-                 m.promotions, m.requeues, ",".join(f.value for f in m.hands_off), m.hands_off_reason,
-                 m.reason, m.last_seen)
-                for m in memories
-            ],
+            rows,
         )
 
     def forget_jobs(self, last_seen_before: float) -> int:
@@ -300,7 +319,9 @@ class StateStore:
         self._owned_changes += self._db.execute(
             "DELETE FROM owned WHERE job_id IN (SELECT job_id FROM jobs WHERE last_seen < ?)", (last_seen_before,)
         ).rowcount
-        return self._db.execute("DELETE FROM jobs WHERE last_seen < ?", (last_seen_before,)).rowcount
+        forgotten = self._db.execute("DELETE FROM jobs WHERE last_seen < ?", (last_seen_before,)).rowcount
+        self._jobs_changes += forgotten
+        return forgotten
 
     # ---------------------------------------------------------------- owned fields
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S, Applier
 from dike_slurm.backends.base import JobField
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
-from dike_slurm.state import StateStore
+from dike_slurm.state import JobMemory, StateStore
+from dike_slurm.decisions import service_forgiven
 
 
 def generate(out: Path, *extra: str) -> Path:
@@ -55,8 +58,9 @@ def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list]
     while not backend.finished():
         reports.append(engine.cycle(apply=apply))
         assert len(reports) < 20000, "the simulation did not end"
-        if apply:  # the owned fields the store keeps between cycles are the ones the file holds
-            assert engine.store.owned() == StateStore(cfg.engine.state_db, read_only=True).owned()
+        if apply:  # the owned fields and jobs the store keeps between cycles are the ones the file holds
+            fresh = StateStore(cfg.engine.state_db, read_only=True)
+            assert engine.store.owned() == fresh.owned() and engine.store.jobs() == fresh.jobs()
     return backend, reports
 
 
@@ -118,3 +122,69 @@ def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_p
     assert held and all(JobField.EXCLUDED_NODES in w.update.fields for w in held)
     released = [w for r in reports for w, o in r.outcomes if o.ok and JobField.EXCLUDED_NODES in w.restores]
     assert released, "a hold that moved on put the jobs' ExcNodeList back"
+
+
+def remember_every_job(self, plan, succeeded, requeued) -> None:
+    """Applier._remember as it was: every managed job's memory rewritten each applied cycle, with
+    last_seen the cycle's time, and jobs forgotten FORGET_AFTER_S after it (the reference)."""
+    memory = self.store.jobs()
+    memories = []
+    for job_plan in plan.jobs:
+        if not job_plan.managed:
+            continue
+        job = job_plan.job
+        old = memory.get(job.job_id) or JobMemory(job.job_id, plan.time)
+        written_level = job_plan.level if (job.job_id, self.strategy_field) in succeeded else old.written_level
+        memories.append(replace(
+            old, last_seen=plan.time, level=job_plan.level, written_level=written_level,
+            attained_gpu_s=job.attained_gpu_s,
+            attained_at_promotion_gpu_s=service_forgiven(old.attained_at_promotion_gpu_s, job_plan.promoted,
+                                                         job.attained_gpu_s),
+            promotions=old.promotions + (1 if job_plan.promoted else 0),
+            requeues=old.requeues + (1 if job.job_id in requeued else 0),
+            hands_off=job_plan.hands_off, hands_off_reason=job_plan.hands_off_reason, reason=job_plan.reason,
+        ))
+    with self.store.transaction():
+        self.store.remember(memories)
+        for job_plan in plan.jobs:
+            if job_plan.hands_off:
+                self.store.release(job_plan.job.job_id, job_plan.hands_off)
+        self.store.add_runs(plan.new_runs)
+        if plan.accounting_ok:
+            self.store.set_last_sync(plan.time)
+        self.store.prune_runs(plan.time - self.config.accounting.lookback_days * 86400.0,
+                              [p.job.job_id for p in plan.jobs])
+        self.store.forget_jobs(plan.time - FORGET_AFTER_S)
+
+
+def test_a_quiet_cycle_rewrites_no_memory_and_remembers_what_rewriting_every_job_would(busy_trace, tmp_path):
+    """Applier._remember writes a job's memory only when it changed or its last_seen is
+    LAST_SEEN_EVERY_S old. Cycle by cycle against the reference that rewrote every job: the same
+    writes and requeues, the same memories but for last_seen (behind by less than
+    LAST_SEEN_EVERY_S), and a job the reference forgot is one no longer in the queue."""
+    cfg = config(busy_trace, tmp_path / "state.sqlite")
+    reference_cfg = config(busy_trace, tmp_path / "reference.sqlite")
+    backend, reference_backend = SimulatedBackend.from_config(cfg), SimulatedBackend.from_config(reference_cfg)
+    engine = Engine(cfg, backend, StateStore(cfg.engine.state_db))
+    reference = Engine(reference_cfg, reference_backend, StateStore(reference_cfg.engine.state_db))
+    optimised = Applier._remember
+    skipped = 0
+    while not reference_backend.finished():
+        report = engine.cycle(apply=True)
+        Applier._remember = remember_every_job
+        try:
+            expected = reference.cycle(apply=True)
+        finally:
+            Applier._remember = optimised
+        assert [(w.update, o.ok) for w, o in report.outcomes] == [(w.update, o.ok) for w, o in expected.outcomes]
+        assert report.plan.requeues == expected.plan.requeues
+        now, active = report.plan.time, {p.job.job_id for p in report.plan.jobs if p.managed}
+        kept, truth = engine.store.jobs(), reference.store.jobs()
+        for job_id, memory in truth.items():
+            assert replace(kept[job_id], last_seen=memory.last_seen) == memory
+            assert memory.last_seen - LAST_SEEN_EVERY_S < kept[job_id].last_seen <= memory.last_seen
+            skipped += kept[job_id].last_seen < memory.last_seen
+        assert not (set(kept) - set(truth)) & active
+        assert all(kept[j].last_seen >= now - FORGET_AFTER_S - LAST_SEEN_EVERY_S for j in set(kept) - set(truth))
+    assert backend.finished() and backend.summary() == reference_backend.summary()
+    assert skipped > 0, "no quiet cycle skipped a memory"

@@ -1,7 +1,7 @@
 """The state store's every-cycle reads build their objects in one step (dike_slurm/state.py:
 `_job_memory`, `owned`): what they read back equals what the dataclass constructors build, for
-any remembered job and any owned field (hypothesis); and the owned fields kept between reads
-equal what the file holds (hypothesis)."""
+any remembered job and any owned field (hypothesis); and the owned fields and remembered jobs
+kept between reads equal what the file holds (hypothesis)."""
 
 from __future__ import annotations
 
@@ -73,14 +73,16 @@ OPERATIONS = st.lists(st.tuples(
 
 @settings(max_examples=60, deadline=None)
 @given(OPERATIONS)
-def test_owned_kept_between_reads_equals_a_fresh_read(operations):
-    """owned() hands out the map it read last until this store or another connection changes the
-    file: after any mix of writes, releases, forgotten jobs, rolled-back transactions and another
-    process's writes it equals what the file holds; with nothing changed it is not read again."""
+def test_owned_and_jobs_kept_between_reads_equal_a_fresh_read(operations):
+    """owned() and jobs() hand out the map they read last until this store or another connection
+    changes the file: after any mix of writes, releases, forgotten jobs, rolled-back transactions
+    and another process's writes they equal what the file holds; with nothing changed they are
+    not read again."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "state.sqlite"
         store, other = StateStore(path), StateStore(path)
         store.owned()
+        store.jobs()
         for action, job_id, field, value in operations:
             writer = other if action.startswith("other") else store
             try:
@@ -94,11 +96,13 @@ def test_owned_kept_between_reads_equals_a_fresh_read(operations):
                         writer.forget_jobs(float(value))
                     if action == "rolled back":
                         writer.owned()  # read inside the transaction that is then undone
+                        writer.jobs()
                         raise RuntimeError
             except RuntimeError:
                 pass
-            assert store.owned() == StateStore(path, read_only=True).owned()
-        assert store.owned() is store.owned()
+            fresh = StateStore(path, read_only=True)
+            assert store.owned() == fresh.owned() and store.jobs() == fresh.jobs()
+        assert store.owned() is store.owned() and store.jobs() is store.jobs()
         store.close()
         other.close()
 
