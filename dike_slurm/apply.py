@@ -279,8 +279,9 @@ class Applier:
                 "hands_off_reason": job_plan.hands_off_reason,
                 "reason": job_plan.reason,
             }
-            # (a dict items view compares each value with == against the other's, in C)
-            if old is not None and plan.time - old.last_seen < LAST_SEEN_EVERY_S and changes.items() <= old.__dict__.items():
+            # unchanged: every value == the remembered one (compared by the items views, in C)
+            fresh = old is not None and plan.time - old.last_seen < LAST_SEEN_EVERY_S
+            if fresh and changes.items() <= old.__dict__.items():  # type: ignore[union-attr]
                 continue  # what most jobs of a quiet cycle come to
             memories.append(replace(old, last_seen=plan.time, **changes) if old
                             else JobMemory(job.job_id, plan.time, **changes))
