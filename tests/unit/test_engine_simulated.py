@@ -13,11 +13,11 @@ from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S, Applier
 from dike_slurm.backends.base import JobField
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
+from dike_slurm.decisions import service_forgiven
 from dike_slurm.engine import Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
 from dike_slurm.state import JobMemory, StateStore
-from dike_slurm.decisions import service_forgiven
 
 
 def generate(out: Path, *extra: str) -> Path:
