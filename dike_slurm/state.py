@@ -14,10 +14,11 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
 from dike_slurm.errors import DikeError
@@ -174,9 +175,8 @@ class StateStore:
             raise StateError(f"cannot open state file {path}: {exc}") from None
         self._db.row_factory = sqlite3.Row
         self._owned_changes = 0  # changes this store made to the owned table (see owned())
-        self._owned_read: tuple[tuple[int, int], dict[int, dict[JobField, OwnedField]]] | None = None
         self._jobs_changes = 0  # changes this store made to the jobs table (see jobs())
-        self._jobs_read: tuple[tuple[int, int], dict[int, JobMemory]] | None = None
+        self._kept: dict[str, tuple[tuple[int, int], Any]] = {}  # table -> (version, map): see _kept_read
         self._prepare()
 
     def _prepare(self) -> None:
@@ -279,12 +279,7 @@ class StateStore:
         again while neither this store nor another connection changed the file (a quiet cycle
         rewrites no job: `Applier._remember`).
         """
-        if self._db.in_transaction:
-            return self._read_jobs()
-        version = (self._db.execute("PRAGMA data_version").fetchone()[0], self._jobs_changes)
-        if self._jobs_read is None or self._jobs_read[0] != version:
-            self._jobs_read = (version, self._read_jobs())
-        return self._jobs_read[1]
+        return self._kept_read("jobs", self._jobs_changes, self._read_jobs)
 
     def _read_jobs(self) -> dict[int, JobMemory]:
         cursor = self._db.cursor()
@@ -332,12 +327,18 @@ class StateStore:
         store nor any other connection (`dike-slurm revert` in another process) changed the file
         since: the service's quiet cycles read the ~110,000 owned fields of 55,000 jobs once.
         """
+        return self._kept_read("owned", self._owned_changes, self._read_owned)
+
+    def _kept_read(self, table: str, changes: int, read: Callable[[], Any]) -> Any:
+        """`read()` of `table`, or the map it returned last while neither this store (`changes`:
+        its own writes to the table) nor another connection (`PRAGMA data_version`) changed the file."""
         if self._db.in_transaction:  # it may yet be rolled back: read what it holds now, keep nothing
-            return self._read_owned()
-        version = (self._db.execute("PRAGMA data_version").fetchone()[0], self._owned_changes)
-        if self._owned_read is None or self._owned_read[0] != version:
-            self._owned_read = (version, self._read_owned())
-        return self._owned_read[1]
+            return read()
+        version = (self._db.execute("PRAGMA data_version").fetchone()[0], changes)
+        kept = self._kept.get(table)
+        if kept is None or kept[0] != version:
+            kept = self._kept[table] = (version, read())
+        return kept[1]
 
     def _read_owned(self) -> dict[int, dict[JobField, OwnedField]]:
         result: dict[int, dict[JobField, OwnedField]] = {}

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S, Applier
+from dike_slurm import apply as apply_module
+from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
 from dike_slurm.backends.base import JobField
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
-from dike_slurm.decisions import service_forgiven
 from dike_slurm.engine import Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
-from dike_slurm.state import JobMemory, StateStore
+from dike_slurm.state import StateStore
 
 
 def generate(out: Path, *extra: str) -> Path:
@@ -124,58 +124,26 @@ def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_p
     assert released, "a hold that moved on put the jobs' ExcNodeList back"
 
 
-def remember_every_job(self, plan, succeeded, requeued) -> None:
-    """Applier._remember as it was: every managed job's memory rewritten each applied cycle, with
-    last_seen the cycle's time, and jobs forgotten FORGET_AFTER_S after it (the reference)."""
-    memory = self.store.jobs()
-    memories = []
-    for job_plan in plan.jobs:
-        if not job_plan.managed:
-            continue
-        job = job_plan.job
-        old = memory.get(job.job_id) or JobMemory(job.job_id, plan.time)
-        written_level = job_plan.level if (job.job_id, self.strategy_field) in succeeded else old.written_level
-        memories.append(replace(
-            old, last_seen=plan.time, level=job_plan.level, written_level=written_level,
-            attained_gpu_s=job.attained_gpu_s,
-            attained_at_promotion_gpu_s=service_forgiven(old.attained_at_promotion_gpu_s, job_plan.promoted,
-                                                         job.attained_gpu_s),
-            promotions=old.promotions + (1 if job_plan.promoted else 0),
-            requeues=old.requeues + (1 if job.job_id in requeued else 0),
-            hands_off=job_plan.hands_off, hands_off_reason=job_plan.hands_off_reason, reason=job_plan.reason,
-        ))
-    with self.store.transaction():
-        self.store.remember(memories)
-        for job_plan in plan.jobs:
-            if job_plan.hands_off:
-                self.store.release(job_plan.job.job_id, job_plan.hands_off)
-        self.store.add_runs(plan.new_runs)
-        if plan.accounting_ok:
-            self.store.set_last_sync(plan.time)
-        self.store.prune_runs(plan.time - self.config.accounting.lookback_days * 86400.0,
-                              [p.job.job_id for p in plan.jobs])
-        self.store.forget_jobs(plan.time - FORGET_AFTER_S)
-
-
 def test_a_quiet_cycle_rewrites_no_memory_and_remembers_what_rewriting_every_job_would(busy_trace, tmp_path):
     """Applier._remember writes a job's memory only when it changed or its last_seen is
-    LAST_SEEN_EVERY_S old. Cycle by cycle against the reference that rewrote every job: the same
-    writes and requeues, the same memories but for last_seen (behind by less than
-    LAST_SEEN_EVERY_S), and a job the reference forgot is one no longer in the queue."""
+    LAST_SEEN_EVERY_S old. Cycle by cycle against the reference that rewrote every job (the same
+    code with LAST_SEEN_EVERY_S = 0: each job's row written every cycle, forgotten FORGET_AFTER_S
+    after it was last seen, as before): the same writes and requeues, the same memories but for
+    last_seen (behind by less than LAST_SEEN_EVERY_S), and a job the reference forgot is one no
+    longer in the queue."""
     cfg = config(busy_trace, tmp_path / "state.sqlite")
     reference_cfg = config(busy_trace, tmp_path / "reference.sqlite")
     backend, reference_backend = SimulatedBackend.from_config(cfg), SimulatedBackend.from_config(reference_cfg)
     engine = Engine(cfg, backend, StateStore(cfg.engine.state_db))
     reference = Engine(reference_cfg, reference_backend, StateStore(reference_cfg.engine.state_db))
-    optimised = Applier._remember
     skipped = 0
     while not reference_backend.finished():
         report = engine.cycle(apply=True)
-        Applier._remember = remember_every_job
         try:
+            apply_module.LAST_SEEN_EVERY_S = 0.0
             expected = reference.cycle(apply=True)
         finally:
-            Applier._remember = optimised
+            apply_module.LAST_SEEN_EVERY_S = LAST_SEEN_EVERY_S
         assert [(w.update, o.ok) for w, o in report.outcomes] == [(w.update, o.ok) for w, o in expected.outcomes]
         assert report.plan.requeues == expected.plan.requeues
         now, active = report.plan.time, {p.job.job_id for p in report.plan.jobs if p.managed}
