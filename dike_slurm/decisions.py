@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Union
 
 from dike_slurm.model import Placement
@@ -69,10 +70,17 @@ class Decisions:
     placements: tuple[SetPlacement | ClearPlacement, ...] = ()
     requeues: tuple[Requeue, ...] = ()
 
+    def ranked(self) -> list[SetPriority]:
+        """The priorities from the first job to run to the last (score descending, then id)."""
+        # Two stable sorts by one attribute each, cheaper than one by a (-score, id) tuple per job;
+        # a reversed sort keeps equal scores in id order (the sort stays stable).
+        ranked = sorted(self.priorities, key=attrgetter("job_id"))
+        ranked.sort(key=attrgetter("score"), reverse=True)
+        return ranked
+
     def order(self) -> tuple[int, ...]:
         """Job ids from the first to run to the last (score descending, then id)."""
-        ranked = sorted(self.priorities, key=lambda p: (-p.score, p.job_id))
-        return tuple(p.job_id for p in ranked)
+        return tuple(p.job_id for p in self.ranked())
 
     def priority_of(self, job_id: int) -> SetPriority | None:
         for decision in self.priorities:

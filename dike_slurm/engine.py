@@ -94,6 +94,10 @@ class Engine:
         self.strategy = config.engine.priority_strategy
         self.strategy_field = STRATEGY_FIELD[self.strategy]
         self.clock = clock
+        # What a running engine keeps from its last cycle to skip the work for unchanged jobs:
+        # each job's enriched copy, and the diff's contexts and plans (the plans come out the same).
+        self._enriched: dict[int, tuple[Job, tuple, Job]] = {}
+        self._diff_memory = reconcile.DiffMemory()
 
     # ---------------------------------------------------------------- plan (reads only)
 
@@ -136,7 +140,8 @@ class Engine:
             requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
         )
         plans, notes = reconcile.diff(
-            snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params)
+            snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
+            self._diff_memory,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         if accounting_note:
@@ -192,33 +197,44 @@ class Engine:
         owned: Mapping[int, Mapping[JobField, OwnedField]],
         cluster: ClusterState,
     ) -> tuple[Job, ...]:
-        """The jobs with what the queue does not say: service over all runs, promotions, site factor."""
+        """The jobs with what the queue does not say: service over all runs, promotions, site factor.
+
+        A job read as the same Job object as last cycle (the lean read reuses it for an unchanged
+        record), with the same service, promotion, requeues and site factor, is last cycle's copy.
+        """
         enriched = []
+        kept, self._enriched = self._enriched, {}
         site_factors = cluster.site_factors
         for job in jobs:
             job_id = job.job_id
             got = service.get(job_id, _NO_SERVICE)
             remembered = memory.get(job_id)
-            pending_since = job.submit_time
-            if job.state is JobState.PENDING and got.last_end is not None:
-                pending_since = max(job.submit_time, got.last_end)
             site_factor = site_factors.get(job_id)
             if site_factor is None:
                 mine = owned.get(job_id, _NOTHING_OWNED).get(JobField.SITE_FACTOR)
                 if mine is not None:
                     site_factor = mine.written  # type: ignore[assignment]
-            enriched.append(job.with_changes(
-                attained_gpu_s=got.attained_gpu_s,
-                attained_at_promotion_gpu_s=min(
-                    remembered.attained_at_promotion_gpu_s if remembered else 0.0, got.attained_gpu_s
-                ),
-                run_count=got.run_count,
-                last_run_s=got.last_run_s,
-                preemptions=remembered.requeues if remembered else 0,
-                pending_since=pending_since,
-                requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
-                site_factor=site_factor,
-            ))
+            inputs = (got, remembered.attained_at_promotion_gpu_s if remembered else 0.0,
+                      remembered.requeues if remembered else 0, site_factor)
+            last = kept.get(job_id)
+            if last is not None and last[0] is job and last[1] == inputs:
+                copy = last[2]
+            else:
+                pending_since = job.submit_time
+                if job.state is JobState.PENDING and got.last_end is not None:
+                    pending_since = max(job.submit_time, got.last_end)
+                copy = job.with_changes(
+                    attained_gpu_s=got.attained_gpu_s,
+                    attained_at_promotion_gpu_s=min(inputs[1], got.attained_gpu_s),
+                    run_count=got.run_count,
+                    last_run_s=got.last_run_s,
+                    preemptions=inputs[2],
+                    pending_since=pending_since,
+                    requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
+                    site_factor=site_factor,
+                )
+            self._enriched[job_id] = (job, inputs, copy)
+            enriched.append(copy)
         return tuple(enriched)
 
     def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -101,7 +101,13 @@ class CyclePlan:
 
 @dataclass(slots=True)
 class _JobContext:
-    """One job while a cycle is diffed (mutable: the order pass may decide it needs a write)."""
+    """One job while a cycle is diffed (mutable: the order pass may decide it needs a write).
+
+    A `DiffMemory` keeps it for the next cycle: when the same Job comes back with equal owned
+    fields, memory and SiteFactor, the job's side (value_now, exempt, hands_off) is not worked out
+    again, and when its decision's side (`basis`) is also what its plan was made of and that plan
+    had no writes, the plan is the same but for the decision's reason.
+    """
 
     job: Job
     decision: SetPriority | None
@@ -113,6 +119,26 @@ class _JobContext:
     hands_off: Collection[JobField]
     hands_off_reason: str
     needed: bool
+    site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
+    basis: tuple = ()  # what `plan` was made of besides the job's side (see diff)
+    plan: JobPlan | None = None
+
+
+class DiffMemory:
+    """What a running engine's diff keeps between cycles: each job's context and plan.
+
+    `diff` with a memory returns what it returns without one (tests/unit/test_cycle_equivalence.py,
+    test_engine_simulated.py); it skips the work for a job whose inputs equal last cycle's: the
+    same Job object (the read and Engine._enrich hand back last cycle's for an unchanged job),
+    equal owned fields, memory and SiteFactor, under the same settings.
+    """
+
+    __slots__ = ("carried", "contexts", "settings")
+
+    def __init__(self) -> None:
+        self.contexts: dict[int, _JobContext] = {}
+        self.settings: tuple = ()
+        self.carried = 0  # jobs whose side the last diff took from the cycle before
 
 
 def is_exempt(job: Job, config: Config) -> bool:
@@ -192,10 +218,12 @@ def diff(
     owned_all: Mapping[int, Mapping[JobField, OwnedField]],
     config: Config,
     declared_ceiling: float | None,
+    kept: DiffMemory | None = None,
 ) -> tuple[list[JobPlan], list[str]]:
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
+    `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
@@ -206,62 +234,117 @@ def diff(
     exempt_tag = config.scope.exempt_tag
     known = {j.job_id for j in snapshot.jobs}
     notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
-    rank = {job_id: i for i, job_id in enumerate(decisions.order())}
+    ranked = decisions.ranked()
+    rank = {p.job_id: i for i, p in enumerate(ranked)}
     priorities = {p.job_id: p for p in decisions.priorities}
     placements = {p.job_id: p for p in decisions.placements}
-    contexts = []
+    site_factors, admin_comments = cluster.site_factors, cluster.admin_comments
+    last: dict[int, _JobContext] = {}
+    if kept is not None:
+        settings = (key, exempt_tag)
+        if kept.settings != settings:
+            kept.settings, kept.contexts = settings, {}
+        last = kept.contexts
+    contexts: dict[int, _JobContext] = {}
+    carried = 0
     for job in snapshot.jobs:
         job_id = job.job_id
         decision = priorities.get(job_id)
         owned = owned_all.get(job_id, _NOTHING_OWNED)
         remembered = memory.get(job_id)
-        value_now, _ = strategy_now(key, job, cluster, owned)
+        site_factor = site_factors.get(job_id)
+        context = last.get(job_id)
+        if (context is not None and context.job is job and context.site_factor == site_factor
+                and (context.owned is owned or context.owned == owned)
+                and (context.remembered is remembered or context.remembered == remembered)):
+            # the job's side is last cycle's: Slurm's value, exempt, hands off (the Job carries
+            # the comment, Nice, Priority and placement that user_changes compares)
+            context.decision, context.owned, context.remembered = decision, owned, remembered
+            carried += 1
+        else:
+            value_now, _ = strategy_now(key, job, cluster, owned)
+            exempt = exempt_tag in (job.comment or "")
+            hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
+            hands_off_reason = remembered.hands_off_reason if remembered else ""
+            changed = None if exempt else user_changes(job, owned, hands_off)
+            if changed:
+                hands_off = {*hands_off, *changed[0]}
+                hands_off_reason = changed[1]
+            context = _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off,
+                                  hands_off_reason, False, site_factor)
         wanted = None
         if decision is not None:
             wanted = priority_value(decision.score, ceiling, span)
             if negate:
                 wanted = -wanted
-        exempt = exempt_tag in (job.comment or "")
-        hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
-        hands_off_reason = remembered.hands_off_reason if remembered else ""
-        changed = None if exempt else user_changes(job, owned, hands_off)
-        if changed:
-            hands_off = {*hands_off, *changed[0]}
-            hands_off_reason = changed[1]
-        needed = (
-            not exempt
-            and priority_needed(key, job, decision, wanted, value_now, tolerance, owned, remembered, hands_off)
-        )
-        contexts.append(_JobContext(job, decision, owned, remembered, value_now, wanted, exempt, hands_off,
-                                    hands_off_reason, needed))
-    keep_policy_order(contexts, key)
+        context.wanted = wanted
+        context.needed = not context.exempt and priority_needed(
+            key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
+        contexts[job_id] = context
+    if len(contexts) != len(snapshot.jobs):  # the backends' reads list each job once
+        raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
+    keep_policy_order(policy_chain(contexts, ranked, key), key)
     unranked = len(rank)
     exempt_note = f"exempt ({exempt_tag} in comment)"
+    write_comment = engine.admin_comment
     plans = []
-    for context in contexts:
-        job, decision = context.job, context.decision
-        placement_decision = placements.get(job.job_id)
-        placement_wanted = placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+    for job_id, context in contexts.items():
+        decision = context.decision
         if decision is None:
             level, reason, promoted = None, "the policy gave no priority", False
         else:
             level, reason, promoted = decision.level, decision.reason, bool(decision.promoted)
-        if context.exempt:
-            plans.append(_job_plan(job, False, exempt_note, level, reason, promoted, context.value_now,
-                                   context.wanted, placement_wanted, (), (), ""))
-            continue
-        writes: tuple[PlannedWrite, ...] = ()
-        written = priority_write(context, key, cluster, rank, engine.admin_comment)
-        if written is not None:
-            writes = (written,)
-        written = placement_write(job, placement_decision, context.owned, context.hands_off,
-                                  rank.get(job.job_id, unranked))
-        if written is not None:
-            writes = (*writes, written)
-        hands_off = tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else ()
-        plans.append(_job_plan(job, True, context.hands_off_reason, level, reason, promoted, context.value_now,
-                               context.wanted, placement_wanted, writes, hands_off, context.hands_off_reason))
+        placement_decision = placements.get(job_id)
+        # what the plan is made of besides the job's side and the reason: a plan without writes
+        # comes out without writes again from the same (a write is made only of these, the job's
+        # side and the rank; the constraint decision's reason only goes into a write)
+        basis = (context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
+                 placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
+                 write_comment)
+        plan = context.plan
+        if plan is None or plan.writes or context.basis != basis:
+            plan = _plan_one(context, level, reason, promoted, placement_decision, key, cluster, rank, unranked,
+                             write_comment, exempt_note)
+            context.basis = basis
+        elif plan.reason != reason:
+            plan = _job_plan(plan.job, plan.managed, plan.note, level, reason, promoted, plan.value_now,
+                             plan.value_wanted, plan.placement_wanted, (), plan.hands_off, plan.hands_off_reason)
+        context.plan = plan
+        plans.append(plan)
+    if kept is not None:
+        kept.contexts, kept.carried = contexts, carried
     return plans, notes
+
+
+def _repeated(job_ids: Iterable[int]) -> str:
+    seen: set[int] = set()
+    repeated = []
+    for job_id in job_ids:
+        if job_id in seen:
+            repeated.append(str(job_id))
+        seen.add(job_id)
+    return ", ".join(repeated)
+
+
+def _plan_one(context: _JobContext, level: int | None, reason: str, promoted: bool,
+              placement_decision: SetPlacement | ClearPlacement | None, key: JobField, cluster: ClusterState,
+              rank: Mapping[int, int], unranked: int, write_comment: bool, exempt_note: str) -> JobPlan:
+    """One job's plan once the order walk has settled whether its strategy field is rewritten."""
+    job = context.job
+    placement_wanted = placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+    if context.exempt:
+        return _job_plan(job, False, exempt_note, level, reason, promoted, context.value_now, context.wanted,
+                         placement_wanted, (), (), "")
+    writes: tuple[PlannedWrite, ...] = ()
+    written = priority_write(context, key, cluster, rank, write_comment)
+    if written is not None:
+        writes = (written,)
+    written = placement_write(job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, unranked))
+    if written is not None:
+        writes = (*writes, written)
+    hands_off = tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else ()
+    return _job_plan(job, True, context.hands_off_reason, level, reason, promoted, context.value_now,
+                     context.wanted, placement_wanted, writes, hands_off, context.hands_off_reason)
 
 
 # A JobPlan, a PlannedWrite and a JobUpdate filled in one step: their frozen __init__ sets one
@@ -346,21 +429,28 @@ def priority_needed(
     return (written_level if written_level is not None else 0) != decision.level
 
 
-def keep_policy_order(contexts: list[_JobContext], key: JobField) -> None:
+def policy_chain(contexts: Mapping[int, _JobContext], ranked: list[SetPriority], key: JobField) -> list[_JobContext]:
+    """The managed pending jobs whose value `keep_policy_order` may rewrite, in the policy's order
+    (`ranked`: Decisions.ranked(); a decision that is not its job's, such as a second one for the
+    same job, is left out)."""
+    chain = []
+    for decision in ranked:
+        context = contexts.get(decision.job_id)
+        if (context is not None and context.decision is decision and context.wanted is not None
+                and context.job.state is JobState.PENDING and not context.exempt and key not in context.hands_off):
+            chain.append(context)
+    return chain
+
+
+def keep_policy_order(chain: list[_JobContext], key: JobField) -> None:
     """Rewrite more values where the tolerance would leave pending jobs out of the policy's order.
 
     Slurm runs pending jobs by value; values within the tolerance are left alone, which must
     never swap two jobs the policy ranks differently. Walk the managed pending jobs in the
-    policy's order and, wherever a job's value is not above the next one's, rewrite the one of
-    the pair further from its wanted value, until the values follow the order.
+    policy's order (`policy_chain`) and, wherever a job's value is not above the next one's,
+    rewrite the one of the pair further from its wanted value, until the values follow the order.
     """
     sign = -1 if key is JobField.NICE else 1  # a lower Nice runs first
-    chain = sorted(
-        (c for c in contexts
-         if c.job.state is JobState.PENDING and c.decision is not None and c.wanted is not None
-         and not c.exempt and key not in c.hands_off),
-        key=lambda c: (-c.decision.score, c.job.job_id),  # type: ignore[union-attr]
-    )
     # The walk reads plain lists (it looks at each job several times): scores, whether the job
     # is rewritten, its value in Slurm's order after this cycle, and how far its value is off.
     scores = [c.decision.score for c in chain]  # type: ignore[union-attr]

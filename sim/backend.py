@@ -31,7 +31,7 @@ from dike_slurm.backends.base import (
 from dike_slurm.config import Config
 from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
-from dike_slurm.model import JobState, Placement, Snapshot
+from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise
@@ -63,6 +63,7 @@ class SimulatedBackend(Backend):
         self.records: list[AccountingRecord] = []
         self.recorded_gpu_s: dict[int, float] = {}
         self.snapshot: Snapshot | None = None  # the instant the engine is looking at
+        self.served: dict[int, Job] = {}  # the jobs of the last read
         self.ended = False
         self.error: DikeError | None = None
         # The engine's policy sits in the simulator's slot only to say what it declares (its
@@ -133,15 +134,19 @@ class SimulatedBackend(Backend):
             return ClusterState(last, (), self.cluster.nodes, self.cluster.topology)
         snapshot = self.snapshot
         assert snapshot is not None
-        jobs = tuple(
-            replace(
+        served, self.served = self.served, {}
+        for job in snapshot.jobs:
+            shown = replace(
                 job,
                 true_duration_s=None,  # Slurm does not know it
                 priority=self.raw.get(job.job_id, {}).get(JobField.PRIORITY),
                 nice=int(self.raw.get(job.job_id, {}).get(JobField.NICE, 0)),
             )
-            for job in snapshot.jobs
-        )
+            last = served.get(job.job_id)
+            # an unchanged job is last read's Job, as the lean read hands it out (Engine keeps
+            # its work for such jobs)
+            self.served[job.job_id] = last if last == shown else shown
+        jobs = tuple(self.served.values())
         pending = [j.job_id for j in jobs if j.state is JobState.PENDING]
         return ClusterState(
             time=snapshot.time,

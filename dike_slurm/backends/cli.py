@@ -26,6 +26,7 @@ read stops the cycle before any write, with one line that names the command.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from dike_slurm.accounting import ReadResult, read_sacct_parsable2
 from dike_slurm.backends import squeue_format
@@ -59,6 +60,7 @@ from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
 
 log = logging.getLogger("dike_slurm.backends.cli")
+_T = TypeVar("_T")
 
 SACCT_FORMAT = (
     "JobID,JobIDRaw,User,Account,Partition,QOS,State,Submit,Eligible,Start,End,"
@@ -171,6 +173,19 @@ class _LeanRefused(Exception):
     """squeue could not print the lean format (the reason); the cycle reads the JSON instead."""
 
 
+
+def _sprio_factors(text: str) -> Mapping[int, int]:
+    """`sprio -h -o SPRIO_FORMAT`: each listed job's SiteFactor."""
+    factors = {}
+    for line in text.splitlines():
+        parts = line.split("|", 2)  # the job id and SiteFactor; the rest is not read
+        if len(parts) >= 2:
+            job_id, factor = parts[0].strip(), parts[1].strip()
+            if job_id.isdigit() and factor.lstrip("-").isdigit():
+                factors[int(job_id)] = int(factor)
+    return MappingProxyType(factors)
+
+
 class SlurmCliBackend(Backend):
     """Slurm through its commands (the default backend; tested against a real Slurm 22.05)."""
 
@@ -213,6 +228,7 @@ class SlurmCliBackend(Backend):
         self.slurm_release: str | None = None
         self.last_counts: tuple[ReadCount, ...] = ()  # what the last read_cluster printed and read
         self._jobs_by_record: dict[str, Job] = {}  # the last lean read's jobs, by record (see read_jobs)
+        self._last_parsed: dict[str, tuple[str, object]] = {}  # see _parsed
 
     def _command(self, name: str) -> str:
         return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
@@ -310,7 +326,7 @@ class SlurmCliBackend(Backend):
             jobs=lean.jobs,
             nodes=tuple(nodes.values()),
             topology=self._topology(),
-            site_factors=MappingProxyType(site_factors),
+            site_factors=site_factors,
             admin_comments=MappingProxyType(lean.admin_comments),
         )
 
@@ -333,12 +349,14 @@ class SlurmCliBackend(Backend):
             except (ValueError, TypeError, OverflowError, InputError) as exc:
                 job_count.skip(_reason(exc))
                 continue
-            if job.state.is_active:
+            if not job.state.is_active:  # finished jobs stay in squeue for MinJobAge
+                job_count.left_out += 1
+            elif job.job_id in admin_comments:
+                job_count.skip("job id listed twice")
+            else:
                 jobs.append(job)
                 admin_comments[job.job_id] = _text(entry.get("admin_comment"))
                 job_count.read += 1
-            else:  # finished jobs stay in squeue for MinJobAge
-                job_count.left_out += 1
         job_count.check("jobs")
         nodes, node_count = self._nodes(fmt)
         self.last_counts = (job_count, node_count)
@@ -349,7 +367,7 @@ class SlurmCliBackend(Backend):
             jobs=tuple(jobs),
             nodes=tuple(nodes.values()),
             topology=self._topology(),
-            site_factors=MappingProxyType(site_factors),
+            site_factors=site_factors,
             admin_comments=MappingProxyType(admin_comments),
         )
 
@@ -397,17 +415,19 @@ class SlurmCliBackend(Backend):
             requests[int(parts[0])] = SwitchRequest(int(parts[1]), wait)
         return requests
 
-    def _site_factors(self) -> dict[int, int]:
+    def _parsed(self, kind: str, text: str, parse: Callable[[str], _T]) -> _T:
+        """`parse(text)`, or the same value as last time when Slurm printed the same text (sprio
+        and the topology of a quiet cluster: nothing may change what is handed out)."""
+        last = self._last_parsed.get(kind)
+        if last is not None and last[0] == text:
+            return last[1]  # type: ignore[return-value]
+        value = parse(text)
+        self._last_parsed[kind] = (text, value)
+        return value
+
+    def _site_factors(self) -> Mapping[int, int]:
         """SiteFactor of eligible pending jobs (sprio lists no others)."""
-        text = self._read(self._command("sprio"), "-h", "-o", SPRIO_FORMAT)
-        factors = {}
-        for line in text.splitlines():
-            parts = line.split("|", 2)  # the job id and SiteFactor; the rest is not read
-            if len(parts) >= 2:
-                job_id, factor = parts[0].strip(), parts[1].strip()
-                if job_id.isdigit() and factor.lstrip("-").isdigit():
-                    factors[int(job_id)] = int(factor)
-        return factors
+        return self._parsed("sprio", self._read(self._command("sprio"), "-h", "-o", SPRIO_FORMAT), _sprio_factors)
 
     def _topology(self) -> Topology:
         path = self.settings.topology_conf
@@ -416,8 +436,9 @@ class SlurmCliBackend(Backend):
                 text = Path(path).read_text(encoding="utf-8")
             except OSError as exc:
                 raise SlurmError(f"cannot read topology file {path}: {exc.strerror}") from None
-            return parse_topology_conf(text, source=str(path))
-        return topology_from_scontrol(self._read(self._command("scontrol"), "show", "topology"))
+            return self._parsed("topology.conf", text, functools.partial(parse_topology_conf, source=str(path)))
+        return self._parsed("scontrol show topology", self._read(self._command("scontrol"), "show", "topology"),
+                            topology_from_scontrol)
 
     def accounting(self, start: float, end: float) -> ReadResult:
         text = self._read(

@@ -206,6 +206,10 @@ def test_every_call_gets_slurm_conf_utc_and_the_timeout_and_bin_dir(tmp_path):
     for _, env, timeout in recorder.calls:
         assert env["SLURM_CONF"] == str(slurm_conf) and env["TZ"] == "UTC" and timeout == 7
     assert cli.calls == 4
+    # the file is read every cycle: the same text is the same tree, an edited one is parsed anew
+    assert cli.read_cluster().topology is state.topology
+    topology.write_text("SwitchName=s1 Nodes=n[1-4]\n")
+    assert cli.read_cluster().topology.leaves == ("s1",)
 
 
 def test_accounting_always_passes_explicit_start_and_end():

@@ -3,10 +3,12 @@ as references), for any queue, owned fields, memory and decisions (hypothesis).
 
 reconcile.diff builds every JobPlan and PlannedWrite in one step, reads its order walk from plain
 lists and returns early for jobs with nothing to write: its plans, notes, the writes' kinds and
-the guardrails' verdict equal the reference diff's. Engine._enrich copies the jobs in one loop,
-and the scope and preemption checks build no sets the configuration does not need: the same
-jobs as the reference's per-job copy. The CLI backend's sprio read splits each line once: the
-same SiteFactors as the reference's, for any text."""
+the guardrails' verdict equal the reference diff's, also cycle after cycle when it keeps each
+job's context and plan (DiffMemory). Engine._enrich copies the jobs in one loop (and hands out
+last cycle's copy for an unchanged job), and the scope and preemption checks build no sets the
+configuration does not need: the same jobs as the reference's per-job copy. The CLI backend's sprio read splits each line once (and
+hands out the last value again for the same text): the same SiteFactors as the reference's, for
+any texts."""
 
 from __future__ import annotations
 
@@ -421,6 +423,113 @@ def test_the_diff_equals_the_straightforward_diff(cycle):
 
 
 
+@st.composite
+def next_cycle(draw, cycle):
+    """The cycle after `cycle` for an engine that kept its memory: most jobs the same Job objects
+    (as the lean read hands out an unchanged job), most owned fields, memories and decisions
+    the same or equal copies, the rest changed, gone or (a settings change) redrawn."""
+    snapshot, decisions, cluster, memory, owned, config, ceiling = cycle
+
+    def kept() -> bool:  # three in four
+        return draw(st.integers(0, 3)) > 0
+
+    jobs = []
+    for job in snapshot.jobs:
+        if not kept():
+            if draw(st.booleans()):
+                continue  # the job left the queue
+            job = replace(job, state=draw(st.sampled_from([JobState.PENDING, JobState.RUNNING])),
+                          placement=draw(PLACEMENTS), nice=draw(st.integers(-100, 5)),
+                          comment=draw(st.sampled_from(["", "dike:exempt"])), attained_gpu_s=draw(st.sampled_from([0.0, 3600.0])))
+        jobs.append(job)
+    owned = {
+        job_id: fields if kept() else dict(fields) if draw(st.booleans()) else {
+            f: OwnedField(job_id, f, draw(VALUES[f]), draw(VALUES[f]), 0.0) for f in fields}
+        for job_id, fields in owned.items() if kept() or draw(st.booleans())
+    }
+    memory = {
+        job_id: m if kept() else replace(m) if draw(st.booleans()) else replace(
+            m, written_level=draw(st.one_of(st.none(), st.integers(0, 2))),
+            hands_off=tuple(draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=2))))
+        for job_id, m in memory.items()
+    }
+    site_factors = {j: v if kept() else draw(VALUES[JobField.SITE_FACTOR]) for j, v in cluster.site_factors.items()}
+    admin_comments = {j.job_id: cluster.admin_comments[j.job_id] if j.job_id in cluster.admin_comments and kept()
+                      else draw(COMMENTS) for j in jobs if j.job_id in cluster.admin_comments or not kept()}
+    priorities = tuple(
+        replace(p) if kept() else replace(p, score=draw(SCORES), level=draw(st.integers(0, 2)), reason="changed",
+                                           promoted=draw(st.booleans()))
+        for p in decisions.priorities
+    )
+    placements = tuple(
+        replace(p) if kept() else ClearPlacement(p.job_id, "cleared") if draw(st.booleans())
+        else SetPlacement(p.job_id, draw(PLACEMENTS), "moved")
+        for p in decisions.placements
+    )
+    if not kept():  # another strategy, span, tolerance or exempt tag
+        config = draw(cycles())[5]
+    if not kept():
+        ceiling = draw(st.one_of(st.none(), st.sampled_from([1.0, 3.0])))
+    return (Snapshot(time=0.0, jobs=tuple(jobs), nodes=()), Decisions(priorities, placements), 
+            ClusterState(0.0, tuple(jobs), (), Topology(), site_factors, admin_comments), memory, owned, config, ceiling)
+
+
+def again(cycle):
+    """The same cycle once more, with the policy's decisions as equal new objects (a quiet cluster)."""
+    snapshot, decisions, *rest = cycle
+    return (snapshot, Decisions(tuple(replace(p) for p in decisions.priorities),
+                                tuple(replace(p) for p in decisions.placements)), *rest)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cycles(), st.data())
+def test_a_diff_that_keeps_its_memory_equals_the_straightforward_diff(cycle, data):
+    """An engine's diff keeps each job's context and plan for the next cycle (DiffMemory): cycle
+    after cycle, its plans, notes and the guardrails' verdict are the reference's."""
+    memory = reconcile.DiffMemory()
+    for _ in range(data.draw(st.integers(1, 4))):
+        plans, notes = reconcile.diff(*cycle, memory)
+        expected, expected_notes = reference_diff(*cycle)
+        assert plans == expected and notes == expected_notes
+        owned, config = cycle[4], cycle[5]
+        assert reconcile.guardrails(plans, owned, config) == reconcile.guardrails(expected, owned, config)
+        cycle = data.draw(next_cycle(cycle))
+    # the memory is used: a quiet cycle takes every job's side from the last one, and a plan
+    # without writes is the same object
+    before, _ = reconcile.diff(*cycle, memory)
+    quiet, _ = reconcile.diff(*again(cycle), memory)
+    assert quiet == reference_diff(*again(cycle))[0]
+    assert memory.carried == len(cycle[0].jobs)
+    assert all(q is b for b, q in zip(before, quiet) if not b.writes)
+
+
+def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks_for_a_write():
+    """What hypothesis seldom draws: job 1's own inputs stay the same, and yet it needs a write.
+    Job 2 moves ahead of it while their values within the tolerance are out of order (the walk
+    rewrites job 1, the further from its wanted value, then job 2), and job 3's AdminComment is changed to
+    another level behind the engine's back."""
+    config = Config.model_validate({"engine": {"priority_span": 100, "priority_tolerance": 0.5}})
+    jobs = tuple(Job(job_id=i, user="u", state=JobState.PENDING, submit_time=0.0) for i in (1, 2, 3))
+    site_factors = {1: 110, 2: 60, 3: 34}  # wanted (ceiling 3): 67 for score 2, 34 for 1, 100 for 3
+    owned = {3: {JobField.ADMIN_COMMENT: OwnedField(3, JobField.ADMIN_COMMENT, "", admin_comment_text(0, 0.0, False), 0.0)}}
+
+    def cycle(score_2: float, comment_3: str):
+        priorities = (SetPriority(1, 0, 2.0, "one"), SetPriority(2, 0, score_2, "two"), SetPriority(3, 0, 1.0, "three"))
+        level_0 = admin_comment_text(0, 0.0, False)
+        cluster = ClusterState(0.0, jobs, (), Topology(), site_factors, {1: level_0, 2: level_0, 3: comment_3})
+        return Snapshot(time=0.0, jobs=jobs, nodes=()), Decisions(priorities), cluster, {}, owned, config, 3.0
+
+    memory = reconcile.DiffMemory()
+    quiet = cycle(1.0, admin_comment_text(0, 0.0, False))
+    assert reconcile.diff(*quiet, memory)[0] == reference_diff(*quiet)[0]
+    assert not any(p.writes for p in reference_diff(*quiet)[0])
+    moved = cycle(3.0, admin_comment_text(1, 0.0, False))
+    plans, _ = reconcile.diff(*moved, memory)
+    assert plans == reference_diff(*moved)[0]
+    assert memory.carried == 3
+    assert [p.job.job_id for p in plans if p.writes] == [1, 2, 3]  # job 2: then still below job 1's new value
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([JobField.SITE_FACTOR, JobField.NICE]),
        st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.0]), st.integers(0, 4), st.one_of(st.none(), st.integers(0, 4)),
@@ -438,7 +547,8 @@ def test_the_order_walk_rewrites_the_jobs_the_straightforward_walk_rewrites(key,
         ]
 
     walked, expected = contexts(), contexts()
-    reconcile.keep_policy_order(walked, key)
+    ranked = Decisions(tuple(c.decision for c in walked)).ranked()  # type: ignore[misc]
+    reconcile.keep_policy_order(reconcile.policy_chain({c.job.job_id: c for c in walked}, ranked, key), key)
     reference_keep_policy_order(expected, key)
     assert [c.needed for c in walked] == [c.needed for c in expected]
 
@@ -502,12 +612,37 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
     assert engine._enrich(jobs, service, memory, owned, cluster) == tuple(
         reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs
     )
+    # The next cycles of the same engine, which keeps each job's copy: most jobs, services and
+    # memories as they were (the same objects or equal ones), the rest changed or gone.
+    for _ in range(data.draw(st.integers(1, 3))):
+        jobs = [j if data.draw(st.integers(0, 3)) else replace(j, nice=j.nice + 1) for j in jobs
+                if data.draw(st.integers(0, 7))]
+        service = {job_id: got if data.draw(st.integers(0, 3)) else replace(got, attained_gpu_s=got.attained_gpu_s + 60)
+                   for job_id, got in service.items()}
+        memory = {job_id: m if data.draw(st.integers(0, 3)) else replace(m, requeues=m.requeues + 1)
+                  for job_id, m in memory.items()}
+        cluster = replace(cluster, site_factors={j: v + data.draw(st.sampled_from([0, 0, 0, 1]))
+                                                 for j, v in cluster.site_factors.items()})
+        enriched = engine._enrich(jobs, service, memory, owned, cluster)
+        assert enriched == tuple(reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs)
+    # a quiet cycle (equal services, as job_service builds them anew) hands out the same copies
+    service = {job_id: replace(got) for job_id, got in service.items()}
+    assert all(a is b for a, b in zip(engine._enrich(jobs, service, memory, owned, cluster), enriched))
+
+
+SPRIO_TEXTS = st.lists(st.one_of(st.text(alphabet="0123456789|- \t\u00a0x\u0663", max_size=16),
+                                 st.builds("{}|{}|{}".format, st.integers(0, 10**6), st.integers(-9, 10**6),
+                                           st.integers(0, 9)))).map("\n".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.text(alphabet="0123456789|- \t\u00a0x\u0663", max_size=16),
-                          st.builds("{}|{}|{}".format, st.integers(0, 10**6), st.integers(-9, 10**6), st.integers(0, 9)))
-                ).map("\n".join))
-def test_the_sprio_read_equals_the_straightforward_read(text):
-    backend = SlurmCliBackend(SlurmSettings(), runner=lambda argv, env, timeout: CommandResult(0, text, ""), environ={})
-    assert backend._site_factors() == reference_site_factors(text)
+@given(st.lists(SPRIO_TEXTS, min_size=1, max_size=3).flatmap(
+    lambda texts: st.lists(st.sampled_from(texts), min_size=1, max_size=6)))
+def test_the_sprio_read_equals_the_straightforward_read(texts):
+    """Cycle after cycle, the same text often twice in a row (the backend hands out the last
+    value again for the same text)."""
+    printed = iter(texts)
+    backend = SlurmCliBackend(SlurmSettings(), runner=lambda argv, env, timeout: CommandResult(0, next(printed), ""),
+                              environ={})
+    for text in texts:
+        assert backend._site_factors() == reference_site_factors(text)

@@ -11,10 +11,10 @@ import pytest
 
 from dike_slurm import apply as apply_module
 from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
-from dike_slurm.backends.base import JobField
+from dike_slurm.backends.base import ClusterState, JobField
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
-from dike_slurm.engine import Engine
+from dike_slurm.engine import CyclePlan, Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
 from dike_slurm.state import StateStore
@@ -51,21 +51,54 @@ def config(trace: Path, state: Path) -> Config:
     })
 
 
-def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list]:
+class SameRead:
+    """The read a cycle just made, served again (accounting from the simulation, which it only filters)."""
+
+    def __init__(self, backend: SimulatedBackend, cluster: ClusterState) -> None:
+        self.backend, self.cluster, self.calls = backend, cluster, 0
+
+    def read_cluster(self) -> ClusterState:
+        return self.cluster
+
+    def accounting(self, start: float, end: float):
+        return self.backend.accounting(start, end)
+
+
+def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list, int]:
+    """Every cycle of an engine on the simulated cluster. Each plan is checked against the plan of
+    an engine just started on the same read and state file: what a running engine keeps between
+    cycles (the store's maps, the enriched jobs, the diff's contexts and plans) changes nothing.
+    Also returns how many jobs' sides the diffs kept from the cycle before."""
     backend = SimulatedBackend.from_config(cfg)
     engine = Engine(cfg, backend, StateStore(cfg.engine.state_db, read_only=not apply))
     reports = []
+    carried = 0  # jobs whose side of the diff was kept from the cycle before
+
+    def read_cluster(read=backend.read_cluster) -> ClusterState:
+        engine.last_read = read()
+        return engine.last_read
+
+    def checked_plan(plan=engine.plan) -> CyclePlan:
+        nonlocal carried
+        planned = plan()
+        fresh = Engine(cfg, SameRead(backend, engine.last_read), StateStore(cfg.engine.state_db, read_only=True)).plan()
+        assert planned == replace(fresh, read_calls=planned.read_calls)
+        carried += engine._diff_memory.carried
+        return planned
+
+    backend.read_cluster, engine.plan = read_cluster, checked_plan
     while not backend.finished():
         reports.append(engine.cycle(apply=apply))
         assert len(reports) < 20000, "the simulation did not end"
         if apply:  # the owned fields and jobs the store keeps between cycles are the ones the file holds
             fresh = StateStore(cfg.engine.state_db, read_only=True)
             assert engine.store.owned() == fresh.owned() and engine.store.jobs() == fresh.jobs()
-    return backend, reports
+    return backend, reports, carried
 
 
 def test_the_engine_runs_a_simulated_cluster_to_the_end_of_its_trace(small_trace, tmp_path):
-    backend, reports = run_to_the_end(config(small_trace, tmp_path / "state.sqlite"), apply=True)
+    backend, reports, carried = run_to_the_end(config(small_trace, tmp_path / "state.sqlite"), apply=True)
+    assert carried > 0, "the diff kept no job's side from one cycle to the next"
     summary = backend.summary()
     replayed = len(backend.accounts)
     assert summary["jobs"] == replayed > 0
@@ -78,10 +111,11 @@ def test_the_engine_runs_a_simulated_cluster_to_the_end_of_its_trace(small_trace
 
 
 def test_a_dry_run_on_the_simulated_cluster_writes_nothing_and_is_deterministic(small_trace, tmp_path):
-    first, reports = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    first, reports, carried = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    assert carried > 0
     assert first.raw == {} and all(r.write_calls == 0 for r in reports)
     assert any(r.plan.writes for r in reports)  # there was something to plan
-    again, _ = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    again, _, _ = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
     assert again.summary() == first.summary()
     assert not (tmp_path / "none.sqlite").exists()
 
@@ -99,7 +133,7 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
     policy's order (the default 1%), the simulated outcome is the replay's, bit for bit."""
     cfg = config(small_trace, tmp_path / "state.sqlite")
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"priority_tolerance": tolerance})})
-    backend, _ = run_to_the_end(cfg, apply=True)
+    backend, _, _ = run_to_the_end(cfg, apply=True)
     replay_input = load_input(small_trace / "sacct.txt", small_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
     assert backend.summary() == replayed.metrics.summary
@@ -114,7 +148,8 @@ def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_p
     Preemption off: with every job preemptible the hold leaves blocked jobs to the planner."""
     cfg = config(busy_trace, tmp_path / "state.sqlite")
     cfg = cfg.model_copy(update={"policies": {"dike": {**cfg.policies["dike"], "hold_nodes": "blocked", "preemption": False}}})
-    backend, reports = run_to_the_end(cfg, apply=True)
+    backend, reports, carried = run_to_the_end(cfg, apply=True)
+    assert carried > 0
     replay_input = load_input(busy_trace / "sacct.txt", busy_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
     assert backend.summary() == replayed.metrics.summary

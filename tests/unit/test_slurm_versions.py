@@ -207,6 +207,17 @@ def test_an_unknown_job_state_stops_the_read_and_says_how_many():
         "(1 x unknown job state 'WARPED'); nothing is written this cycle")
 
 
+def test_a_job_listed_twice_stops_the_read_and_says_so():
+    document = json.loads(fixture("24.11", "squeue.json"))
+    document["jobs"].append(document["jobs"][0])
+    with pytest.raises(FormatError) as error:
+        read("24.11", squeue_json=json.dumps(document))
+    printed = len(document["jobs"])
+    assert str(error.value) == (
+        f"squeue --json: Slurm printed {printed} jobs but only {printed - 1} could be read "
+        "(1 x job id listed twice); nothing is written this cycle")
+
+
 def test_22_05_state_words_in_a_24_11_list_are_read_too():
     # v0.0.38 prints one word; if a site's plugin prints "RUNNING" in a list, that is the same job
     document = json.loads(fixture("22.05", "squeue.json"))
