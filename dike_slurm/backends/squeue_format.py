@@ -236,6 +236,31 @@ _JOIN = "\0"
 _JOINS = len(JOB_FIELDS)  # the NULs of a joined record: one after each field but the last, one before ExcNodeList
 
 
+def joined_records(text: str, token: str, names: tuple[str, ...], first_title: str) -> list[str] | None:
+    """The records after the header as `records` reads them, each as its fields joined with NUL,
+    in two passes over the whole text (a replace and a split) instead of one list per record;
+    None when this cannot vouch for the result (then `records` reads the text, or says what is
+    wrong with it).
+
+    With no NUL in the text, the NULs that replace the token are the field ends, and a record
+    ends where a NUL is followed by a newline. A field that begins with a newline splits its
+    record in two, each with too few fields: that, or anything else out of line, is None.
+    """
+    width = len(names)
+    if _JOIN in text or token not in text:
+        return None
+    chunks = text.replace(token, _JOIN).split(_JOIN + "\n")
+    if chunks[-1] != "":
+        return None
+    titles = chunks[0].split(_JOIN)
+    if len(titles) != width or titles[0].strip() != first_title or not all(t.strip() for t in titles):
+        return None
+    del chunks[0], chunks[-1]
+    if any(chunk.count(_JOIN) != width - 1 for chunk in chunks):
+        return None
+    return chunks
+
+
 def read_jobs(
     text: str, token: str, command: str, excluded_text: str, excluded_token: str, excluded_command: str,
     known: Mapping[str, Job] | None = None,
@@ -243,20 +268,34 @@ def read_jobs(
     """Every record of the lean squeue read (`text`, and the ExcNodeList of `squeue -o %A%x` in
     `excluded_text`): active jobs read, finished ones left out, the rest an error
     (ReadCount.check) that names the command. `known`: the previous read's `by_record`; a record
-    printed exactly as then is that read's Job (job_from_fields is a function of the record)."""
-    rows = records(text, token, JOB_FIELDS, command, "JOBID")
-    excluded = {int(job_id): nodes for job_id, nodes in records(excluded_text, excluded_token, EXCLUDED_FIELDS,
-                                                                excluded_command, "JOBID")
-                if nodes not in _UNSET and job_id.isdigit()}
-    count = ReadCount(command, printed=len(rows))
+    printed exactly as then is that read's Job (job_from_fields is a function of the record),
+    found without splitting the record into its fields."""
+    joined = joined_records(text, token, JOB_FIELDS, "JOBID")
+    rows: list[list[str]] | None = None
+    if joined is None:
+        rows = records(text, token, JOB_FIELDS, command, "JOBID")
+        joined = [_JOIN.join(row) for row in rows]
+    excluded_rows = joined_records(excluded_text, excluded_token, EXCLUDED_FIELDS, "JOBID")
+    excluded_pairs = (
+        [row.partition(_JOIN)[::2] for row in excluded_rows] if excluded_rows is not None
+        else records(excluded_text, excluded_token, EXCLUDED_FIELDS, excluded_command, "JOBID")
+    )
+    excluded = {int(job_id): nodes for job_id, nodes in excluded_pairs if nodes not in _UNSET and job_id.isdigit()}
+    count = ReadCount(command, printed=len(joined))
     jobs: list[Job] = []
     comments: dict[int, str] = {}
     known = known or {}
     by_record: dict[str, Job] = {}
-    for row in rows:
+    for index, fields in enumerate(joined):
+        row = rows[index] if rows is not None else None
         try:
-            record = _JOIN.join(row) + _JOIN + excluded.get(int(row[0]), "")
-            job = known.get(record) or job_from_fields(row, excluded)
+            # the fields joined, then ExcNodeList: the text a Job is known by between reads
+            record = fields + _JOIN + excluded.get(int(row[0] if row is not None else fields[:fields.find(_JOIN)]), "")
+            job = known.get(record)
+            if job is None:
+                if row is None:
+                    row = fields.split(_JOIN)
+                job = job_from_fields(row, excluded)
         except (ValueError, InputError) as exc:
             count.skip(_reason(exc))
             continue
@@ -269,7 +308,7 @@ def read_jobs(
             count.skip("job id listed twice")
         else:
             jobs.append(job)
-            comment = row[-1]
+            comment = row[-1] if row is not None else fields[fields.rfind(_JOIN) + 1:]
             comments[job_id] = comment if comment != _NULL else ""
     count.read = len(jobs)
     count.check("jobs")

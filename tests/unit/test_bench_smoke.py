@@ -24,9 +24,11 @@ def test_run_all_at_the_smallest_sizes_prints_and_writes_every_figure(tmp_path: 
         first, steady = cycle["policies"][name], cycle["policies"][name]["steady"]
         running = cycle["policies"][name]["steady_running"]
         assert first["writes"] >= 1000 and steady["writes"] == running["writes"] == 0  # Slurm holds every value
+        minute = cycle["policies"][name]["minute_later"]  # the clock moved: fifo's order did not, Dike's may have
+        assert minute["cycle_s"] > 0 and minute["apply_s"] > 0 and (minute["writes"] == 0 or name != "fifo")
         assert 0 < first["decide_s"] < first["cycle_s"] and first["ratio_to_floor"] > 1
     (replay,) = document["replay"]
     assert replay["policy"] == "fifo" and replay["jobs"] > 2000 and replay["events"] > replay["jobs"]
     assert replay["floor_s"] > 0 and replay["ratio_to_floor"] > 1 and 0 < replay["peak_rss_mb"] < 2048
     assert (tmp_path / "cycle.png").stat().st_size > 1000 and (tmp_path / "replay.png").stat().st_size > 1000
-    assert "Engine cycle without Slurm I/O" in proc.stdout and "Fitted exponents" in proc.stdout
+    assert "Engine cycle without Slurm I/O" in proc.stdout and "a minute later" in proc.stdout and "Fitted exponents" in proc.stdout

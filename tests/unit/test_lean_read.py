@@ -13,7 +13,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dike_slurm.backends import squeue_format
@@ -194,6 +194,28 @@ def test_a_read_that_reuses_the_last_reads_jobs_builds_what_a_fresh_read_builds(
 def _texts(specs: list[dict]) -> tuple[str, str, str, str, str, str]:
     queue, excluded = lean_text(specs)
     return queue, TOKEN, "squeue -O", excluded, TOKEN, "squeue -o"
+
+FIELD_TEXT = st.lists(st.sampled_from(["a", "7", " ", "\n", "\x00", "^", "|", TOKEN, TOKEN + "\n", "(null)"]),
+                      max_size=4).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(FIELD_TEXT, min_size=2, max_size=4), max_size=5), st.sampled_from(["", "x", "\n", TOKEN]),
+       st.booleans())
+@example([["7\x00a", "b"]], "", False)  # a NUL where a field is missing: the record split says the text is wrong
+def test_the_quick_split_reads_what_the_record_split_reads_or_leaves_the_text_to_it(rows, tail, plain):
+    """joined_records (one replace and one split over the whole text) against records (one list
+    per record): the same fields wherever it answers, and it answers for every ordinary read.
+    Fields with newlines, NULs, the token, too few or too many fields per line, cut texts."""
+    names = ("JobID", "X", "Y")
+    if plain:  # what Slurm prints: no NUL, no field that begins with a newline, 3 fields a line
+        rows = [[f.replace("\x00", "").replace(TOKEN, "").lstrip("\n") for f in (row * 3)[:3]] for row in rows]
+        tail = ""
+    text = join_records([["JOBID", "X", "Y"], *rows], TOKEN) + tail
+    joined = squeue_format.joined_records(text, TOKEN, names, "JOBID")
+    if joined is not None:
+        assert joined == ["\x00".join(row) for row in squeue_format.records(text, TOKEN, names, "squeue -O", "JOBID")]
+    assert joined is not None or not plain
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_hostile_free_text_is_read_verbatim_and_shifts_no_field(text):
