@@ -578,8 +578,8 @@ def guardrails(
         (w for p in plans for w in p.writes), key=lambda w: (w.rank, w.job_id, w.kind)
     )
     notes = []
-    previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, {})]
-    rewritten = [p for p in previously_written if any(key in w.update.fields for w in p.writes)]
+    previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, _NOTHING_OWNED)]
+    rewritten = [p for p in previously_written if p.writes and any(key in w.update.fields for w in p.writes)]
     if (
         len(previously_written) >= engine.breaker_min_jobs
         and previously_written
