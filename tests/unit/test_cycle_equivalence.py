@@ -457,8 +457,8 @@ def next_cycle(draw, cycle):
     admin_comments = {j.job_id: cluster.admin_comments[j.job_id] if j.job_id in cluster.admin_comments and kept()
                       else draw(COMMENTS) for j in jobs if j.job_id in cluster.admin_comments or not kept()}
     priorities = tuple(
-        replace(p) if kept() else replace(p, score=draw(SCORES), level=draw(st.integers(0, 2)), reason="changed",
-                                           promoted=draw(st.booleans()))
+        replace(p) if kept() else replace(p, score=draw(SCORES), level=draw(st.integers(0, 2)),
+                                           reason=draw(st.sampled_from([p.reason, "changed"])), promoted=draw(st.booleans()))
         for p in decisions.priorities
     )
     placements = tuple(
@@ -507,7 +507,8 @@ def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks
     """What hypothesis seldom draws: job 1's own inputs stay the same, and yet it needs a write.
     Job 2 moves ahead of it while their values within the tolerance are out of order (the walk
     rewrites job 1, the further from its wanted value, then job 2), and job 3's AdminComment is changed to
-    another level behind the engine's back."""
+    another level behind the engine's back. Then a decision moves to another level with the same
+    value and reason."""
     config = Config.model_validate({"engine": {"priority_span": 100, "priority_tolerance": 0.5}})
     jobs = tuple(Job(job_id=i, user="u", state=JobState.PENDING, submit_time=0.0) for i in (1, 2, 3))
     site_factors = {1: 110, 2: 60, 3: 34}  # wanted (ceiling 3): 67 for score 2, 34 for 1, 100 for 3
@@ -528,6 +529,15 @@ def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks
     assert plans == reference_diff(*moved)[0]
     assert memory.carried == 3
     assert [p.job.job_id for p in plans if p.writes] == [1, 2, 3]  # job 2: then still below job 1's new value
+    # a plan without writes whose decision moved to another level with the same value and
+    # reason is made again, with the new level
+    quiet_config = Config.model_validate({"engine": {"priority_span": 1, "admin_comment": False}})
+    for level in (0, 1):
+        decisions = Decisions((SetPriority(1, level, 2.0, "the same"),))
+        cycle = (Snapshot(time=0.0, jobs=jobs[:1], nodes=()), decisions,
+                 ClusterState(0.0, jobs[:1], (), Topology(), {1: 1}, {}), {}, {}, quiet_config, 3.0)
+        plans, _ = reconcile.diff(*cycle, memory)
+        assert plans == reference_diff(*cycle)[0] and plans[0].level == level and not plans[0].writes
 
 
 @settings(max_examples=400, deadline=None)
