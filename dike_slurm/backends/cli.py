@@ -173,7 +173,6 @@ class _LeanRefused(Exception):
     """squeue could not print the lean format (the reason); the cycle reads the JSON instead."""
 
 
-
 def _sprio_factors(text: str) -> Mapping[int, int]:
     """`sprio -h -o SPRIO_FORMAT`: each listed job's SiteFactor."""
     factors = {}
