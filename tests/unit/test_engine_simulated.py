@@ -73,15 +73,18 @@ def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list,
     engine = Engine(cfg, backend, StateStore(cfg.engine.state_db, read_only=not apply))
     reports = []
     carried = 0  # jobs whose side of the diff was kept from the cycle before
+    last_read: ClusterState | None = None
 
     def read_cluster(read=backend.read_cluster) -> ClusterState:
-        engine.last_read = read()
-        return engine.last_read
+        nonlocal last_read
+        last_read = read()
+        return last_read
 
     def checked_plan(plan=engine.plan) -> CyclePlan:
         nonlocal carried
         planned = plan()
-        fresh = Engine(cfg, SameRead(backend, engine.last_read), StateStore(cfg.engine.state_db, read_only=True)).plan()
+        assert last_read is not None
+        fresh = Engine(cfg, SameRead(backend, last_read), StateStore(cfg.engine.state_db, read_only=True)).plan()
         assert planned == replace(fresh, read_calls=planned.read_calls)
         carried += engine._diff_memory.carried
         return planned
