@@ -233,6 +233,8 @@ def diff(
     negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does
     exempt_tag = config.scope.exempt_tag
     known = {j.job_id for j in snapshot.jobs}
+    if len(known) != len(snapshot.jobs):  # the backends' reads list each job once
+        raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
     notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
     ranked = decisions.ranked()
     rank = {p.job_id: i for i, p in enumerate(ranked)}
@@ -281,8 +283,6 @@ def diff(
         context.needed = not context.exempt and priority_needed(
             key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
         contexts[job_id] = context
-    if len(contexts) != len(snapshot.jobs):  # the backends' reads list each job once
-        raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
     keep_policy_order(policy_chain(contexts, ranked, key), key)
     unranked = len(rank)
     exempt_note = f"exempt ({exempt_tag} in comment)"
