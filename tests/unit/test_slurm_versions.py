@@ -196,26 +196,23 @@ def test_a_missing_list_is_an_error():
         read("24.11", scontrol_show_nodes_json=fixture("24.11", "sinfo.json"))
 
 
-def test_an_unknown_job_state_stops_the_read_and_says_how_many():
+def _unknown_state(jobs: list) -> None:
+    jobs[0]["job_state"] = ["RUNNING", "WARPED"]
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (_unknown_state, "unknown job state 'WARPED'"),
+    (lambda jobs: jobs.append(jobs[0]), "job id listed twice"),
+])
+def test_a_job_that_cannot_be_read_stops_the_read_and_says_how_many(spoil, reason):
     document = json.loads(fixture("24.11", "squeue.json"))
-    document["jobs"][0]["job_state"] = ["RUNNING", "WARPED"]
+    spoil(document["jobs"])
     with pytest.raises(FormatError) as error:
         read("24.11", squeue_json=json.dumps(document))
     printed = len(document["jobs"])
     assert str(error.value) == (
         f"squeue --json: Slurm printed {printed} jobs but only {printed - 1} could be read "
-        "(1 x unknown job state 'WARPED'); nothing is written this cycle")
-
-
-def test_a_job_listed_twice_stops_the_read_and_says_so():
-    document = json.loads(fixture("24.11", "squeue.json"))
-    document["jobs"].append(document["jobs"][0])
-    with pytest.raises(FormatError) as error:
-        read("24.11", squeue_json=json.dumps(document))
-    printed = len(document["jobs"])
-    assert str(error.value) == (
-        f"squeue --json: Slurm printed {printed} jobs but only {printed - 1} could be read "
-        "(1 x job id listed twice); nothing is written this cycle")
+        f"(1 x {reason}); nothing is written this cycle")
 
 
 def test_22_05_state_words_in_a_24_11_list_are_read_too():
