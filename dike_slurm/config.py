@@ -32,6 +32,11 @@ class EngineSettings(_Section):
     priority_span: int = Field(
         1_000_000, ge=1, description="largest SiteFactor/Priority written; policy order is spread over [1, span]"
     )
+    priority_mode: Literal["tiers", "blend", "over"] = Field(
+        "tiers",
+        description="how Dike's SiteFactor sits among Slurm's own factors: tiers (keep every QOS tier, Dike orders "
+        "inside each), blend (span = the site's weights together), over (span as configured, above every tier)",
+    )
     priority_tolerance: float = Field(
         0.01, ge=0, lt=1, description="a value within this fraction of priority_span of what Slurm has is not rewritten"
     )
@@ -133,6 +138,11 @@ class ReplaySettings(_Section):
     )
     backfill_reservations: int = Field(
         16, ge=0, description="blocked jobs that get a backfill reservation per scheduling pass"
+    )
+    qos_priority: dict[str, int] = Field(
+        default_factory=dict,
+        description="QOS name -> Priority for Slurm's QOS factor; a qos.txt beside slurm.conf "
+        "(`sacctmgr show qos -P` output) is read instead when present",
     )
 
 

@@ -12,6 +12,7 @@ from dike_slurm.model import Node, Switch, Topology
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpus
+from dike_slurm.slurm_priority import PartitionPriority, SlurmPriorityModel, build_model, partition_priorities
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Partition:
     nodes: tuple[str, ...]
     default: bool = False
     max_time_s: int | None = None
+    priority: PartitionPriority = PartitionPriority()
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,17 @@ class ClusterConf:
 
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.partitions if p.name == name), None)
+
+    def priority_model(self, qos_priority: dict[str, int] | None, source: str) -> SlurmPriorityModel:
+        """Slurm's priority on this cluster: the PriorityWeight* options, the partitions' priorities
+        and TRES totals, and the QOS priorities given (sacctmgr has them, not slurm.conf)."""
+        by_name = {n.name: n for n in self.nodes}
+        partitions = []
+        for partition in self.partitions:
+            members = [by_name[name] for name in partition.nodes]
+            totals = {"cpu": sum(n.cpus for n in members), "node": len(members), "gres/gpu": sum(n.gpus for n in members)}
+            partitions.append((partition.name, partition.priority, totals))
+        return build_model(self.options, partitions, len(self.nodes), sum(n.cpus for n in self.nodes), qos_priority, source)
 
 
 def _logical_lines(text: str, source: str) -> Iterator[tuple[int, str]]:
@@ -134,7 +147,8 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
         except InputError:
             raise InputError(f"MaxTime={max_time!r} is not a Slurm duration", source=source, line=number) from None
         partitions.append(
-            Partition(fields["name"], members, fields.get("default", "NO").upper() == "YES", max_time_s)
+            Partition(fields["name"], members, fields.get("default", "NO").upper() == "YES", max_time_s,
+                      partition_priorities(fields, source, number))
         )
     partition_of: dict[str, list[str]] = {}
     for partition in partitions:
