@@ -353,3 +353,17 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
         weights=weights_from_options(options, source), qos_priority=dict(qos_priority or {}),
         partitions=parts, node_count=node_count, cluster_cpus=cluster_cpus, partition_tres=tres, source=source,
     )
+
+
+# The weights the bundled sample, the corpus and `render slurm-conf` assume where a site's own are
+# unknown (an ASSUMPTION, not a measurement): fair share dominant, age and job size a tenth of it,
+# GPUs as much as age; ages saturate after 7 days. The lab runs the same.
+TYPICAL_WEIGHTS = (
+    "PriorityType=priority/multifactor",
+    "PriorityWeightFairshare=10000",
+    "PriorityWeightAge=1000",
+    "PriorityWeightJobSize=1000",
+    "PriorityWeightTRES=GRES/gpu=1000",
+    "PriorityMaxAge=7-0",
+    "PriorityDecayHalfLife=7-0",
+)

@@ -32,6 +32,7 @@ from dike_slurm.config import Config
 from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
 from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.reconcile import STRATEGY_FIELD
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise
@@ -57,6 +58,8 @@ class SimulatedBackend(Backend):
         self.timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / _TIMELINE_BINS, 1.0))
         self.collector = MetricsCollector()
         self.accounts = {t.job_id: t.account for t in trace}
+        self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
+        self.model = settings.priority_model
         self.raw: dict[int, dict[JobField, Any]] = {}  # every field as written, as Slurm would show it
         self.placements: dict[int, Placement] = {}
         self.requeues: list[int] = []
@@ -107,13 +110,18 @@ class SimulatedBackend(Backend):
         self.requeues = []
         return Decisions(tuple(priorities), placements, requeues)
 
+    def _written(self) -> dict[int, int]:
+        """What the engine wrote to each job's priority strategy field (SiteFactor, Nice or Priority)."""
+        key = self.strategy_field
+        return {job_id: int(raw[key]) for job_id, raw in self.raw.items() if key in raw}
+
     def _advance(self) -> None:
         """Hand the simulator what the engine wrote for the last instant, and step it to the next
         policy cycle (the instant the engine looks at next) or to the end of the trace."""
         simulator = self.simulator
         try:
             if self.snapshot is not None:
-                simulator.decide(self._decisions(self.snapshot))
+                simulator.decide(self._decisions(self.snapshot), self._written())
             simulator.run()
         except DikeError as exc:
             self.error = exc

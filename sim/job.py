@@ -23,10 +23,11 @@ class SimJob:
     __slots__ = (
         "trace", "heavy", "state", "eligible_at", "pending_since", "attained", "promoted_at",
         "run_count", "preemptions", "last_run_s", "work_left", "restart_due", "start", "nodes",
-        "leaves", "slowdown", "planned_end", "finish_token", "score", "level", "order_epoch",
+        "leaves", "slowdown", "planned_end", "finish_token", "level", "order_epoch",
         "placement", "allowed", "switch_wait_start", "pending_view",
         "running_base", "first_start", "pending_total", "all_consolidated", "gpu_seconds",
         "shape", "fewest_leaves", "preemptible", "lost_gpu_s",
+        "written", "written_level", "owned", "order_key", "association",
     )
 
     def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int, preemptible: bool) -> None:
@@ -51,7 +52,6 @@ class SimJob:
         self.slowdown = 1.0
         self.planned_end = INFINITY
         self.finish_token = -1
-        self.score: float | None = None
         self.level = 0
         self.order_epoch = -1
         self.placement: Placement = NO_PLACEMENT
@@ -64,6 +64,13 @@ class SimJob:
         self.all_consolidated = True
         self.gpu_seconds = 0.0
         self.shape = (trace.partition, trace.gpus_per_node, trace.cpus_per_node, trace.num_nodes)
+        # What the engine wrote to the strategy field (SiteFactor, Nice or Priority; 0: nothing),
+        # the level it wrote it for, and whether it ever wrote it; Slurm keeps it across requeues.
+        self.written = 0
+        self.written_level: int | None = None
+        self.owned = False
+        self.order_key: tuple = ()
+        self.association = (trace.account, trace.user)
 
     @classmethod
     def from_trace(cls, trace: TraceJob, settings: SimSettings, cluster: SimCluster) -> SimJob:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dike_slurm.policies.common import CommRule
+from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class SimSettings:
     requeue_hold_s: float = 121.0  # a requeued job may start again this long after (cred_expire + 1)
     comm_gpus: int = 8  # communication-heavy threshold (the Dike policy's comm_gpus)
     comm_rules: tuple[CommRule, ...] = ()
+    # Slurm's priority (sim/priority.py): the site's weights, and how the engine writes into it
+    # (engine.priority_strategy, the span engine.priority_mode gives, engine.priority_tolerance).
+    # No model: Slurm's default weights (all 0), so only the written values order the queue.
+    priority_model: SlurmPriorityModel | None = None
+    priority_strategy: str = "site_factor"
+    priority_span: int = 1_000_000
+    priority_tolerance: float = 0.01
 
 
 @dataclass(frozen=True, slots=True)

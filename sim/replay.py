@@ -23,6 +23,7 @@ from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
 from dike_slurm.sim.records import SimSettings, SimStats, Timeline
 from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceBuild, build_trace
+from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
 DEFAULT_MAX_SWITCH_WAIT_S = 300
@@ -113,6 +114,8 @@ def sim_settings(
         max_switch_wait = _int_parameter(parameters, "max_switch_wait", DEFAULT_MAX_SWITCH_WAIT_S, source)
     dike = config.policy_params("dike")
     assert isinstance(dike, DikeParams)
+    model = slurm_priority_model(config, conf, source)
+    engine = config.engine
     return SimSettings(
         interval_s=replay.interval_s,
         comm_penalty=replay.comm_penalty if comm_penalty is None else comm_penalty,
@@ -135,7 +138,19 @@ def sim_settings(
         requeue_hold_s=requeue_hold_s(conf, source),
         comm_gpus=dike.comm_gpus,
         comm_rules=tuple(dike.comm_rules),
+        priority_model=model,
+        priority_strategy=engine.priority_strategy,
+        priority_span=effective_span(engine.priority_mode, engine.priority_span, model),
+        priority_tolerance=engine.priority_tolerance,
     )
+
+
+def slurm_priority_model(config: Config, conf: ClusterConf, source: str) -> SlurmPriorityModel:
+    """Slurm's priority on the replayed cluster: the weights of its slurm.conf, and the QOS
+    priorities of the qos.txt beside it (`sacctmgr show qos -P`) or else of [replay] qos_priority."""
+    if conf.qos_priority is not None:
+        return conf.priority_model(conf.qos_priority, f"{source} and the qos.txt beside it")
+    return conf.priority_model(dict(config.replay.qos_priority), f"{source} and [replay] qos_priority")
 
 
 def requeue_hold_s(conf: ClusterConf, source: str = "slurm.conf") -> float:

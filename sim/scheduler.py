@@ -4,15 +4,18 @@ semantics and the simplifications."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 
 import numpy as np
 
 from dike_slurm.model import Placement
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.job import INFINITY, PENDING, SimJob
+from dike_slurm.sim.priority import SlurmOrder
 from dike_slurm.sim.records import SimSettings, SimStats
 
 Shape = tuple[str, int, int, int]  # partition, GPUs per node, CPUs per node, nodes
@@ -63,6 +66,7 @@ class SlurmScheduler:
         origin: float,
         start: Callable[[SimJob, list[int], float], None],
         wake: Callable[[float], None],
+        priority: SlurmOrder,
     ) -> None:
         self.cluster = cluster
         self.settings = settings
@@ -72,8 +76,10 @@ class SlurmScheduler:
         self.wake = wake  # a scheduling pass is due then (a Switches wait runs out)
         self.single_leaf_possible = bool(cluster.topology.switches) and cluster.leaf_count < len(cluster)
         self.pending_shapes: Counter[Shape] = Counter()  # eligible pending jobs
-        self.order: list[SimJob] = []  # scored pending jobs, best first (as of the last cycle)
-        self.tail: list[SimJob] = []  # pending jobs not scored yet, in arrival order
+        self.priority = priority  # Slurm's priority of a pending job (sim/priority.py)
+        self.order: list[SimJob] = []  # pending jobs in Slurm's order, as of the last recalculation
+        self.tail: list[SimJob] = []  # jobs that became pending since, each with its priority then
+        self.tail_sorted = True
         self.order_epoch = 0
         self.slots = self._slot_table()
         self.fit_cache: dict[Shape, bool] = {}
@@ -81,9 +87,12 @@ class SlurmScheduler:
     # ------------------------------------------------------------------ the queue
 
     def enqueue(self, job: SimJob, now: float) -> None:
-        """A job becomes pending: after the scored jobs, in arrival order, until a cycle scores it."""
+        """A job becomes pending: Slurm gives it a priority at once (its SiteFactor, if any, kept
+        from an earlier run); it joins the order at that priority until the next recalculation."""
         job.order_epoch = -1
+        job.order_key = self.priority.key(job, now)
         self.tail.append(job)
+        self.tail_sorted = False
         if job.eligible_at <= now:
             self.count_eligible(job)
 
@@ -97,24 +106,32 @@ class SlurmScheduler:
         if not self.pending_shapes[job.shape]:
             del self.pending_shapes[job.shape]
 
-    def set_order(self, scored: list[SimJob]) -> None:
-        """The policy's order of the pending jobs it scored (score, then submit time, then id)."""
+    def set_order(self, pending: list[SimJob], now: float) -> None:
+        """Slurm recalculates every pending job's priority: the queue in Slurm's order
+        (partition PriorityTier, priority, submit time, job id; sim/priority.py)."""
         self.order_epoch += 1
         epoch = self.order_epoch
-        for job in scored:
+        key = self.priority.key
+        for job in pending:
             job.order_epoch = epoch
-        scored.sort(key=lambda j: (-j.score, j.trace.submit, j.trace.job_id))  # type: ignore[operator]
-        self.order = scored
-        self.tail = [j for j in self.tail if j.state == PENDING and j.order_epoch != epoch]
+            job.order_key = key(job, now)
+        pending.sort(key=attrgetter("order_key"))
+        self.order = pending
+        self.tail = []
 
     def pending_in_order(self) -> Iterator[SimJob]:
         epoch = self.order_epoch
-        for job in self.order:
-            if job.state == PENDING and job.order_epoch == epoch:
-                yield job
-        for job in self.tail:
-            if job.state == PENDING and job.order_epoch != epoch:
-                yield job
+        if not self.tail:
+            for job in self.order:
+                if job.state == PENDING and job.order_epoch == epoch:
+                    yield job
+            return
+        if not self.tail_sorted:
+            self.tail.sort(key=attrgetter("order_key"))
+            self.tail_sorted = True
+        ordered = (j for j in self.order if j.state == PENDING and j.order_epoch == epoch)
+        arrived = (j for j in self.tail if j.state == PENDING and j.order_epoch != epoch)
+        yield from heapq.merge(ordered, arrived, key=attrgetter("order_key"))
 
     def fitting_shapes(self) -> set[Shape]:
         """The pending shapes that fit the free resources now (placement constraints ignored)."""

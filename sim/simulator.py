@@ -32,6 +32,7 @@ from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
+from dike_slurm.sim.priority import SlurmOrder, engine_writes
 from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
 from dike_slurm.sim.records import JobResult, SimSettings, SimStats, Timeline
 from dike_slurm.sim.scheduler import Shape, SlurmScheduler, next_tick
@@ -91,7 +92,10 @@ class Simulator:
         self.decides = decides
         self.rng = random.Random(settings.seed)
         self.stats = SimStats()
-        self.scheduler = SlurmScheduler(cluster, settings, self.stats, timeline.origin, self._start, self._wake)
+        self.slurm_order = SlurmOrder(settings, settings.user_shares)
+        self.scheduler = SlurmScheduler(
+            cluster, settings, self.stats, timeline.origin, self._start, self._wake, self.slurm_order)
+        self.declared_ceiling = policy.score_ceiling(params)
         self.may_requeue = policy.requeue_min_run_s(params) is not None
         self.requeue_limits = requeue_limits(policy, params, settings.max_requeues_per_cycle)
         self.events: list[tuple[float, int, int, int, SimJob | None]] = []
@@ -257,6 +261,7 @@ class Simulator:
     def _submit(self, job: SimJob, now: float) -> None:
         self.stats.first_submit = min(self.stats.first_submit, now)
         self.active[job.trace.job_id] = job
+        self.slurm_order.join(job, now)
         self._enter_pending(job)
         if job.eligible_at > now:
             self._push(job.eligible_at, WAKE, job)
@@ -300,6 +305,7 @@ class Simulator:
         self.scheduler.occupy(job)
         self.dirty_nodes.update(nodes)
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, trace.gpus)
+        self.slurm_order.change_rate(job, now, trace.gpus)
         self.stats.starts += 1
 
     def _stop_run(self, job: SimJob, now: float) -> float:
@@ -312,6 +318,7 @@ class Simulator:
         self.scheduler.vacate(job)
         self.dirty_nodes.update(job.nodes)
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -trace.gpus)
+        self.slurm_order.change_rate(job, now, -trace.gpus)
         self.timeline.add_busy(job.start, now, trace.gpus)
         job.finish_token = -1
         self._touch()
@@ -436,13 +443,17 @@ class Simulator:
         if self.decides:
             self.decide(self.policy.decide(snapshot, self.params, self.rng))
 
-    def decide(self, decisions: Decisions) -> None:
-        """Apply the decisions for the awaited snapshot and carry on where the cycle came in."""
+    def decide(self, decisions: Decisions, written: Mapping[int, int] | None = None) -> None:
+        """Apply the decisions for the awaited snapshot and carry on where the cycle came in.
+
+        `written`: the value of the priority strategy's field the engine wrote to each job (the
+        live engine on the simulated backend); without it the simulator works out what the engine
+        would write for these decisions (sim/priority.py: engine_writes)."""
         awaiting = self.awaiting
         if awaiting is None:
             raise DikeError("no policy cycle awaits decisions")
         self.awaiting = None
-        self._apply(decisions, awaiting.views, awaiting.snapshot.time)
+        self._apply(decisions, awaiting.views, awaiting.snapshot.time, written)
         self._touch()
         if awaiting.then is not None:
             awaiting.then()
@@ -522,23 +533,27 @@ class Simulator:
             state = "MIXED"
         return Node(template.name, total, allocated, template.cpus, state, template.features, template.partitions)
 
-    def _apply(self, decisions: Decisions, views: Mapping[int, Job], now: float) -> None:
+    def _apply(self, decisions: Decisions, views: Mapping[int, Job], now: float,
+               written: Mapping[int, int] | None) -> None:
         active = self.active
-        scored: list[SimJob] = []
         for decision in decisions.priorities:
             job = active.get(decision.job_id)
             if job is None:
                 continue
-            job.score = decision.score
             job.level = decision.level
             if decision.promoted:
                 view = views.get(decision.job_id)
                 attained = view.attained_gpu_s if view is not None else job.attained
                 job.promoted_at = service_forgiven(job.promoted_at, decision.promoted, attained)
                 job.pending_view = None
-            if job.state == PENDING:
-                scored.append(job)
-        self.scheduler.set_order(scored)
+        if written is None:
+            engine_writes(decisions, active, self.declared_ceiling, self.settings)
+        else:
+            for job_id, job in active.items():
+                value = written.get(job_id)
+                job.written, job.owned = (value, True) if value is not None else (0, False)
+        self.slurm_order.recalculate(now)
+        self.scheduler.set_order([job for job in active.values() if job.state == PENDING], now)
         if decisions.requeues:
             running = {job_id: view for job_id, view in views.items() if view.state is JobState.RUNNING}
             decisions, refused = guard_requeues(decisions, running, now, self.requeue_limits)

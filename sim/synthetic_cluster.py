@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dike_slurm.parsing.hostlists import compress_hostlist
+from dike_slurm.slurm_priority import TYPICAL_WEIGHTS
 
 
 # --------------------------------------------------------------------------- cluster
@@ -166,7 +167,8 @@ def write_slurm_conf(cluster: ClusterSpec, fh: TextIO) -> None:
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
         "SchedulerType=sched/backfill",
-        "PriorityType=priority/multifactor",
+        "# Slurm's priority: weights ASSUMED typical (dike_slurm.slurm_priority.TYPICAL_WEIGHTS)",
+        *TYPICAL_WEIGHTS,
         "TopologyPlugin=topology/tree",
         f"AccountingStorageTRES=gres/gpu,gres/gpu:{c.gpu_type}",
         "JobRequeue=1",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dike_slurm.errors import InputError
@@ -12,7 +12,13 @@ from dike_slurm.model import Node, Switch, Topology
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpus
-from dike_slurm.slurm_priority import PartitionPriority, SlurmPriorityModel, build_model, partition_priorities
+from dike_slurm.slurm_priority import (
+    PartitionPriority,
+    SlurmPriorityModel,
+    build_model,
+    parse_qos_dump,
+    partition_priorities,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class ClusterConf:
     nodes: tuple[Node, ...]
     partitions: tuple[Partition, ...]
     options: dict[str, str]  # global Key=Value lines, keys lower-case
+    qos_priority: dict[str, int] | None = None  # from a qos.txt beside slurm.conf (load_cluster), if any
 
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.partitions if p.name == name), None)
@@ -199,8 +206,12 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
     return Topology.from_switches(switches, source=source)
 
 
+QOS_FILE = "qos.txt"  # `sacctmgr show qos -P` output, read beside slurm.conf
+
+
 def load_cluster(slurm_conf: Path, topology_conf: Path | None = None) -> tuple[ClusterConf, Topology]:
-    """Read slurm.conf and (if given, else topology.conf beside it when present) the switch tree."""
+    """Read slurm.conf, (if given, else topology.conf beside it when present) the switch tree,
+    and the QOS priorities of a qos.txt beside slurm.conf when there is one."""
     conf = parse_slurm_conf(_read(slurm_conf), source=str(slurm_conf))
     if topology_conf is None:
         beside = slurm_conf.parent / "topology.conf"
@@ -210,6 +221,9 @@ def load_cluster(slurm_conf: Path, topology_conf: Path | None = None) -> tuple[C
         if topology_conf is not None
         else Topology()
     )
+    qos_file = slurm_conf.parent / QOS_FILE
+    if qos_file.is_file():
+        conf = replace(conf, qos_priority=parse_qos_dump(_read(qos_file), source=str(qos_file)))
     return conf, topology
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from dike_slurm.decisions import ClearPlacement, Requeue, SetPlacement
+from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement
 from dike_slurm.errors import PolicyError
 from dike_slurm.policies.common import CommRule
 from dike_slurm.policies.dike import DikeParams, DikePolicy
@@ -31,20 +31,10 @@ def test_fifo_orders_by_submit_time():
     assert decisions.placements == () and decisions.requeues == ()
 
 
-def test_multifactor_prefers_the_user_with_less_usage():
-    snap = snapshot([pending(1, "heavy", waited=60), pending(2, "light", waited=60)], usage={"heavy": 100 * GPUH, "light": GPUH})
-    decisions = MultifactorPolicy().decide(snap, MultifactorParams(), RNG)
-    assert decisions.order() == (2, 1)
-
-
-def test_multifactor_age_and_size_factors():
-    params = MultifactorParams(weight_fairshare=0)
-    old_small = pending(1, waited=6 * 86400, gpus=1)
-    new_big = pending(2, waited=0, gpus=16)
-    decisions = MultifactorPolicy().decide(snapshot([old_small, new_big]), params, RNG)
-    assert decisions.order() == (1, 2)  # age 6/7 x 1000 beats size 16/32 x 1000
-    decisions = MultifactorPolicy().decide(snapshot([old_small, new_big]), MultifactorParams(weight_fairshare=0, weight_age=0), RNG)
-    assert decisions.order() == (2, 1)  # favor_small off: bigger first
+def test_multifactor_leaves_the_order_to_slurm():
+    """Slurm's own multifactor writes nothing: the replay orders its queue by slurm_priority."""
+    snap = snapshot([pending(1, waited=6 * 86400, gpus=1), pending(2, waited=0, gpus=16)])
+    assert MultifactorPolicy().decide(snap, MultifactorParams(), RNG) == Decisions()
 
 
 def test_tiresias_demotes_past_3600_gpu_seconds_and_is_fifo_inside():
@@ -342,7 +332,7 @@ def test_dike_params_reject_bad_thresholds():
         DikeParams(levels=4, thresholds_gpuh=[1.0, 2.0])
 
 
-@pytest.mark.parametrize("policy", [FifoPolicy(), MultifactorPolicy(), TiresiasPolicy(), DikePolicy()])
+@pytest.mark.parametrize("policy", [FifoPolicy(), TiresiasPolicy(), DikePolicy()])
 def test_policies_are_deterministic_and_do_not_mutate(policy):
     jobs = [pending(i, f"u{i % 3}", gpus=1 + i % 9, waited=i * 37.0, attained_gpu_s=i * 500.0, last_run_s=100.0) for i in range(1, 40)]
     snap = snapshot(jobs, usage={"u0": 10 * GPUH, "u1": 1 * GPUH})
