@@ -1,8 +1,8 @@
 """The narrow interface between the engine and a cluster, in domain terms, plus an in-memory fake.
 
-A backend reads the cluster (`read_cluster`), the job accounting (`accounting`) and writes
-typed job updates (`apply`, `requeue`). Everything Slurm-specific (commands, JSON shapes,
-pyslurm objects, the simulator) stays behind it.
+A backend reads the cluster (`read_cluster`), the job accounting (`accounting`), the site's own
+priority settings (`priority_model`) and writes typed job updates (`apply`, `requeue`).
+Everything Slurm-specific (commands, JSON shapes, pyslurm objects, the simulator) stays behind it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.model import Job, JobState, Node, Placement, Topology
+
+if TYPE_CHECKING:
+    from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
 class JobField(enum.Enum):
@@ -174,6 +177,14 @@ class Backend(ABC):
     def accounting(self, start: float, end: float) -> ReadResult:
         """Every run (requeued jobs: each run) active between start and end, epoch seconds."""
 
+    def priority_model(self) -> SlurmPriorityModel | None:
+        """The site's own priority: Slurm's PriorityWeight* settings, the QOS priorities and the
+        partitions' PriorityJobFactor/PriorityTier, which size the SiteFactor span the engine writes
+        (`slurm_priority.effective_span`). None when this backend cannot tell (the engine then
+        writes `engine.priority_span`); a backend that can read them raises when the read fails.
+        The engine asks when it starts and again after a reload, not every cycle."""
+        return None
+
     @abstractmethod
     def apply(self, update: JobUpdate) -> WriteOutcome:
         """Write the fields of one job in one call."""
@@ -209,8 +220,11 @@ class FakeBackend(Backend):
         time: float = 1_000_000.0,
         records: Iterable[AccountingRecord] = (),
         admin_comments: Mapping[int, str] | None = None,
+        priority: SlurmPriorityModel | None = None,
     ) -> None:
         self.time = time
+        self.priority = priority  # what priority_model() hands out (None: the site's weights are unknown)
+        self.priority_reads = 0
         self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
         self.nodes = tuple(nodes)
         self.topology = topology or Topology()
@@ -236,6 +250,10 @@ class FakeBackend(Backend):
             MappingProxyType(visible),
             MappingProxyType({j.job_id: self.admin_comments.get(j.job_id, "") for j in active}),
         )
+
+    def priority_model(self) -> SlurmPriorityModel | None:
+        self.priority_reads += 1
+        return self.priority
 
     def accounting(self, start: float, end: float) -> ReadResult:
         self.calls += 1

@@ -334,3 +334,96 @@ def test_reads_share_what_is_left_of_the_cycle_deadline_and_writes_keep_their_ti
     cli.limit_reads(None)
     cli.read_cluster()
     assert all(timeout == 30 for _, _, timeout in recorder.calls[-5:])
+
+
+# ---------------------------------------------------------------- the site's priority settings
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def priority_reads(version: str, **replaced: CommandResult) -> dict[tuple[str, ...], CommandResult]:
+    """What Slurm `version` printed (tests/fixtures/slurm-VERSION) for the three priority reads."""
+    folder = FIXTURES / f"slurm-{version}"
+    answers = {
+        ("scontrol", "show", "config"): ok((folder / "scontrol-show-config.txt").read_text()),
+        ("scontrol", "show", "partition"): ok((folder / "scontrol-show-partition.txt").read_text()),
+        ("sacctmgr",): ok((folder / "sacctmgr-show-qos.txt").read_text()),
+    }
+    return {**answers, **{prefix: replaced[name] for prefix, name in (
+        (("scontrol", "show", "config"), "config"), (("scontrol", "show", "partition"), "partitions"),
+        (("sacctmgr",), "qos")) if name in replaced}}
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_the_sites_priority_is_read_with_exactly_these_calls(version):
+    from dike_slurm.slurm_priority import PartitionPriority, effective_span, tier_gap
+
+    recorder = Recorder(priority_reads(version))
+    model = backend(recorder).priority_model()
+    assert recorder.argvs == [
+        ["scontrol", "show", "config"],
+        ["scontrol", "show", "partition", "-o"],
+        ["sacctmgr", "-nP", "show", "qos", "format=Name,Priority"],
+    ]
+    assert all(env == {"PATH": "/usr/bin", "TZ": "UTC"} for _, env, _ in recorder.calls)
+    weights = model.weights
+    assert (weights.age, weights.fairshare, weights.job_size, weights.partition, weights.qos, weights.assoc) == (
+        1000, 10000, 1000, 0, 1_000_000, 0)
+    assert weights.tres == {"gres/gpu": 1000} and weights.max_age_s == 1800 and weights.multifactor
+    assert weights.decay_half_life_s == 7 * 86400 and weights.fair_tree and not weights.favor_small
+    assert model.qos_priority == {"normal": 0, "low": 10, "urgent": 100}
+    assert model.qos_tiers() == [0, 100_000, 1_000_000] and tier_gap(model) == 100_000
+    assert model.partitions["gpu"] == PartitionPriority(job_factor=1, tier=1)
+    assert model.partition_tres["gpu"] == {"cpu": 64, "node": 4, "gres/gpu": 32}
+    assert (model.node_count, model.cluster_cpus) == (4, 64)
+    if version == "24.11":  # recorded with a second partition on n[3-4]
+        assert model.partitions["prio"] == PartitionPriority(job_factor=10, tier=2)
+        assert model.partition_tres["prio"] == {"cpu": 32, "node": 2, "gres/gpu": 16}
+    assert [effective_span(mode, 1_000_000, model) for mode in ("tiers", "blend", "over")] == [86_999, 1_000_000,
+                                                                                              1_000_000]
+
+
+def test_the_priority_reads_use_bin_dir_and_slurm_conf(tmp_path):
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("ClusterName=x\n")
+    recorder = Recorder({("/opt/slurm/bin/" + prefix[0], *prefix[1:]): answer
+                         for prefix, answer in priority_reads("22.05").items()})
+    backend(recorder, slurm_conf=slurm_conf, bin_dir=Path("/opt/slurm/bin"), command_timeout_s=7).priority_model()
+    assert [argv[0] for argv in recorder.argvs] == ["/opt/slurm/bin/scontrol"] * 2 + ["/opt/slurm/bin/sacctmgr"]
+    assert all(env["SLURM_CONF"] == str(slurm_conf) and timeout == 7 for _, env, timeout in recorder.calls)
+
+
+def test_without_slurmdbd_there_is_no_qos_table_to_read():
+    config = (FIXTURES / "slurm-22.05" / "scontrol-show-config.txt").read_text().replace(
+        "accounting_storage/slurmdbd", "accounting_storage/none")
+    recorder = Recorder(priority_reads("22.05", config=ok(config)))
+    model = backend(recorder).priority_model()
+    assert [argv[0] for argv in recorder.argvs] == ["scontrol", "scontrol"]
+    assert model.qos_priority == {} and model.qos_tiers() == [0.0]
+
+
+def test_unset_and_basic_settings_read_as_slurm_means_them():
+    config = ("PriorityType            = priority/basic\nPriorityWeightTRES      = (null)\n"
+              "PriorityFlags           = NO_FAIR_TREE\nPriorityMaxAge          = 1-00:00:00\n")
+    model = backend(Recorder(priority_reads("22.05", config=ok(config)))).priority_model()
+    assert not model.weights.multifactor and model.weights.tres == {} and not model.weights.fair_tree
+    assert model.weights.max_age_s == 86400 and model.weights.total == 0
+
+
+@pytest.mark.parametrize("failing, answer, message", [
+    ("config", CommandResult(1, "", "slurm_load_ctl_conf error: Unable to contact slurm controller\n"),
+     "scontrol show config failed \\(exit 1\\): slurm_load_ctl_conf error"),
+    ("partitions", CommandResult(1, "", "slurm_load_partitions error: Unable to contact slurm controller\n"),
+     "scontrol show partition -o failed \\(exit 1\\): slurm_load_partitions error"),
+    ("partitions", ok("PartitionName=gpu Nodes=n[1-4] PriorityTier=high TotalCPUs=64 TotalNodes=4\n"),
+     r"scontrol show partition -o: cannot read its output: .*:1: prioritytier='high' is not an integer"),
+    ("qos", CommandResult(1, "", "sacctmgr: error: Problem talking to the database: Connection refused\n"),
+     "sacctmgr -nP show qos format=Name,Priority failed \\(exit 1\\): .*Connection refused"),
+    ("qos", ok("normal|0\nurgent|high\n"),
+     r"sacctmgr -nP show qos format=Name,Priority: cannot read its output: .*'high' is not an integer"),
+    ("config", ok("PriorityType = priority/multifactor\nPriorityWeightAge = lots\n"),
+     r"scontrol show config: cannot read its output: .*priorityweightage='lots' is not a number"),
+])
+def test_a_priority_read_that_fails_names_its_command(failing, answer, message):
+    with pytest.raises(SlurmError, match=message):
+        backend(Recorder(priority_reads("22.05", **{failing: answer}))).priority_model()
