@@ -35,8 +35,10 @@ from dike_slurm.parsing.durations import parse_duration
 DEFAULT_MAX_AGE_S = 7 * 86400  # PriorityMaxAge=7-0
 DEFAULT_HALF_LIFE_S = 7 * 86400  # PriorityDecayHalfLife=7-0
 PRIORITY_MAX = 0xFFFFFFFF  # Slurm keeps a job's priority in 32 bits
-WEIGHT_KEYS = ("priorityweightage", "priorityweightfairshare", "priorityweightjobsize",
-               "priorityweightpartition", "priorityweightqos", "priorityweightassoc")
+# slurm.conf's spelling of the options read (the readers see them lower-cased)
+OPTION_NAMES = {name.lower(): name for name in (
+    "PriorityWeightAge", "PriorityWeightFairshare", "PriorityWeightJobSize", "PriorityWeightPartition",
+    "PriorityWeightQOS", "PriorityWeightAssoc")}
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,8 @@ def effective_span(mode: str, configured_span: int, model: SlurmPriorityModel | 
       every QOS tier; the behaviour before the modes existed).
     - tiers (default): at most what keeps every QOS tier above the one below it: the smallest
       tier step less every other factor at its most. Without QOS tiers, `configured_span`.
-    - blend: the site's own weights together, so Dike weighs as much as every Slurm factor.
+    - blend: the most the site's own factors can add together (a QOS weight counts only where a
+      QOS has a priority), so Dike weighs as much as every Slurm factor.
     Never below 1; without a model (weights unknown) every mode is `configured_span`.
     """
     if mode not in PRIORITY_MODES:
@@ -186,7 +189,8 @@ def effective_span(mode: str, configured_span: int, model: SlurmPriorityModel | 
     if model is None or mode == "over":
         return configured_span
     if mode == "blend":
-        return max(1, min(configured_span, int(model.weights.total) or configured_span))
+        reachable = model.weights.others_total + max(model.qos_tiers(), default=0.0)
+        return max(1, min(configured_span, int(reachable) or configured_span))
     gap = tier_gap(model)
     if gap is None:
         return configured_span
@@ -276,7 +280,7 @@ def weights_from_options(options: Mapping[str, str], source: str) -> PriorityWei
     Fair Tree. A missing PriorityType is taken as priority/multifactor (Slurm's default since 23.11)."""
     def get(key: str, default: float = 0.0) -> float:
         value = options.get(key)
-        return default if value in (None, "") else _number(str(value), key, source)
+        return default if value in (None, "") else _number(str(value), OPTION_NAMES.get(key, key), source)
 
     ptype = options.get("prioritytype", "priority/multifactor").strip().lower()
     flags = {f.strip().upper() for f in options.get("priorityflags", "").split(",") if f.strip()}
