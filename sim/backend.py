@@ -76,6 +76,10 @@ class SimulatedBackend(Backend):
             config.policy_params(config.engine.policy), settings, self.timeline, self._finished, decides=False,
         )
 
+    def priority_model(self):
+        """Slurm's priority on the simulated cluster: what the replay orders its queue by."""
+        return self.model
+
     @classmethod
     def from_config(cls, config: Config) -> SimulatedBackend:
         slurm = config.slurm
