@@ -39,6 +39,14 @@ class Policy(ABC):
         """
         return True
 
+    def replays_as_priority_basic(self, params: PolicyParams) -> bool:
+        """Whether the replay stands this policy for a site running Slurm's `priority/basic`
+        (submit order, every factor and SiteFactor ignored) instead of adding what the engine
+        would write to the site's multifactor priority. Only the `fifo` baseline says so: the
+        engine's rank values would sit within the tolerance of one another and Slurm's own
+        factors would reorder them, which is not the FIFO a site gets."""
+        return False
+
     def requeue_min_run_s(self, params: PolicyParams) -> float | None:
         """None when `decide` never returns requeues with these parameters; otherwise the shortest
         run (seconds since the job's last start) it may preempt.

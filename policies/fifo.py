@@ -36,6 +36,9 @@ class FifoPolicy(Policy):
     def reads_completed_service(self, params: PolicyParams) -> bool:
         return False
 
+    def replays_as_priority_basic(self, params: PolicyParams) -> bool:
+        return True
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         active = submit_order([j for j in snapshot.jobs if j.state in ACTIVE])
         count = len(active)

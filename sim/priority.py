@@ -14,6 +14,7 @@ order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from dike_slurm.backends.base import JobField
 from dike_slurm.decisions import Decisions
@@ -31,8 +32,12 @@ NO_WEIGHTS = SlurmPriorityModel(PriorityWeights(), {}, {}, 1, 1, {}, "no weights
 class SlurmOrder:
     """Slurm's priority and order of the replay's pending jobs."""
 
-    def __init__(self, settings: SimSettings, shares: Mapping[str, float]) -> None:
-        self.model = settings.priority_model or NO_WEIGHTS
+    def __init__(self, settings: SimSettings, shares: Mapping[str, float], *, basic: bool = False) -> None:
+        """`basic`: Slurm's priority/basic, whatever the site's weights (the fifo baseline)."""
+        model = settings.priority_model or NO_WEIGHTS
+        if basic:
+            model = replace(model, weights=replace(model.weights, multifactor=False))
+        self.model = model
         self.strategy = settings.priority_strategy
         weights = self.model.weights
         self.usage = DecayedUsage(weights.decay_half_life_s)  # per (account, user) association

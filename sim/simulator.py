@@ -92,7 +92,7 @@ class Simulator:
         self.decides = decides
         self.rng = random.Random(settings.seed)
         self.stats = SimStats()
-        self.slurm_order = SlurmOrder(settings, settings.user_shares)
+        self.slurm_order = SlurmOrder(settings, settings.user_shares, basic=policy.replays_as_priority_basic(params))
         self.scheduler = SlurmScheduler(
             cluster, settings, self.stats, timeline.origin, self._start, self._wake, self.slurm_order)
         self.declared_ceiling = policy.score_ceiling(params)
