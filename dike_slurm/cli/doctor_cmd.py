@@ -1,22 +1,27 @@
 """`dike-slurm doctor`: check a site's Slurm for what the engine needs, and say what to change.
 
-Read-only: `scontrol --version`, `squeue --json` (its format), `scontrol show config`, and
-`sacctmgr show user` (AdminLevel), through the configured slurm.bin_dir and slurm_conf.
+Read-only: `scontrol --version`, `squeue --json` (its format), `scontrol show config`, `scontrol
+show partition -o` and `sacctmgr -nP show qos format=Name,Priority` (the site's own priority, as
+the engine reads it), and `sacctmgr show user` (AdminLevel), through the configured slurm.bin_dir
+and slurm_conf.
 """
 
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
-
+from typing import TYPE_CHECKING, Callable, Optional
 
 from dike_slurm.cli import app, console
 from dike_slurm.cli.common import CONFIG_OPTION, JSON_OPTION, emit_json, load, safe, say_source, table
 from dike_slurm.errors import DikeError
+
+if TYPE_CHECKING:  # the model loads when doctor runs, not with the CLI
+    from dike_slurm.slurm_priority import SlurmPriorityModel
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 GRANT_ADVICE = ("run as root or SlurmUser, or: sacctmgr -i modify user USER set AdminLevel=Admin "
@@ -60,8 +65,16 @@ def diagnose(
     max_consolidation_wait_s: float | None,
     preemption: bool,
     admin_comment: bool = True,
+    priority_model: SlurmPriorityModel | None = None,
+    priority_error: str = "",
+    priority_mode: str = "tiers",
+    priority_span: int = 1_000_000,
 ) -> list[Check]:
-    """Every check, from what Slurm printed (pure: unit-tested on recorded output)."""
+    """Every check, from what Slurm printed (pure: unit-tested on recorded output).
+
+    `priority_model`: the site's own priority as the engine reads it (None with `priority_error`
+    when it could not be read); `priority_mode` and `priority_span` are the engine's settings.
+    """
     checks = [Check("Slurm version", version or "unknown", OK if version else FAIL,
                     "" if version else "scontrol --version printed nothing: is this Slurm?"), json_format]
     if is_root or admin_level == "Administrator" or (admin_level == "Operator" and not admin_comment):
@@ -69,11 +82,16 @@ def diagnose(
     else:
         checks.append(Check("privileges", f"AdminLevel={admin_level or 'None'}", FAIL, GRANT_ADVICE))
     priority = config.get("PriorityType", "")
-    if strategy == "site_factor" and priority != "priority/multifactor":
+    if strategy in ("site_factor", "nice") and priority != "priority/multifactor":
+        field = "SiteFactor" if strategy == "site_factor" else "Nice"
         checks.append(Check("PriorityType", priority or "unset", FAIL,
-                            "PriorityType=priority/multifactor (SiteFactor is a term of the multifactor priority)"))
+                            f"PriorityType=priority/multifactor ({field} is a term of the multifactor priority: "
+                            f"under {priority or 'this PriorityType'} what the engine writes has no effect)"))
     else:
         checks.append(Check("PriorityType", priority or "unset", OK))
+    if priority == "priority/multifactor":
+        checks += priority_checks(priority_model, priority_error, priority_mode, priority_span, strategy,
+                                  config.get("PriorityFlags", ""))
     if strategy == "site_factor":
         plugin = config.get("PrioritySiteFactorPlugin", "(null)")
         checks.append(Check("PrioritySiteFactorPlugin", plugin,
@@ -103,6 +121,110 @@ def diagnose(
                             "JobRequeue=1, or jobs must opt in with --requeue (preemption requeues only those)"))
     else:
         checks.append(Check("JobRequeue", requeue or "unset", OK))
+    return checks
+
+
+def _num(value: float) -> str:
+    """A weight or priority as Slurm prints it: an integer without an exponent where it is one."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def qos_weight_for(model: SlurmPriorityModel, step: float) -> int | None:
+    """The PriorityWeightQOS that makes the site's smallest QOS step weigh `step` (None: no tiers)."""
+    from dike_slurm.slurm_priority import tier_gap
+
+    gap = tier_gap(model)
+    if gap is None or not model.weights.qos:
+        return None
+    return int(math.ceil(step * model.weights.qos / gap))
+
+
+def priority_checks(model: SlurmPriorityModel | None, error: str, mode: str, configured_span: int, strategy: str,
+                    flags: str = "") -> list[Check]:
+    """The site's weights (a line per factor), its QOS and partition tiers, the span each
+    `engine.priority_mode` gives Dike, and whether Dike can lift a job over a QOS tier."""
+    from dike_slurm.parsing.durations import format_duration
+    from dike_slurm.slurm_priority import PRIORITY_MAX, PRIORITY_MODES, effective_span, tier_gap
+
+    if model is None:
+        if not error:
+            return []
+        # the engine needs them unless it writes over every tier; then they are only shown here
+        return [Check("site priority", "unreadable", WARN if mode == "over" else FAIL,
+                      f"{error} (the engine reads it when it starts, to size its span)")]
+    w = model.weights
+    checks = [
+        Check("PriorityWeightAge", f"{_num(w.age)} (all of it once a job waited PriorityMaxAge "
+              f"{format_duration(w.max_age_s)})", OK),
+        Check("PriorityWeightFairshare",
+              f"{_num(w.fairshare)} ({'Fair Tree' if w.fair_tree else 'classic fair share, NO_FAIR_TREE'})", OK),
+        Check("PriorityWeightJobSize", f"{_num(w.job_size)}" + (" (PriorityFavorSmall)" if w.favor_small else ""), OK),
+        Check("PriorityWeightPartition", f"{_num(w.partition)}", OK),
+        Check("PriorityWeightQOS", f"{_num(w.qos)}", OK),
+        Check("PriorityWeightAssoc", f"{_num(w.assoc)}", OK),
+    ]
+    if w.tres:
+        checks += [Check(f"PriorityWeightTRES {name}", f"{_num(weight)}", OK) for name, weight in w.tres.items()]
+    else:
+        checks.append(Check("PriorityWeightTRES", "none", OK))
+    others = w.others_total
+    checks.append(Check("site factors but QOS", f"{_num(others)} at most (each factor at its full weight)", OK))
+    not_normal = sorted(f for f in (x.strip().upper() for x in flags.split(",")) if f.startswith("NO_NORMAL"))
+    if not_normal:
+        checks.append(Check("PriorityFlags", ",".join(not_normal), WARN,
+                            "the spans below assume Slurm's normalized factors (each at most 1); with "
+                            f"{', '.join(not_normal)} a factor can weigh more than its weight"))
+
+    gap = tier_gap(model)
+    by_priority = sorted(model.qos_priority.items(), key=lambda item: (item[1], item[0]))
+    if gap is None:
+        why = "PriorityWeightQOS=0" if not w.qos else "no QOS has a priority"
+        listed = ", ".join(f"{name} {p}" for name, p in by_priority) or "no QOS table (no slurmdbd)"
+        checks.append(Check("QOS tiers", f"none: {why} (QOS priorities: {listed})", OK))
+    else:
+        tiers = ", ".join(f"{name} {_num(w.qos * model.qos_factor(name))}" for name, _ in by_priority)
+        checks.append(Check("QOS tiers", f"{tiers} (smallest step {_num(gap)})", OK))
+    part_tiers = sorted({p.tier for p in model.partitions.values()})
+    if len(part_tiers) > 1:
+        listed = ", ".join(f"{name} {p.tier}" for name, p in sorted(model.partitions.items()))
+        checks.append(Check("partition PriorityTier", listed, OK,
+                            "Slurm tries a higher PriorityTier first, whatever the priority: Dike orders inside each"))
+
+    spans = {m: effective_span(m, configured_span, model) for m in PRIORITY_MODES}
+    span = spans[mode]
+    checks.append(Check("Dike's span", ", ".join(f"{m} 1..{s}" for m, s in spans.items())
+                        + f"; engine.priority_mode = {mode}: 1..{span}", OK))
+    if gap is not None:
+        room = others + configured_span + 1  # a step that leaves Dike its whole configured span
+        weight = qos_weight_for(model, room)
+        to_keep = f"PriorityWeightQOS={weight}" if weight is not None else ""
+        if weight is not None and others + weight + configured_span > PRIORITY_MAX:  # the top QOS adds all of it
+            to_keep += " (too much for Slurm's 32-bit priority: lower engine.priority_span too)"
+        if others >= gap:
+            checks.append(Check(
+                "QOS tiers kept", f"no: the site's own factors (up to {_num(others)}) exceed the smallest QOS step "
+                f"({_num(gap)}), so a job of a lower QOS can pass a higher one even without Dike"
+                + (f"; tiers mode leaves Dike 1..{span}: it changes no order" if mode == "tiers" else ""), WARN,
+                f"{to_keep}: each QOS step then weighs {_num(room)} (the other factors + Dike's span + 1)"))
+        elif span - 1 + others >= gap:
+            checks.append(Check(
+                "QOS tiers kept", f"no: engine.priority_mode = {mode} writes SiteFactor up to {span}, which with "
+                f"the site's own factors (up to {_num(others)}) can lift a job over a QOS step of {_num(gap)}", WARN,
+                f'engine.priority_mode = "tiers" (Dike then writes 1..{spans["tiers"]} inside each tier), '
+                f"or {to_keep} to keep the span {configured_span} in tiers mode"))
+        elif mode == "tiers" and span < 1000:
+            checks.append(Check(
+                "QOS tiers kept", f"yes, but only {span} SiteFactor values fit under the smallest QOS step "
+                f"({_num(gap)}) after the site's own factors (up to {_num(others)}): those weigh more than Dike", WARN,
+                f"{to_keep}: Dike then writes 1..{configured_span} inside each tier"))
+        else:
+            checks.append(Check(
+                "QOS tiers kept", f"yes: Dike's 1..{span} and the site's own factors (up to {_num(others)}) stay under "
+                f"the smallest QOS step ({_num(gap)})", OK))
+        if strategy == "priority":
+            checks.append(Check(
+                "priority_strategy", "priority: Priority= pins each managed job, so its QOS no longer counts", WARN,
+                'priority_strategy = "site_factor" keeps the QOS tiers of managed jobs'))
     return checks
 
 
@@ -143,7 +265,16 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         json_check = Check("JSON format", "unknown", FAIL, str(exc))
     except ValueError as exc:
         json_check = Check("JSON format", "unreadable", FAIL, f"squeue --json: {exc}")
-    show_config = parse_show_config(runner([command("scontrol"), "show", "config"], env, timeout))
+    config_text = runner([command("scontrol"), "show", "config"], env, timeout)
+    show_config = parse_show_config(config_text)
+    priority_model, priority_error = None, ""
+    if show_config.get("PriorityType") == "priority/multifactor":
+        from dike_slurm.backends.cli import read_priority_model
+
+        try:
+            priority_model = read_priority_model(lambda argv: runner(list(argv), env, timeout), command, config_text)
+        except DikeError as exc:
+            priority_error = str(exc)
     admin_level = None
     try:
         rows = runner([command("sacctmgr"), "-n", "-P", "show", "user", user, "format=user,adminlevel"], env, timeout)
@@ -160,7 +291,8 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         is_root=os.geteuid() == 0, strategy=config.engine.priority_strategy,
         max_consolidation_wait_s=float(wait) if wait is not None else None,
         preemption=policy.requeue_min_run_s(params) is not None,  # the hook a preemptive policy declares
-        admin_comment=config.engine.admin_comment,
+        admin_comment=config.engine.admin_comment, priority_model=priority_model, priority_error=priority_error,
+        priority_mode=config.engine.priority_mode, priority_span=config.engine.priority_span,
     )
 
 

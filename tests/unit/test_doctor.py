@@ -9,17 +9,23 @@ import pytest
 
 from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, diagnose, gather, parse_show_config
 from dike_slurm.config import load_config
+from dike_slurm.errors import DikeError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def answers(version: str, **changes: str):
+    """A runner answering from what Slurm `version` printed; `changes` replace a file's text, and a
+    change that is an exception is raised (the command failed). A command whose output was not
+    recorded for that version fails as Slurm's would."""
     folder = FIXTURES / f"slurm-{version}"
     files = {
         ("scontrol", "--version"): "scontrol-version.txt",
         ("squeue", "--json"): "squeue.json",
         ("scontrol", "show", "config"): "scontrol-show-config.txt",
-        ("sacctmgr",): "sacctmgr-show-user.txt",
+        ("scontrol", "show", "partition", "-o"): "scontrol-show-partition.txt",
+        ("sacctmgr", "-nP", "show", "qos", "format=Name,Priority"): "sacctmgr-show-qos.txt",
+        ("sacctmgr", "-n", "-P", "show", "user"): "sacctmgr-show-user.txt",
     }
     calls = []
 
@@ -27,7 +33,12 @@ def answers(version: str, **changes: str):
         calls.append(list(argv))
         for prefix, name in files.items():
             if tuple(argv[: len(prefix)]) == prefix:
-                return changes.get(name, (folder / name).read_text(encoding="utf-8"))
+                answer = changes.get(name)
+                if isinstance(answer, Exception):
+                    raise answer
+                if answer is None and not (folder / name).exists():
+                    raise DikeError(f"{' '.join(argv)} failed: not recorded for Slurm {version}")
+                return answer if answer is not None else (folder / name).read_text(encoding="utf-8")
         raise AssertionError(argv)
 
     return runner, calls
@@ -39,6 +50,9 @@ def test_the_lab_of_each_version_passes(version, tmp_path):
     config = load_config(None, environ={"DIKE_ENGINE__POLICY": "dike",
                                         "DIKE_POLICIES__DIKE__MAX_CONSOLIDATION_WAIT_S": "1800"})
     checks = {c.name: c for c in gather(config, "root", runner)}
+    if version == "26.05":  # recorded before the priority reads existed: both fail as a down Slurm's would
+        unread = checks.pop("site priority")
+        assert unread.verdict == FAIL and "scontrol show partition -o failed" in unread.advice
     assert all(c.verdict in (OK, WARN) for c in checks.values()), checks
     assert checks["Slurm version"].found == f"slurm-wlm {version}" + (".8" if version == "22.05" else ".5")
     assert checks["PriorityType"].found == "priority/multifactor"
@@ -47,7 +61,9 @@ def test_the_lab_of_each_version_passes(version, tmp_path):
     assert f"({family}, Slurm {version}." in checks["JSON format"].found
     # the lab keeps Slurm's 300 s max_switch_wait: a 1800 s consolidation wait would be cut short
     assert checks["max_switch_wait"].verdict == WARN and "max_switch_wait=1800" in checks["max_switch_wait"].advice
-    assert [argv[0] for argv in calls] == ["scontrol", "squeue", "scontrol", "sacctmgr"]
+    qos = [] if version == "26.05" else [["sacctmgr", "-nP"]]  # not asked once the partitions failed
+    assert [argv[:2] for argv in calls] == [["scontrol", "--version"], ["squeue", "--json"], ["scontrol", "show"],
+                                            ["scontrol", "show"], *qos, ["sacctmgr", "-n"]]
 
 
 def test_an_unknown_format_and_a_site_without_the_basics_fail_with_what_to_change():
@@ -66,3 +82,101 @@ def test_an_unknown_format_and_a_site_without_the_basics_fail_with_what_to_chang
     assert checks["PriorityType"].verdict == FAIL and "priority/multifactor" in checks["PriorityType"].advice
     assert checks["TopologyPlugin"].verdict == WARN and checks["JobRequeue"].verdict == WARN
     assert checks["max_switch_wait"].verdict == OK and checks["max_switch_wait"].found == "600 s"
+
+
+# ---------------------------------------------------------------- the site's own priority
+
+CONFIG_22 = (FIXTURES / "slurm-22.05" / "scontrol-show-config.txt").read_text(encoding="utf-8")
+
+
+def site(mode: str = "tiers", qos_weight: int | None = None, strategy: str = "site_factor", **changes):
+    """doctor on the 22.05 lab (QOS normal 0, low 10, urgent 100; every other weight 13,000 together)."""
+    if qos_weight is not None:
+        changes["scontrol-show-config.txt"] = CONFIG_22.replace(
+            "PriorityWeightQOS       = 1000000", f"PriorityWeightQOS       = {qos_weight}")
+    runner, calls = answers("22.05", **changes)
+    config = load_config(None, environ={"DIKE_ENGINE__PRIORITY_MODE": mode,
+                                        "DIKE_ENGINE__PRIORITY_STRATEGY": strategy})
+    return {c.name: c for c in gather(config, "root", runner)}, calls
+
+
+def test_doctor_shows_a_line_per_weight_the_qos_tiers_and_the_span_of_each_mode():
+    checks, _ = site()
+    found = {name: checks[name].found for name in (
+        "PriorityWeightAge", "PriorityWeightFairshare", "PriorityWeightJobSize", "PriorityWeightPartition",
+        "PriorityWeightQOS", "PriorityWeightAssoc", "PriorityWeightTRES gres/gpu", "site factors but QOS")}
+    assert found == {
+        "PriorityWeightAge": "1000 (all of it once a job waited PriorityMaxAge 00:30:00)",
+        "PriorityWeightFairshare": "10000 (Fair Tree)", "PriorityWeightJobSize": "1000",
+        "PriorityWeightPartition": "0", "PriorityWeightQOS": "1000000", "PriorityWeightAssoc": "0",
+        "PriorityWeightTRES gres/gpu": "1000", "site factors but QOS": "13000 at most (each factor at its full weight)",
+    }
+    assert checks["QOS tiers"].found == "normal 0, low 100000, urgent 1000000 (smallest step 100000)"
+    assert checks["Dike's span"].found == ("tiers 1..86999, blend 1..1000000, over 1..1000000; "
+                                           "engine.priority_mode = tiers: 1..86999")
+    kept = checks["QOS tiers kept"]
+    assert kept.verdict == OK and kept.found.startswith("yes: Dike's 1..86999")
+    assert "partition PriorityTier" not in checks  # one partition, one tier
+
+
+def test_the_partition_tiers_are_shown_where_there_are_several():
+    runner, _ = answers("24.11")
+    checks = {c.name: c for c in gather(load_config(None, environ={}), "root", runner)}
+    assert checks["partition PriorityTier"].found == "gpu 1, prio 2" and checks["partition PriorityTier"].verdict == OK
+
+
+@pytest.mark.parametrize("mode", ["over", "blend"])
+def test_a_mode_that_lets_dike_lift_a_job_over_a_qos_tier_is_a_warning(mode):
+    kept = site(mode)[0]["QOS tiers kept"]
+    assert kept.verdict == WARN and f"engine.priority_mode = {mode} writes SiteFactor up to 1000000" in kept.found
+    # the step that keeps the whole span: 13,000 + 1,000,000 + 1 for the low tier (a tenth of the weight)
+    assert 'engine.priority_mode = "tiers" (Dike then writes 1..86999' in kept.advice
+    assert "PriorityWeightQOS=10130010" in kept.advice
+
+
+def test_tiers_with_little_room_under_the_smallest_step_is_a_warning():
+    checks, _ = site(qos_weight=135_000)  # steps of 13,500: 499 values left above 13,000
+    kept = checks["QOS tiers kept"]
+    assert kept.verdict == WARN and "only 499 SiteFactor values" in kept.found
+    assert "PriorityWeightQOS=10130010" in kept.advice and "1..1000000 inside each tier" in kept.advice
+    assert site(qos_weight=150_000)[0]["QOS tiers kept"].verdict == OK  # 1,999 values: enough
+
+
+def test_site_factors_that_outweigh_a_qos_step_are_a_warning_even_without_dike():
+    checks, _ = site(qos_weight=100_000)  # steps of 10,000 under 13,000 of other factors
+    kept = checks["QOS tiers kept"]
+    assert kept.verdict == WARN and "exceed the smallest QOS step (10000)" in kept.found
+    assert "tiers mode leaves Dike 1..1: it changes no order" in kept.found
+    assert "Dike's span" in checks and "tiers 1..1," in checks["Dike's span"].found
+
+
+def test_no_qos_tiers_is_said_and_nothing_to_keep():
+    checks, _ = site(qos_weight=0)
+    assert checks["QOS tiers"].found == "none: PriorityWeightQOS=0 (QOS priorities: normal 0, low 10, urgent 100)"
+    assert "QOS tiers kept" not in checks and checks["Dike's span"].found.startswith("tiers 1..1000000,")
+
+
+def test_the_priority_strategy_with_qos_tiers_is_a_warning():
+    check = site(strategy="priority")[0]["priority_strategy"]
+    assert check.verdict == WARN and "QOS no longer counts" in check.found
+
+
+def test_factors_slurm_does_not_normalize_are_a_warning():
+    config = CONFIG_22.replace("PriorityFlags           = ", "PriorityFlags           = NO_NORMAL_QOS")
+    check = site(**{"scontrol-show-config.txt": config})[0]["PriorityFlags"]
+    assert check.verdict == WARN and "NO_NORMAL_QOS" in check.advice
+
+
+def test_priority_basic_is_an_error_and_nothing_more_is_read():
+    config = CONFIG_22.replace("priority/multifactor", "priority/basic")
+    checks, calls = site(**{"scontrol-show-config.txt": config})
+    assert checks["PriorityType"].verdict == FAIL and "has no effect" in checks["PriorityType"].advice
+    assert "PriorityWeightAge" not in checks and "Dike's span" not in checks
+    assert ["scontrol", "show", "partition", "-o"] not in calls
+
+
+@pytest.mark.parametrize("mode, verdict", [("tiers", FAIL), ("over", WARN)])
+def test_an_unreadable_qos_table_names_the_command(mode, verdict):
+    down = DikeError("sacctmgr -nP show qos format=Name,Priority failed: Connection refused")
+    check = site(mode, **{"sacctmgr-show-qos.txt": down})[0]["site priority"]
+    assert check.verdict == verdict and check.advice.startswith("sacctmgr -nP show qos format=Name,Priority failed")
