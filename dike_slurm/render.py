@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dike_slurm.errors import InputError
 
@@ -86,6 +87,109 @@ def _leaves(config: Config, prefix: str) -> list[dict[str, str]]:
     ]
 
 
+# The QOS tiers assumed where neither a qos.txt beside slurm.conf nor [replay] qos_priority gives the
+# site's: one tier above the default QOS (sacctmgr -i add qos urgent set Priority=1).
+ASSUMED_QOS = {"normal": 0, "urgent": 1}
+_TRES_SPELLING = {"cpu": "CPU", "mem": "Mem", "node": "Node", "billing": "Billing", "energy": "Energy"}
+
+
+def _tres_name(name: str) -> str:
+    kind, sep, rest = name.partition("/")
+    return f"{kind.upper()}/{rest}" if sep else _TRES_SPELLING.get(name, name)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def _round_up(value: float, to: int = 1000) -> int:
+    return int(math.ceil(value / to) * to)
+
+
+def _priority(config: Config) -> dict[str, Any]:
+    """The priority lines of slurm.conf: PriorityType=priority/multifactor, the weights (the site's
+    slurm.conf's where it sets any, else `slurm_priority.TYPICAL_WEIGHTS`) and a PriorityWeightQOS
+    whose smallest QOS step is larger than every other factor plus Dike's whole span, so that in
+    `engine.priority_mode = "tiers"` Dike writes 1..engine.priority_span and no job passes a QOS tier."""
+    from dike_slurm.parsing.slurm_conf import QOS_FILE, parse_slurm_conf
+    from dike_slurm.slurm_priority import (
+        OPTION_NAMES,
+        PRIORITY_MAX,
+        TYPICAL_WEIGHTS,
+        build_model,
+        effective_span,
+        parse_qos_dump,
+        tier_gap,
+    )
+
+    options: dict[str, str] = {}
+    weights_from, unread = "typical", ""
+    qos, qos_from = None, ""
+    slurm_conf = config.slurm.slurm_conf
+    if slurm_conf is not None and slurm_conf.is_file():
+        try:
+            conf = parse_slurm_conf(slurm_conf.read_text(encoding="utf-8", errors="replace"), source=str(slurm_conf))
+        except (OSError, InputError) as exc:  # said in the output: the typical weights are proposed instead
+            unread = f"{slurm_conf}: {exc.strerror if isinstance(exc, OSError) else exc}"
+        else:
+            if any(key.startswith("priorityweight") and key != "priorityweightqos" for key in conf.options):
+                options = {k: v for k, v in conf.options.items() if k.startswith("priority")}
+                weights_from = str(slurm_conf)
+        qos_file = slurm_conf.parent / QOS_FILE
+        if qos_file.is_file():
+            try:
+                qos = parse_qos_dump(qos_file.read_text(encoding="utf-8", errors="replace"), source=str(qos_file))
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror}", source=str(qos_file)) from None
+            qos_from = str(qos_file)
+    if not options:
+        options = {k.lower(): v for k, _, v in (line.partition("=") for line in TYPICAL_WEIGHTS)}
+    if not qos or len(set(qos.values())) < 2:
+        if config.replay.qos_priority and len(set(config.replay.qos_priority.values())) > 1:
+            qos, qos_from = dict(config.replay.qos_priority), "[replay] qos_priority"
+        else:
+            qos, qos_from = dict(ASSUMED_QOS), ""
+    span = config.engine.priority_span
+    unit = build_model({**options, "priorityweightqos": "1"}, (), 1, 1, qos, "render")  # the QOS weight set to 1
+    weights = unit.weights
+    others = weights.others_total
+    ratio = tier_gap(unit) or 1.0  # the smallest step as a share of PriorityWeightQOS
+    qos_weight = _round_up((others + span + 1) / ratio)
+    model = build_model({**options, "priorityweightqos": str(qos_weight)}, (), 1, 1, qos, "render")
+    lines = ["PriorityType=priority/multifactor"]
+    for key, value in options.items():
+        if key in ("prioritytype", "priorityweightqos") or not value:
+            continue
+        if key == "priorityweighttres":
+            value = ",".join(f"{_tres_name(name)}={_num(weight)}" for name, weight in weights.tres.items())
+        lines.append(f"{OPTION_NAMES.get(key, _SPELLING.get(key, key))}={value}")
+    top = others + qos_weight + span  # the top QOS adds the whole weight
+    return {
+        "lines": lines,
+        "weights_from": weights_from,
+        "unread": unread,
+        "qos_weight": qos_weight,
+        "qos_from": qos_from,
+        "qos": ", ".join(f"{name}={priority}" for name, priority in sorted(qos.items(), key=lambda item: item[1])),
+        "step_share": f"{ratio:.6g}",
+        "others": _num(others),
+        "step": _num(others + span + 1),
+        "span": span,
+        "tiers_span": effective_span("tiers", span, model),
+        "mode": config.engine.priority_mode,
+        "mode_span": effective_span(config.engine.priority_mode, span, model),
+        "top": _num(top),
+        "overflow": top > PRIORITY_MAX,
+    }
+
+
+# slurm.conf's spelling of the priority options other than the weights (OPTION_NAMES has those)
+_SPELLING = {name.lower(): name for name in (
+    "PriorityWeightTRES", "PriorityMaxAge", "PriorityDecayHalfLife", "PriorityFavorSmall", "PriorityFlags",
+    "PriorityCalcPeriod", "PriorityUsageResetPeriod", "PriorityParameters", "PrioritySiteFactorPlugin",
+    "PrioritySiteFactorParameters")}
+
+
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
     """The text of one deployment file for this configuration."""
     if kind not in _TEMPLATE_OF:
@@ -116,5 +220,6 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "wait_s": _switch_wait_s(policy, params),
         "leaves": _leaves(config, prefix) if kind == "slurm-conf" else [],
         "feature_prefix": prefix,
+        "priority": _priority(config) if kind == "slurm-conf" else {},
     }
     return _environment().get_template(_TEMPLATE_OF[kind]).render(**context)

@@ -30,7 +30,8 @@ SPAN = 1_000_000  # engine.priority_span's default
 
 def queue(model: SlurmPriorityModel | None) -> FakeBackend:
     """Pending jobs of users with little and much recent service: Dike puts them on every level."""
-    history = [finished_run(90, "carol", 8, NOW - 7200, NOW - 3600), finished_run(91, "dave", 32, NOW - 36000, NOW - 600)]
+    history = [finished_run(90, "carol", 8, NOW - 7200, NOW - 3600),
+               finished_run(91, "dave", 32, NOW - 36000, NOW - 600)]
     jobs = [pending(1, "alice", waited=3600), pending(2, "bob", gpus=2, waited=60), pending(3, "carol", waited=600),
             pending(4, "dave", gpus=8, waited=30), pending(5, "erin", qos="urgent", waited=10)]
     return FakeBackend(jobs, nodes(), TOPOLOGY, time=NOW, records=history, priority=model)

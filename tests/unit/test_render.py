@@ -11,18 +11,21 @@ import pytest
 
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
+from dike_slurm.parsing.slurm_conf import parse_slurm_conf
 from dike_slurm.render import render
+from dike_slurm.slurm_priority import effective_span, tier_gap
 
 
-def make_config(tmp_path, **engine) -> Config:
+def make_config(tmp_path, slurm_conf: str = "NodeName=n[1-4] Gres=gpu:8\n", replay=None, **engine) -> Config:
     slurm_dir = tmp_path / "etc"
     slurm_dir.mkdir(exist_ok=True)
-    (slurm_dir / "slurm.conf").write_text("NodeName=n[1-4] Gres=gpu:8\n")
+    (slurm_dir / "slurm.conf").write_text(slurm_conf)
     (slurm_dir / "topology.conf").write_text("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\n"
                                              "SwitchName=top Switches=s[1-2]\n")
     return Config.model_validate({
         "engine": {"state_db": str(tmp_path / "lib" / "state.sqlite"), **engine},
         "slurm": {"slurm_conf": str(slurm_dir / "slurm.conf")},
+        "replay": replay or {},
         "policies": {"dike": {"max_consolidation_wait_s": 900}},
     })
 
@@ -68,10 +71,71 @@ def test_slurm_conf_lines_match_the_policy(tmp_path):
     lines = [l for l in text.splitlines() if l and not l.startswith("#")]
     assert lines == [
         "PriorityType=priority/multifactor",
+        "PriorityWeightFairshare=10000",
+        "PriorityWeightAge=1000",
+        "PriorityWeightJobSize=1000",
+        "PriorityWeightTRES=GRES/gpu=1000",
+        "PriorityMaxAge=7-0",
+        "PriorityDecayHalfLife=7-0",
+        "PriorityWeightQOS=1014000",
         "TopologyPlugin=topology/tree",
         "SchedulerParameters=max_switch_wait=900",
     ]
     assert "NodeName=n[1-2] ... Features=leaf_s1" in text and "NodeName=n[3-4] ... Features=leaf_s2" in text
+
+
+def rendered_model(text: str, qos: dict[str, int]):
+    """Slurm's priority as the rendered lines set it (what the engine would read once they are merged)."""
+    return parse_slurm_conf("NodeName=n1 Gres=gpu:8\n" + text, "rendered").priority_model(qos, "rendered")
+
+
+def test_the_priority_lines_keep_every_qos_tier_strict_with_dikes_whole_span(tmp_path):
+    text = render("slurm-conf", make_config(tmp_path), tmp_path / "dike.toml")
+    assert "ASSUMED typical" in text and "priority_multifactor documentation" in text  # where the weights come from
+    assert "QOS tiers, ASSUMED (no qos.txt beside slurm.conf, no [replay] qos_priority): normal=0, urgent=1." in text
+    assert "sacctmgr -i add qos urgent set Priority=1" in text
+    assert 'Resulting span in engine.priority_mode = "tiers": SiteFactor 1..1000000, inside every QOS tier.' in text
+    model = rendered_model(text, {"normal": 0, "urgent": 1})
+    assert model.weights.others_total == 13_000 and model.weights.qos == 1_014_000
+    assert effective_span("tiers", 1_000_000, model) == 1_000_000
+    assert tier_gap(model) > model.weights.others_total + 1_000_000  # no job passes a tier, Dike's span included
+
+
+def test_the_sites_own_weights_and_qos_table_are_used_where_slurm_conf_has_them(tmp_path):
+    site = ("NodeName=n[1-4] Gres=gpu:8\nPriorityType=priority/multifactor\nPriorityWeightAge=2000\n"
+            "PriorityWeightFairshare=20000\nPriorityWeightTRES=CPU=500,GRES/gpu=1500\nPriorityWeightQOS=0\n")
+    config = make_config(tmp_path, site, priority_span=500_000)
+    (tmp_path / "etc" / "qos.txt").write_text("Name|Priority\nnormal|0\nlow|10\nurgent|100\n")
+    text = render("slurm-conf", config, tmp_path / "dike.toml")
+    assert f"your slurm.conf's ({tmp_path / 'etc' / 'slurm.conf'})" in text and "ASSUMED" not in text
+    assert f"QOS tiers ({tmp_path / 'etc' / 'qos.txt'}): normal=0, low=10, urgent=100." in text
+    lines = [l for l in text.splitlines() if l.startswith("Priority")]
+    assert "PriorityWeightTRES=CPU=500,GRES/gpu=1500" in lines and "PriorityWeightAge=2000" in lines
+    # the smallest step (low, a tenth of the weight) above 24,000 + 500,000: 5,240,010, rounded up
+    assert "PriorityWeightQOS=5241000" in lines and "PriorityWeightQOS=0" not in lines
+    model = rendered_model(text, {"normal": 0, "low": 10, "urgent": 100})
+    assert effective_span("tiers", 500_000, model) == 500_000
+
+
+def test_the_replays_qos_priorities_are_used_without_a_qos_file(tmp_path):
+    config = make_config(tmp_path, replay={"qos_priority": {"normal": 0, "high": 1, "urgent": 2}})
+    text = render("slurm-conf", config, tmp_path / "dike.toml")
+    assert "QOS tiers ([replay] qos_priority): normal=0, high=1, urgent=2." in text
+    assert "PriorityWeightQOS=2027000" in text  # steps of half the weight: 2 x 1,013,001, rounded up
+
+
+def test_a_slurm_conf_that_cannot_be_read_is_said_and_the_typical_weights_proposed(tmp_path):
+    config = make_config(tmp_path, "include nodes.conf\nPriorityWeightAge=5\n")
+    text = render("slurm-conf", config, tmp_path / "dike.toml")
+    assert "# Your slurm.conf could not be read (" in text and "no NodeName lines" in text
+    assert "ASSUMED typical" in text and "PriorityWeightQOS=1014000" in text
+
+
+def test_another_mode_and_a_span_slurm_cannot_hold_are_said(tmp_path):
+    text = render("slurm-conf", make_config(tmp_path, priority_mode="over"), tmp_path / "dike.toml")
+    assert 'engine.priority_mode = "over": SiteFactor 1..1000000, which puts Dike\'s order above the QOS tiers' in text
+    text = render("slurm-conf", make_config(tmp_path, priority_span=3_000_000_000), tmp_path / "dike.toml")
+    assert "WARNING: the highest priority would reach" in text and "lower engine.priority_span" in text
 
 
 def test_paths_a_unit_would_misread_are_refused(tmp_path):
