@@ -422,7 +422,7 @@ def test_unset_and_basic_settings_read_as_slurm_means_them():
     ("qos", ok("normal|0\nurgent|high\n"),
      r"sacctmgr -nP show qos format=Name,Priority: cannot read its output: .*'high' is not an integer"),
     ("config", ok("PriorityType = priority/multifactor\nPriorityWeightAge = lots\n"),
-     r"scontrol show config: cannot read its output: .*priorityweightage='lots' is not a number"),
+     r"scontrol show config: cannot read its output: .*PriorityWeightAge='lots' is not a number"),
 ])
 def test_a_priority_read_that_fails_names_its_command(failing, answer, message):
     with pytest.raises(SlurmError, match=message):
