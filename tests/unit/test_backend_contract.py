@@ -354,7 +354,7 @@ def priority_reads(version: str, **replaced: CommandResult) -> dict[tuple[str, .
         (("sacctmgr",), "qos")) if name in replaced}}
 
 
-@pytest.mark.parametrize("version", ["22.05", "24.11"])
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
 def test_the_sites_priority_is_read_with_exactly_these_calls(version):
     from dike_slurm.slurm_priority import PartitionPriority, effective_span, tier_gap
 
@@ -367,20 +367,22 @@ def test_the_sites_priority_is_read_with_exactly_these_calls(version):
     ]
     assert all(env == {"PATH": "/usr/bin", "TZ": "UTC"} for _, env, _ in recorder.calls)
     weights = model.weights
+    qos = 9_000_000 if version == "26.05" else 1_000_000  # the lab's QOS weight when each was recorded
     assert (weights.age, weights.fairshare, weights.job_size, weights.partition, weights.qos, weights.assoc) == (
-        1000, 10000, 1000, 0, 1_000_000, 0)
+        1000, 10000, 1000, 0, qos, 0)
     assert weights.tres == {"gres/gpu": 1000} and weights.max_age_s == 1800 and weights.multifactor
     assert weights.decay_half_life_s == 7 * 86400 and weights.fair_tree and not weights.favor_small
     assert model.qos_priority == {"normal": 0, "low": 10, "urgent": 100}
-    assert model.qos_tiers() == [0, 100_000, 1_000_000] and tier_gap(model) == 100_000
+    assert model.qos_tiers() == [0, qos / 10, qos] and tier_gap(model) == qos / 10
     assert model.partitions["gpu"] == PartitionPriority(job_factor=1, tier=1)
     assert model.partition_tres["gpu"] == {"cpu": 64, "node": 4, "gres/gpu": 32}
     assert (model.node_count, model.cluster_cpus) == (4, 64)
     if version == "24.11":  # recorded with a second partition on n[3-4]
         assert model.partitions["prio"] == PartitionPriority(job_factor=10, tier=2)
         assert model.partition_tres["prio"] == {"cpu": 32, "node": 2, "gres/gpu": 16}
-    assert [effective_span(mode, 1_000_000, model) for mode in ("tiers", "blend", "over")] == [86_999, 1_000_000,
-                                                                                              1_000_000]
+    # tiers: the smallest step less 13,000 of other factors less 1
+    assert [effective_span(mode, 1_000_000, model) for mode in ("tiers", "blend", "over")] == [
+        qos // 10 - 13_001, 1_000_000, 1_000_000]
 
 
 def test_the_priority_reads_use_bin_dir_and_slurm_conf(tmp_path):

@@ -1,7 +1,8 @@
 """The engine's commands as an admin types them, against stand-in Slurm commands (no cluster).
 
-A folder of tiny scripts named squeue, sinfo, sprio, sacct and scontrol answers with canned
-Slurm 22.05 output and logs every argv; `slurm.bin_dir` points the engine at it.
+A folder of tiny scripts named squeue, sinfo, sprio, sacct, scontrol and sacctmgr answers with
+canned Slurm 22.05 output and logs every argv; `slurm.bin_dir` points the engine at it. The site's
+priority settings (read when the engine starts) are the lab's recorded ones (tests/fixtures/slurm-22.05).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from test_backend_contract import SACCT, SINFO_JSON, SQUEUE_JSON, SWITCHES, TOPOLOGY
 
 REPO = Path(__file__).resolve().parents[2]
+FIXTURES_22 = REPO / "tests" / "fixtures" / "slurm-22.05"
 
 STUB = """#!/bin/sh
 echo "$0 $*" >> {log}
@@ -26,7 +28,13 @@ case "$(basename "$0") $1" in
   "sinfo --json") cat {dir}/sinfo.json ;;
   "sprio -h") cat {dir}/sprio.txt ;;
   "sacct --allusers") cat {dir}/sacct.txt ;;
-  "scontrol show") cat {dir}/topology.txt ;;
+  "scontrol show")
+    case "$2" in
+      config) cat {fixtures}/scontrol-show-config.txt ;;
+      partition) cat {fixtures}/scontrol-show-partition.txt ;;
+      *) cat {dir}/topology.txt ;;
+    esac ;;
+  "sacctmgr -nP") cat {fixtures}/sacctmgr-show-qos.txt ;;
   "scontrol update") exit 0 ;;
   *) echo "unexpected: $0 $*" >&2; exit 1 ;;
 esac
@@ -43,9 +51,9 @@ def slurm_stubs(tmp_path: Path) -> Path:
     (tmp_path / "sprio.txt").write_text("63|0|11165\n")
     (tmp_path / "sacct.txt").write_text(SACCT)
     (tmp_path / "topology.txt").write_text(TOPOLOGY)
-    for name in ("squeue", "sinfo", "sprio", "sacct", "scontrol"):
+    for name in ("squeue", "sinfo", "sprio", "sacct", "scontrol", "sacctmgr"):
         script = bin_dir / name
-        script.write_text(STUB.format(log=tmp_path / "calls.log", dir=tmp_path))
+        script.write_text(STUB.format(log=tmp_path / "calls.log", dir=tmp_path, fixtures=FIXTURES_22))
         script.chmod(0o755)
     config = tmp_path / "dike.toml"
     config.write_text(

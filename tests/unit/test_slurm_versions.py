@@ -249,6 +249,9 @@ case "$(basename "$0") $1 $2" in
   "sprio -h"*) cat {fixtures}/sprio.txt ;;
   "sacct --allusers"*) ;;
   "scontrol show topology") cat {fixtures}/topology.txt ;;
+  "scontrol show config") cat {fixtures}/scontrol-show-config.txt ;;
+  "scontrol show partition") cat {fixtures}/scontrol-show-partition.txt ;;
+  "sacctmgr -nP show") cat {fixtures}/sacctmgr-show-qos.txt ;;
   "scontrol update"*) exit 0 ;;
   *) echo "unexpected: $0 $*" >&2; exit 1 ;;
 esac
@@ -260,7 +263,7 @@ def run_engine(tmp_path: Path, version: str, squeue_json: str) -> tuple[subproce
     bin_dir.mkdir()
     (tmp_path / "squeue.json").write_text(squeue_json)
     log = tmp_path / "calls.log"
-    for name in ("squeue", "sinfo", "sprio", "sacct", "scontrol"):
+    for name in ("squeue", "sinfo", "sprio", "sacct", "scontrol", "sacctmgr"):
         script = bin_dir / name
         script.write_text(STUB.format(log=log, dir=tmp_path, fixtures=FIXTURES / f"slurm-{version}"))
         script.chmod(0o755)
