@@ -26,7 +26,6 @@ from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrit
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
-from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, tier_gap
 from dike_slurm.state import JobMemory, OwnedField, StateStore
 from dike_slurm.usage import (
     JobService,
@@ -99,34 +98,6 @@ class Engine:
         # each job's enriched copy, and the diff's contexts and plans (the plans come out the same).
         self._enriched: dict[int, tuple[Job, tuple, Job]] = {}
         self._diff_memory = reconcile.DiffMemory()
-        # The site's own priority and the span it leaves Dike: read before the first plan, kept
-        # for the engine's life (a reload makes a new engine, which reads them again).
-        self.site_priority: SlurmPriorityModel | None = None
-        self._span: int | None = None
-
-    # ---------------------------------------------------------------- the span written
-
-    def priority_span(self) -> int:
-        """The largest value the engine writes: `engine.priority_span` under `engine.priority_mode`
-        against the site's own weights and QOS tiers (`slurm_priority.effective_span`).
-
-        The backend is asked once (the first plan), not every cycle; a failed read raises (the
-        cycle fails, and the next one asks again). Mode `over` writes the configured span and
-        reads nothing. The replay sizes its span the same way (sim/replay.py).
-        """
-        if self._span is None:
-            engine = self.config.engine
-            model = None if engine.priority_mode == "over" else self.backend.priority_model()
-            span = effective_span(engine.priority_mode, engine.priority_span, model)
-            if model is not None:
-                gap = tier_gap(model)
-                log.info("site priority (%s): %s, the other factors at most %g; engine.priority_mode = %s: "
-                         "values 1..%d (engine.priority_span %d)", model.source,
-                         f"QOS tiers {', '.join(f'{t:g}' for t in model.qos_tiers())} (smallest step {gap:g})"
-                         if gap is not None else "no QOS tiers", model.weights.others_total,
-                         engine.priority_mode, span, engine.priority_span)
-            self.site_priority, self._span = model, span
-        return self._span
 
     # ---------------------------------------------------------------- plan (reads only)
 
@@ -138,9 +109,6 @@ class Engine:
     def _plan(self) -> CyclePlan:
         calls_before = self.backend.calls
         cluster = self.backend.read_cluster()
-        started = self.backend.calls
-        span = self.priority_span()  # read on the first plan only, after the queue (Slurm's first answer)
-        calls_before += self.backend.calls - started  # those reads are the engine's start, not the cycle's
         now = cluster.time
         memory = self.store.jobs()
         owned = self.store.owned()
@@ -173,7 +141,7 @@ class Engine:
         )
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self._diff_memory, span=span,
+            self._diff_memory,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         if accounting_note:

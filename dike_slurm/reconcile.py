@@ -219,21 +219,15 @@ def diff(
     config: Config,
     declared_ceiling: float | None,
     kept: DiffMemory | None = None,
-    *,
-    span: int | None = None,
 ) -> tuple[list[JobPlan], list[str]]:
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
     `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
-    `span`: the largest value written (the engine's `priority_span()`: `engine.priority_span` under
-    `engine.priority_mode` against the site's weights); None: `engine.priority_span`. The tolerance
-    is a fraction of it.
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
-    if span is None:
-        span = engine.priority_span
+    span = engine.priority_span
     tolerance = engine.priority_tolerance * span
     ceiling = score_ceiling(decisions, declared_ceiling)
     negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does

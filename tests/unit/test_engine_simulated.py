@@ -63,9 +63,6 @@ class SameRead:
     def accounting(self, start: float, end: float):
         return self.backend.accounting(start, end)
 
-    def priority_model(self):
-        return self.backend.priority_model()
-
 
 def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list, int]:
     """Every cycle of an engine on the simulated cluster. Each plan is checked against the plan of
