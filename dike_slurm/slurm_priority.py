@@ -361,7 +361,8 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
 
 # The weights the bundled sample, the corpus and `render slurm-conf` assume where a site's own are
 # unknown (an ASSUMPTION, not a measurement): fair share dominant, age and job size a tenth of it,
-# GPUs as much as age; ages saturate after 7 days. The lab runs the same.
+# GPUs as much as age; ages saturate after 7 days. The lab has the same weights but its own
+# PriorityMaxAge (30 min) and QOS tiers (scripts/slurm-lab).
 TYPICAL_WEIGHTS = (
     "PriorityType=priority/multifactor",
     "PriorityWeightFairshare=10000",
