@@ -294,6 +294,8 @@ class Applier:
             self.store.add_runs(plan.new_runs)
             if plan.accounting_ok:
                 self.store.set_last_sync(plan.time)
+            if plan.site_span is not None:
+                self.store.set_site_span(plan.site_span)
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             # last_seen may lag the truth by LAST_SEEN_EVERY_S: never forget a job sooner than FORGET_AFTER_S
             self.store.forget_jobs(plan.time - FORGET_AFTER_S - LAST_SEEN_EVERY_S)

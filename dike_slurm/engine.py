@@ -26,7 +26,9 @@ from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrit
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
-from dike_slurm.state import JobMemory, OwnedField, StateStore
+from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, tier_gap
+from dike_slurm.parsing.durations import format_timestamp
+from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
     JobService,
     completed_service,
@@ -98,6 +100,49 @@ class Engine:
         # each job's enriched copy, and the diff's contexts and plans (the plans come out the same).
         self._enriched: dict[int, tuple[Job, tuple, Job]] = {}
         self._diff_memory = reconcile.DiffMemory()
+        # The site's own priority and the span it leaves Dike: read before the first plan, kept
+        # for the engine's life (a reload makes a new engine, which reads them again).
+        self.site_priority: SlurmPriorityModel | None = None
+        self._span: int | None = None
+
+    # ---------------------------------------------------------------- the span written
+
+    def priority_span(self, now: float) -> tuple[int, SiteSpan | None, str | None]:
+        """The largest value the engine writes: `engine.priority_span` under `engine.priority_mode`
+        against the site's own weights and QOS tiers (`slurm_priority.effective_span`), with what
+        an applied cycle keeps of a fresh read, and a note when the read failed.
+
+        The backend is asked once per engine (the first plan), not every cycle; mode `over` reads
+        nothing. When the read fails (slurmdbd down: `sacctmgr` cannot answer), the span last read
+        for the same mode and configured span comes from the state store, and the next cycle asks
+        again; with none stored, the read's SlurmError fails the cycle. The replay sizes its span
+        the same way (sim/replay.py).
+        """
+        if self._span is not None:
+            return self._span, None, None
+        engine = self.config.engine
+        try:
+            model = None if engine.priority_mode == "over" else self.backend.priority_model()
+        except SlurmError as exc:
+            stored = self.store.site_span()
+            if stored is None or (stored.mode, stored.configured) != (engine.priority_mode, engine.priority_span):
+                raise
+            log.warning("site priority unreadable: %s", exc)
+            return stored.span, None, (
+                f"site priority unreadable ({exc}); values 1..{stored.span} as read from {stored.source} "
+                f"at {format_timestamp(stored.read_at)} (the state store)"
+            )
+        span = effective_span(engine.priority_mode, engine.priority_span, model)
+        if model is not None:
+            gap = tier_gap(model)
+            log.info("site priority (%s): %s, the other factors at most %g; engine.priority_mode = %s: "
+                     "values 1..%d (engine.priority_span %d)", model.source,
+                     f"QOS tiers {', '.join(f'{t:g}' for t in model.qos_tiers())} (smallest step {gap:g})"
+                     if gap is not None else "no QOS tiers", model.weights.others_total,
+                     engine.priority_mode, span, engine.priority_span)
+        self.site_priority, self._span = model, span
+        read = None if model is None else SiteSpan(engine.priority_mode, engine.priority_span, span, model.source, now)
+        return span, read, None
 
     # ---------------------------------------------------------------- plan (reads only)
 
@@ -109,7 +154,11 @@ class Engine:
     def _plan(self) -> CyclePlan:
         calls_before = self.backend.calls
         cluster = self.backend.read_cluster()
+        started = self.backend.calls
         now = cluster.time
+        # read on the first plan only, after the queue (Slurm's first answer)
+        span, site_span, span_note = self.priority_span(now)
+        calls_before += self.backend.calls - started  # those reads are the engine's start, not the cycle's
         memory = self.store.jobs()
         owned = self.store.owned()
         new_runs, skipped, accounting_note = self._read_accounting(now)
@@ -141,11 +190,13 @@ class Engine:
         )
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self._diff_memory,
+            self._diff_memory, span=span,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         if accounting_note:
             notes.insert(0, accounting_note)
+        if span_note:
+            notes.insert(0, span_note)
         notes.extend(requeue_notes)
         requeues = decisions.requeues
         return CyclePlan(
@@ -164,6 +215,7 @@ class Engine:
             read_calls=self.backend.calls - calls_before,
             accounting_ok=accounting_note is None,
             breaker=next((n for n in guard_notes if n.startswith("circuit breaker")), ""),
+            site_span=site_span,
         )
 
     def _read_accounting(self, now: float):

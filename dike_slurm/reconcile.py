@@ -29,7 +29,7 @@ from dike_slurm.backends.base import (
 from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
-from dike_slurm.state import JobMemory, OwnedField
+from dike_slurm.state import JobMemory, OwnedField, SiteSpan
 from dike_slurm.usage import Run
 
 STRATEGY_FIELD = {
@@ -94,6 +94,7 @@ class CyclePlan:
     accounting_ok: bool = True  # False: sacct failed; levels come from the state store alone
     breaker: str = ""  # why the mass-rewrite breaker tripped in this plan ("" when it did not)
     outside: tuple[Job, ...] = ()  # the active jobs outside the scope (`queue` and `explain` name them)
+    site_span: SiteSpan | None = None  # the span just read from the site (an applied cycle stores it)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -219,15 +220,21 @@ def diff(
     config: Config,
     declared_ceiling: float | None,
     kept: DiffMemory | None = None,
+    *,
+    span: int | None = None,
 ) -> tuple[list[JobPlan], list[str]]:
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
     `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
+    `span`: the largest value written (the engine's `priority_span()`: `engine.priority_span` under
+    `engine.priority_mode` against the site's weights); None: `engine.priority_span`. The tolerance
+    is a fraction of it.
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
-    span = engine.priority_span
+    if span is None:
+        span = engine.priority_span
     tolerance = engine.priority_tolerance * span
     ceiling = score_ceiling(decisions, declared_ceiling)
     negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does

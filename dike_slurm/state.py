@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,17 @@ CREATE INDEX IF NOT EXISTS cycles_started ON cycles (started);
 
 class StateError(DikeError):
     """The state file cannot be opened, is from a newer version, or is locked."""
+
+
+@dataclass(frozen=True)
+class SiteSpan:
+    """The span the engine writes, as last read from the site: kept for a cycle whose read fails."""
+
+    mode: str  # engine.priority_mode
+    configured: int  # engine.priority_span
+    span: int
+    source: str  # the commands read
+    read_at: float
 
 
 @dataclass(frozen=True)
@@ -244,6 +255,16 @@ class StateStore:
 
     def set_last_sync(self, when: float) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_sync', ?)", (repr(when),))
+
+    # ---------------------------------------------------------------- the site's priority span
+
+    def site_span(self) -> SiteSpan | None:
+        value = self._meta("site_span")
+        return None if value is None else SiteSpan(**json.loads(value))
+
+    def set_site_span(self, span: SiteSpan) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('site_span', ?)",
+                         (json.dumps(asdict(span)),))
 
     def add_runs(self, runs: Iterable[Run]) -> None:
         """Store finished runs (a run seen again replaces the stored one)."""

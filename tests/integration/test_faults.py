@@ -26,7 +26,7 @@ import pytest
 from lab_engine import LabEngine
 
 SlurmLab = Any
-SLURM_COMMANDS = ("squeue", "sinfo", "sprio", "sacct", "scontrol")
+SLURM_COMMANDS = ("squeue", "sinfo", "sprio", "sacct", "sacctmgr", "scontrol")
 
 
 # ---------------------------------------------------------------- daemons

@@ -63,6 +63,9 @@ class SameRead:
     def accounting(self, start: float, end: float):
         return self.backend.accounting(start, end)
 
+    def priority_model(self):
+        return self.backend.priority_model()
+
 
 def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list, int]:
     """Every cycle of an engine on the simulated cluster. Each plan is checked against the plan of
@@ -85,7 +88,9 @@ def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list,
         planned = plan()
         assert last_read is not None
         fresh = Engine(cfg, SameRead(backend, last_read), StateStore(cfg.engine.state_db, read_only=True)).plan()
-        assert planned == replace(fresh, read_calls=planned.read_calls)
+        # a new engine reads the site's span (and an applied cycle would store it); a running one read it once
+        assert planned == replace(fresh, read_calls=planned.read_calls, site_span=planned.site_span)
+        assert fresh.site_span is not None and fresh.site_span.span == engine.priority_span(planned.time)[0]
         carried += engine._diff_memory.carried
         return planned
 
