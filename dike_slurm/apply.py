@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from dike_slurm.backends.base import Backend, JobField, WriteOutcome
 from dike_slurm.config import Config
 from dike_slurm.decisions import Requeue, service_forgiven
+from dike_slurm.freed_rooms import WASTED, FreedRoom
 from dike_slurm.model import Job
+from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, PlannedWrite, describe_value
 from dike_slurm.requeue_guard import requeue_groups
 from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, StateStore
@@ -50,6 +53,7 @@ class CycleReport:
     write_calls: int
     notes: tuple[str, ...] = ()
     denied: str = ""  # Slurm refused a write for lack of rights: what to grant (the cycle stopped writing)
+    preemption_totals: Mapping[str, int] = field(default_factory=dict)  # landed, wasted, gone since the store began
 
 
 def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
@@ -131,13 +135,22 @@ class Applier:
                     self._audit_skipped(plan, cycle, plan.writes[index + 1:], stopped)
                     break
         running_jobs = {p.job.job_id: p.job for p in plan.jobs}
+        # a preemption waits for its job's own writes (its pin and protected value, ranked first):
+        # without them the freed nodes would go to whatever Slurm starts next
+        unwritten = {w.job_id for w in plan.held_back} | {w.job_id for w, o in outcomes if not o.ok}
+        unwritten |= {w.job_id for w in plan.writes[len(outcomes):]}
         for group in requeue_groups(plan.requeues):
-            if stopped or errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s:
+            beneficiary = group[0].for_job
+            why = stopped or (
+                "error limit or cycle deadline reached"
+                if errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s
+                else f"job {beneficiary}'s pin and priority were not written" if beneficiary in unwritten else "")
+            if why:
                 with self.store.transaction():
                     for requeue in group:
                         self.store.audit(AuditEntry(
                             plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
-                            "none", False, stopped or "error limit or cycle deadline reached", requeue.reason,
+                            "none", False, why, requeue.reason,
                         ))
                 continue
             if engine.preempt_signal is not None:
@@ -154,12 +167,13 @@ class Applier:
                 requeued.append((requeue, outcome))
                 if not outcome.ok and not outcome.job_gone:
                     errors += 1
-        self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok})
+        self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok}, cycle,
+                       _rooms(plan, requeued))
         seconds = self.clock() - started
         write_calls = self.backend.calls - calls_before
         report = CycleReport(
             plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
-            plan.read_calls + write_calls, write_calls, tuple(notes), denied,
+            plan.read_calls + write_calls, write_calls, tuple(notes), denied, self.store.preemption_totals(),
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))
@@ -255,8 +269,10 @@ class Applier:
         )
         return outcome
 
-    def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int]) -> None:
-        """Each managed job's memory, written when it changed or its last_seen is LAST_SEEN_EVERY_S old."""
+    def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int], cycle: int,
+                  rooms: Mapping[int, FreedRoom]) -> None:
+        """Each managed job's memory, written when it changed or its last_seen is LAST_SEEN_EVERY_S old;
+        the preemptions followed (`rooms`: those made this cycle) and those settled, audited."""
         memory = self.store.jobs()
         memories = []
         for job_plan in plan.jobs:
@@ -296,9 +312,41 @@ class Applier:
                 self.store.set_last_sync(plan.time)
             if plan.site_span is not None:
                 self.store.set_site_span(plan.site_span)
+            followed = {room.job_id: room for room in plan.freed_rooms}
+            for job_id, room in rooms.items():  # a new plan for a job still followed adds its victims
+                earlier = followed.get(job_id)
+                followed[job_id] = room if earlier is None else replace(room, victims=earlier.victims + room.victims)
+            self.store.set_freed_rooms(followed.values())
+            for settled in plan.room_outcomes:
+                room = settled.room
+                self.store.audit(AuditEntry(
+                    plan.time, cycle, room.job_id, "preemption", settled.outcome, "(none)", "none",
+                    settled.outcome != WASTED, settled.why,
+                    f"requeued {', '.join(map(str, room.victims))} at {format_timestamp(room.requeued_at)} "
+                    f"to free {','.join(room.nodes)}",
+                ))
+            settled: Counter[str] = Counter()
+            for outcome in plan.room_outcomes:  # counted in requeues, as the replay counts them
+                settled[outcome.outcome] += len(outcome.room.victims)
+            self.store.add_preemption_outcomes(settled)
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             # last_seen may lag the truth by LAST_SEEN_EVERY_S: never forget a job sooner than FORGET_AFTER_S
             self.store.forget_jobs(plan.time - FORGET_AFTER_S - LAST_SEEN_EVERY_S)
+
+
+def _rooms(plan: CyclePlan, requeued: Sequence[tuple[Requeue, WriteOutcome]]) -> dict[int, FreedRoom]:
+    """The preemptions this cycle made: per job they were for, its pinned nodes and the victims requeued."""
+    victims: dict[int, list[int]] = {}
+    for requeue, outcome in requeued:
+        if outcome.ok and requeue.for_job is not None:
+            victims.setdefault(requeue.for_job, []).append(requeue.job_id)
+    rooms = {}
+    for job_id, requeued_ids in victims.items():
+        job_plan = plan.job(job_id)
+        pinned = job_plan.placement_wanted.require_nodes if job_plan and job_plan.placement_wanted else ()
+        if pinned:
+            rooms[job_id] = FreedRoom(job_id, tuple(sorted(pinned)), tuple(requeued_ids), plan.time)
+    return rooms
 
 
 def _summary(report: CycleReport) -> CycleSummary:

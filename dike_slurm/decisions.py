@@ -69,13 +69,20 @@ class Decisions:
     priorities: tuple[SetPriority, ...] = ()
     placements: tuple[SetPlacement | ClearPlacement, ...] = ()
     requeues: tuple[Requeue, ...] = ()
+    # Pending jobs a preemption freed (or is freeing) nodes for: they run before every other job
+    # of their tier (the engine writes them the top of its span), so the room goes to them.
+    protected: tuple[int, ...] = ()
 
     def ranked(self) -> list[SetPriority]:
-        """The priorities from the first job to run to the last (score descending, then id)."""
+        """The priorities from the first job to run to the last: protected jobs first, then score
+        descending, then id."""
         # Two stable sorts by one attribute each, cheaper than one by a (-score, id) tuple per job;
         # a reversed sort keeps equal scores in id order (the sort stays stable).
         ranked = sorted(self.priorities, key=attrgetter("job_id"))
         ranked.sort(key=attrgetter("score"), reverse=True)
+        if self.protected:
+            protected = frozenset(self.protected)
+            ranked.sort(key=lambda p: p.job_id not in protected)
         return ranked
 
     def order(self) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from dike_slurm.apply import Applier, CycleReport
 from dike_slurm.backends.base import Backend, ClusterState, JobField, WriteOutcome
 from dike_slurm.config import Config
 from dike_slurm.errors import PolicyError, SlurmError
+from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
 from dike_slurm.model import Job, JobState, Snapshot
 from dike_slurm.policies.base import Policy
@@ -26,7 +27,7 @@ from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrit
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
-from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, tier_gap
+from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
@@ -103,46 +104,50 @@ class Engine:
         # The site's own priority and the span it leaves Dike: read before the first plan, kept
         # for the engine's life (a reload makes a new engine, which reads them again).
         self.site_priority: SlurmPriorityModel | None = None
-        self._span: int | None = None
+        self._span: SiteSpan | None = None
 
     # ---------------------------------------------------------------- the span written
 
-    def priority_span(self, now: float) -> tuple[int, SiteSpan | None, str | None]:
-        """The largest value the engine writes: `engine.priority_span` under `engine.priority_mode`
-        against the site's own weights and QOS tiers (`slurm_priority.effective_span`), with what
-        an applied cycle keeps of a fresh read, and a note when the read failed.
+    def priority_span(self, now: float) -> tuple[SiteSpan, SiteSpan | None, str | None]:
+        """The values the engine writes: up to `engine.priority_span` under `engine.priority_mode`
+        against the site's own weights and QOS tiers (`slurm_priority.effective_span`), the top
+        `protection_reserve` of them kept for the jobs a preemption freed nodes for; with what an
+        applied cycle keeps of a fresh read, and a note when the read failed.
 
-        The backend is asked once per engine (the first plan), not every cycle; mode `over` reads
-        nothing. When the read fails (slurmdbd down: `sacctmgr` cannot answer), the span last read
-        for the same mode and configured span comes from the state store, and the next cycle asks
-        again; with none stored, the read's SlurmError fails the cycle. The replay sizes its span
-        the same way (sim/replay.py).
+        The backend is asked once per engine (the first plan), not every cycle, in every mode (mode
+        `over` uses the site's weights for the reserve only). When the read fails (slurmdbd down:
+        `sacctmgr` cannot answer), the span last read for the same mode and configured span comes
+        from the state store, and the next cycle asks again; with none stored, the read's
+        SlurmError fails the cycle. The replay sizes its span the same way (sim/replay.py).
         """
         if self._span is not None:
             return self._span, None, None
         engine = self.config.engine
         try:
-            model = None if engine.priority_mode == "over" else self.backend.priority_model()
+            model = self.backend.priority_model()
         except SlurmError as exc:
             stored = self.store.site_span()
             if stored is None or (stored.mode, stored.configured) != (engine.priority_mode, engine.priority_span):
                 raise
             log.warning("site priority unreadable: %s", exc)
-            return stored.span, None, (
+            return stored, None, (
                 f"site priority unreadable ({exc}); values 1..{stored.span} as read from {stored.source} "
                 f"at {format_timestamp(stored.read_at)} (the state store)"
             )
         span = effective_span(engine.priority_mode, engine.priority_span, model)
+        reserve = protection_reserve(model)
         if model is not None:
             gap = tier_gap(model)
             log.info("site priority (%s): %s, the other factors at most %g; engine.priority_mode = %s: "
-                     "values 1..%d (engine.priority_span %d)", model.source,
+                     "values 1..%d (engine.priority_span %d), the top %d kept for jobs a preemption frees nodes "
+                     "for", model.source,
                      f"QOS tiers {', '.join(f'{t:g}' for t in model.qos_tiers())} (smallest step {gap:g})"
                      if gap is not None else "no QOS tiers", model.weights.others_total,
-                     engine.priority_mode, span, engine.priority_span)
-        self.site_priority, self._span = model, span
-        read = None if model is None else SiteSpan(engine.priority_mode, engine.priority_span, span, model.source, now)
-        return span, read, None
+                     engine.priority_mode, span, engine.priority_span, reserve)
+        self.site_priority = model
+        self._span = SiteSpan(engine.priority_mode, engine.priority_span, span,
+                              model.source if model is not None else "", now, reserve)
+        return self._span, (self._span if model is not None else None), None
 
     # ---------------------------------------------------------------- plan (reads only)
 
@@ -162,6 +167,7 @@ class Engine:
         memory = self.store.jobs()
         owned = self.store.owned()
         new_runs, skipped, accounting_note = self._read_accounting(now)
+        rooms, room_outcomes = follow_rooms(self.store.freed_rooms(), {job.job_id: job for job in cluster.jobs})
         active_in_scope, outside = [], []
         for job in cluster.jobs:
             (active_in_scope if in_scope(job, self.config) else outside).append(job)
@@ -169,7 +175,7 @@ class Engine:
         service = job_service(runs, now)
         fairness_by = self.policy.usage_owner(self.params)
         usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
-        jobs = self._enrich(active_in_scope, service, memory, owned, cluster)
+        jobs = self._enrich(active_in_scope, service, memory, owned, cluster, {room.job_id: room for room in rooms})
         snapshot = Snapshot(
             time=now,
             jobs=jobs,
@@ -180,6 +186,7 @@ class Engine:
             completed_service_gpu_s=(
                 completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
             ),
+            site_priority=self.site_priority,
         )
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
         decisions, requeue_notes = guard_requeues(
@@ -190,13 +197,14 @@ class Engine:
         )
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self._diff_memory, span=span,
+            self._diff_memory, span=span.span, reserve=span.reserve,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         if accounting_note:
             notes.insert(0, accounting_note)
         if span_note:
             notes.insert(0, span_note)
+        notes.extend(f"preemption {o.outcome}: {o.why}" for o in room_outcomes if o.outcome != LANDED)
         notes.extend(requeue_notes)
         requeues = decisions.requeues
         return CyclePlan(
@@ -216,6 +224,8 @@ class Engine:
             accounting_ok=accounting_note is None,
             breaker=next((n for n in guard_notes if n.startswith("circuit breaker")), ""),
             site_span=site_span,
+            freed_rooms=tuple(rooms),
+            room_outcomes=tuple(room_outcomes),
         )
 
     def _read_accounting(self, now: float):
@@ -248,6 +258,7 @@ class Engine:
         memory: Mapping[int, JobMemory],
         owned: Mapping[int, Mapping[JobField, OwnedField]],
         cluster: ClusterState,
+        rooms: Mapping[int, FreedRoom] = MappingProxyType({}),
     ) -> tuple[Job, ...]:
         """The jobs with what the queue does not say: service over all runs, promotions, site factor.
 
@@ -266,8 +277,11 @@ class Engine:
                 mine = owned.get(job_id, _NOTHING_OWNED).get(JobField.SITE_FACTOR)
                 if mine is not None:
                     site_factor = mine.written  # type: ignore[assignment]
+            room = rooms.get(job_id)  # a preemption freed nodes for it, and it has not started yet
+            pinned = (room is not None and job.state is JobState.PENDING
+                      and set(room.nodes) == set(job.placement.require_nodes))
             inputs = (got, remembered.attained_at_promotion_gpu_s if remembered else 0.0,
-                      remembered.requeues if remembered else 0, site_factor)
+                      remembered.requeues if remembered else 0, site_factor, pinned)
             last = kept.get(job_id)
             if last is not None and last[0] is job and last[1] == inputs:
                 copy = last[2]
@@ -284,6 +298,7 @@ class Engine:
                     pending_since=pending_since,
                     requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
                     site_factor=site_factor,
+                    pinned_for_preemption=pinned,
                 )
             self._enriched[job_id] = (job, inputs, copy)
             enriched.append(copy)

@@ -26,6 +26,14 @@ def write_metrics(report: CycleReport, path: Path) -> None:
     Gauge("dike_slurm_applied", "1 if the last cycle wrote (--apply), 0 for a dry run", registry=registry).set(
         int(report.applied)
     )
+    settled = Gauge("dike_slurm_preemptions", "requeues settled in the last cycle: landed (the job they were "
+                    "for started on the freed nodes), wasted, gone", ["outcome"], registry=registry)
+    totals = Gauge("dike_slurm_preemptions_total", "requeues settled since the state file was made",
+                   ["outcome"], registry=registry)
+    for outcome in ("landed", "wasted", "gone"):
+        settled.labels(outcome=outcome).set(
+            sum(len(o.room.victims) for o in report.plan.room_outcomes if o.outcome == outcome))
+        totals.labels(outcome=outcome).set(report.preemption_totals.get(outcome, 0))
     jobs = Gauge("dike_slurm_jobs", "managed active jobs per queue level", ["level"], registry=registry)
     for level in sorted({p.level for p in report.plan.jobs if p.managed and p.level is not None}):
         jobs.labels(level=str(level)).set(

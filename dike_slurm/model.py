@@ -7,8 +7,12 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from dike_slurm.errors import InputError
+
+if TYPE_CHECKING:
+    from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
 class JobState(enum.Enum):
@@ -103,6 +107,8 @@ class Job:
     site_factor: int | None = None
     nice: int = 0
     requeueable: bool = False
+    # pending: its ReqNodeList is the engine's pin for a preemption that freed (or frees) those nodes
+    pinned_for_preemption: bool = False
     slurm_reason: str = ""  # why Slurm keeps a pending job waiting (squeue's REASON); "" when none
     true_duration_s: float | None = None  # replay only: the trace's run time
 
@@ -285,6 +291,8 @@ class Snapshot:
     # ascending GPU service of recently finished jobs: a tuple from the engine, an immutable
     # block view (dike_slurm.sim.history) from the simulator
     completed_service_gpu_s: Sequence[float] = ()
+    # the site's own priority (partition and QOS tiers, weights); None when unknown
+    site_priority: SlurmPriorityModel | None = None
 
     @property
     def pending(self) -> tuple[Job, ...]:

@@ -29,6 +29,7 @@ from dike_slurm.backends.base import (
 from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan
 from dike_slurm.usage import Run
 
@@ -95,6 +96,8 @@ class CyclePlan:
     breaker: str = ""  # why the mass-rewrite breaker tripped in this plan ("" when it did not)
     outside: tuple[Job, ...] = ()  # the active jobs outside the scope (`queue` and `explain` name them)
     site_span: SiteSpan | None = None  # the span just read from the site (an applied cycle stores it)
+    freed_rooms: tuple[FreedRoom, ...] = ()  # preemptions still followed after this cycle's look
+    room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -159,10 +162,21 @@ def score_ceiling(decisions: Decisions, declared: float | None) -> float:
     return float(2 ** max(0, math.ceil(math.log2(max(top, 1.0)))))
 
 
-def priority_value(score: float, ceiling: float, span: int) -> int:
-    """A policy score as an integer in [1, span]; higher runs first."""
+def priority_value(score: float, ceiling: float, span: int, reserve: int = 0) -> int:
+    """A policy score as an integer in [1, span - reserve]; higher runs first. The top `reserve`
+    values are kept for protected jobs (`protected_value`)."""
     clamped = min(max(score, 0.0), ceiling)
-    return 1 + round((span - 1) * clamped / ceiling)
+    top = span - reserve if span - reserve > 1 else 1
+    return 1 + round((top - 1) * clamped / ceiling)
+
+
+def wanted_value(decision: SetPriority, protected: Collection[int], ceiling: float, span: int, reserve: int) -> int:
+    """The value the engine writes for a decision: `span` for a job a preemption freed nodes for
+    (Decisions.protected: above every other job of its tier, slurm_priority.protection_reserve),
+    else its score mapped onto [1, span - reserve]."""
+    if decision.job_id in protected:
+        return span
+    return priority_value(decision.score, ceiling, span, reserve)
 
 
 def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:
@@ -222,6 +236,7 @@ def diff(
     kept: DiffMemory | None = None,
     *,
     span: int | None = None,
+    reserve: int = 0,
 ) -> tuple[list[JobPlan], list[str]]:
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
@@ -229,7 +244,8 @@ def diff(
     `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
     `span`: the largest value written (the engine's `priority_span()`: `engine.priority_span` under
     `engine.priority_mode` against the site's weights); None: `engine.priority_span`. The tolerance
-    is a fraction of it.
+    is a fraction of it. `reserve`: the top values kept for `decisions.protected` (the engine's
+    `slurm_priority.protection_reserve` of the site's model).
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
@@ -244,6 +260,7 @@ def diff(
         raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
     notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
     ranked = decisions.ranked()
+    protected = frozenset(decisions.protected)
     rank = {p.job_id: i for i, p in enumerate(ranked)}
     priorities = {p.job_id: p for p in decisions.priorities}
     placements = {p.job_id: p for p in decisions.placements}
@@ -283,7 +300,7 @@ def diff(
                                   hands_off_reason, False, site_factor)
         wanted = None
         if decision is not None:
-            wanted = priority_value(decision.score, ceiling, span)
+            wanted = wanted_value(decision, protected, ceiling, span, reserve)
             if negate:
                 wanted = -wanted
         context.wanted = wanted

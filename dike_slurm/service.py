@@ -15,6 +15,7 @@ import os
 import signal
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,9 +50,13 @@ def summary_line(report: CycleReport) -> str:
     managed = sum(1 for p in plan.jobs if p.managed)
     written = sum(1 for _, o in report.outcomes if o.ok)
     verb = "written" if report.applied else "planned"
+    settled: Counter[str] = Counter()
+    for outcome in plan.room_outcomes:  # in requeues
+        settled[outcome.outcome] += len(outcome.room.victims)
+    preemptions = (f", preemptions {settled['landed']} landed {settled['wasted']} wasted" if settled else "")
     return (f"cycle: {len(plan.jobs)} jobs in scope ({managed} managed, {plan.out_of_scope} out of scope), "
             f"{written if report.applied else len(plan.writes)} change(s) {verb}, {report.errors} error(s), "
-            f"{report.slurm_calls} Slurm call(s) ({report.write_calls} write), {report.seconds:.2f} s")
+            f"{report.slurm_calls} Slurm call(s) ({report.write_calls} write){preemptions}, {report.seconds:.2f} s")
 
 
 @dataclass(frozen=True)

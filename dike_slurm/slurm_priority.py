@@ -170,6 +170,26 @@ def tier_gap(model: SlurmPriorityModel) -> float | None:
     return min(gaps) if gaps else None
 
 
+def protection_reserve(model: SlurmPriorityModel | None) -> int:
+    """The top of Dike's span kept for the jobs a preemption freed nodes for.
+
+    Every other job is written at most `span - reserve` and a protected job `span`, so a protected
+    job's priority exceeds that of every job of its tier, whatever their age, fair share, size,
+    partition and TRES factors (at most `others_total` together). 0 without a model or under
+    priority/basic (nothing to outweigh)."""
+    if model is None or not model.weights.multifactor:
+        return 0
+    return int(math.ceil(model.weights.others_total)) + 1
+
+
+def scheduling_tier(model: SlurmPriorityModel | None, partition: str, qos: str) -> tuple[int, float]:
+    """What Slurm puts a job ahead by before Dike's value counts: its partition's PriorityTier,
+    then its weighted QOS priority (a strict tier in `tiers` mode). Higher first."""
+    if model is None:
+        return (1, 0.0)
+    return (model.tier(partition), model.weights.qos * model.qos_factor(qos) if model.weights.multifactor else 0.0)
+
+
 PRIORITY_MODES = ("tiers", "blend", "over")
 
 

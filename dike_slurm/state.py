@@ -22,6 +22,7 @@ from typing import Any
 
 from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
 from dike_slurm.errors import DikeError
+from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.usage import Run
 
 SCHEMA_VERSION = 1
@@ -52,6 +53,9 @@ CREATE TABLE IF NOT EXISTS cycles (
     policy TEXT NOT NULL, applied INTEGER NOT NULL, jobs INTEGER NOT NULL, managed INTEGER NOT NULL,
     writes INTEGER NOT NULL, errors INTEGER NOT NULL, slurm_calls INTEGER NOT NULL, note TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS cycles_started ON cycles (started);
+CREATE TABLE IF NOT EXISTS freed_rooms (
+    job_id INTEGER PRIMARY KEY, nodes TEXT NOT NULL, victims TEXT NOT NULL, requeued_at REAL NOT NULL,
+    cycles_since_end INTEGER NOT NULL);
 """
 
 
@@ -68,6 +72,7 @@ class SiteSpan:
     span: int
     source: str  # the commands read
     read_at: float
+    reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
 
 
 @dataclass(frozen=True)
@@ -255,6 +260,37 @@ class StateStore:
 
     def set_last_sync(self, when: float) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_sync', ?)", (repr(when),))
+
+    # ---------------------------------------------------------------- preemptions being followed
+
+    def freed_rooms(self) -> list[FreedRoom]:
+        """The preemptions whose job has not started yet (dike_slurm.freed_rooms)."""
+        try:
+            rows = self._db.execute("SELECT * FROM freed_rooms ORDER BY job_id").fetchall()
+        except sqlite3.OperationalError:  # a file of an earlier version opened read-only: none yet
+            return []
+        return [FreedRoom(r["job_id"], tuple(json.loads(r["nodes"])), tuple(json.loads(r["victims"])),
+                          r["requeued_at"], r["cycles_since_end"]) for r in rows]
+
+    def set_freed_rooms(self, rooms: Iterable[FreedRoom]) -> None:
+        """Replace the open preemptions (inside the cycle's transaction)."""
+        self._db.execute("DELETE FROM freed_rooms")
+        self._db.executemany(
+            "INSERT OR REPLACE INTO freed_rooms (job_id, nodes, victims, requeued_at, cycles_since_end) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(r.job_id, json.dumps(list(r.nodes)), json.dumps(list(r.victims)), r.requeued_at, r.cycles_since_end)
+             for r in rooms],
+        )
+
+    def preemption_totals(self) -> dict[str, int]:
+        """Landed, wasted and gone preemptions since the state file was made."""
+        return {outcome: int(self._meta(f"preemptions_{outcome}") or 0) for outcome in (LANDED, WASTED, GONE)}
+
+    def add_preemption_outcomes(self, counts: Mapping[str, int]) -> None:
+        totals = self.preemption_totals()
+        for outcome, count in counts.items():
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                             (f"preemptions_{outcome}", str(totals.get(outcome, 0) + count)))
 
     # ---------------------------------------------------------------- the site's priority span
 

@@ -74,6 +74,13 @@ class DikeParams(PolicyParams):
         1800.0, ge=0, description="the site's checkpoint interval, to estimate the work a requeue loses; 0: unknown"
     )
     max_requeues_per_cycle: int = Field(4, ge=0)
+    protect_freed_nodes: bool = Field(
+        True,
+        description=(
+            "the nodes a preemption frees go to the job they were freed for: it is written above every other job of "
+            "its tier and keeps its pin until it starts; only the highest tier's first blocked jobs are preempted for"
+        ),
+    )
     hold_nodes: Literal["never", "promoted", "blocked"] = Field(
         "never",
         description=(
@@ -242,7 +249,7 @@ class DikePolicy(Policy):
             )
             if hold is not None:
                 placements = with_node_hold(placements, hold)
-        return Decisions(tuple(priorities), tuple(placements), plan.requeues)
+        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected)
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         assert isinstance(params, DikeParams)
@@ -326,4 +333,5 @@ class DikePolicy(Policy):
                 f"level {level_of_job[victim.job_id]} job preempted for level-{level_of_job[blocked.job_id]} "
                 f"job {blocked.job_id}"
             ),
+            protect=params.protect_freed_nodes,
         )

@@ -7,6 +7,13 @@ outranks whose requeue makes it fit on particular nodes, picks the cheapest such
 the blocked job to them (ReqNodeList) so that what is freed goes to it and not to whatever Slurm
 would start next. Pending jobs are walked in the order Slurm will try them; jobs that fit are
 given their nodes first (they start without anybody being preempted).
+
+With `protect` (the policies' `protect_freed_nodes`), the freed room goes to the job it was freed
+for, as Kubernetes counts a preemptor's nominated node for it: the job is *protected* (the engine
+writes it the top of its span, above every other job of its tier whatever Slurm's own factors
+say), its pin and protection stay while it waits on those nodes, protected jobs are walked first
+inside their tier, and only the first blocked jobs of the highest tier are preempted for (a job of
+a higher partition or QOS tier would take the freed nodes first).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 
 from dike_slurm.decisions import Requeue, SetPlacement
 from dike_slurm.model import Job, Placement, Snapshot
+from dike_slurm.slurm_priority import scheduling_tier
 
 
 @dataclass(frozen=True)
@@ -29,10 +37,12 @@ class PreemptionLimits:
 
 @dataclass(frozen=True)
 class PreemptionPlan:
-    """The requeues (grouped by the job they make room for) and the pins of the blocked jobs."""
+    """The requeues (grouped by the job they make room for), the pins of the blocked jobs and the
+    jobs whose freed room is protected (Decisions.protected)."""
 
     requeues: tuple[Requeue, ...] = ()
     pins: tuple[SetPlacement, ...] = ()
+    protected: tuple[int, ...] = ()
 
     @property
     def pinned(self) -> frozenset[int]:
@@ -128,28 +138,43 @@ def plan_preemptions(
     one_leaf: Callable[[Job], bool],
     limits: PreemptionLimits,
     reason: Callable[[Job, Job], str],
+    protect: bool = False,
 ) -> PreemptionPlan:
     """Requeues that let blocked jobs start, cheapest loss first, within `limits`.
 
     `outranks(blocked, victim)`: the policy would rather run the blocked job. `may_preempt(victim)`:
     the site and the policy's anti-thrash rules allow it now. `loss(victim)`: what requeueing it now
     costs (GPU-seconds); nodes are chosen to lose the least. `one_leaf(job)`: the job must fit
-    under one leaf switch to count as fitting.
+    under one leaf switch to count as fitting. `protect`: the freed room goes to the job it was
+    freed for (the module's docstring).
     """
-    if limits.max_requeues <= 0 or not ranked_pending or not running:
+    walk = list(ranked_pending[: limits.max_scan])
+    waiting = protect and any(job.pinned_for_preemption for job in walk)
+    candidates = [v for v in running if v.nodes and may_preempt(v)] if limits.max_requeues > 0 else []
+    if not walk or (not candidates and not waiting):
         return PreemptionPlan()
-    candidates = [v for v in running if v.nodes and may_preempt(v)]
-    if not candidates:
-        return PreemptionPlan()
+    tier_of = {}
+    if protect:
+        model = snapshot.site_priority
+        tier_of = {job.job_id: scheduling_tier(model, job.partition, job.qos) for job in walk}
+        # Slurm's order: partition and QOS tiers first; inside a tier the protected jobs (the top
+        # value) before the policy's order (a stable sort keeps it)
+        walk.sort(key=lambda job: (-tier_of[job.job_id][0], -tier_of[job.job_id][1], not job.pinned_for_preemption))
     nodes = NodeLedger(snapshot, running)
     preemptible = {v.job_id for v in candidates}
     taken: set[int] = set()
     requeues: list[Requeue] = []
     pins: list[SetPlacement] = []
+    protected: list[int] = []
     blocked_tried = 0
-    for job in ranked_pending[: limits.max_scan]:
-        if blocked_tried >= limits.max_blocked or len(requeues) >= limits.max_requeues:
-            break
+    first_blocked_tier = None  # protect: no job of a lower tier is preempted for
+    for job in walk:
+        planning = blocked_tried < limits.max_blocked and len(requeues) < limits.max_requeues
+        if not planning:
+            if not waiting:
+                break
+            if not job.pinned_for_preemption:
+                continue  # past the planning: only the protected jobs' pins are still looked at
         if not can_start(job, snapshot.time):
             continue  # Slurm holds it (e.g. its begin time after a requeue): nobody is preempted for it
         per_node, count = job.gpus_per_node, max(job.num_nodes, 1)
@@ -159,6 +184,19 @@ def plan_preemptions(
         fitting = pick_nodes(free_now, count, nodes, single)
         if fitting is not None:
             nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
+            if protect and job.pinned_for_preemption:  # freed for it: kept until it starts
+                names = tuple(sorted(job.placement.require_nodes))
+                pins.append(SetPlacement(job.job_id, Placement(require_nodes=names),
+                                         f"keeping {','.join(names)}, freed by a preemption, until it starts"))
+                protected.append(job.job_id)
+            continue
+        if protect:
+            tier = tier_of[job.job_id]
+            if first_blocked_tier is None:
+                first_blocked_tier = tier
+            elif tier < first_blocked_tier:
+                continue  # a blocked job of a higher tier would take what is freed
+        if not planning:
             continue
         required = job.placement.require_nodes
         if required and len(required) != count:
@@ -210,4 +248,6 @@ def plan_preemptions(
                 f"preempting {len(victims)} job(s) to start on {','.join(names)}",
             )
         )
-    return PreemptionPlan(tuple(requeues), tuple(pins))
+        if protect:
+            protected.append(job.job_id)
+    return PreemptionPlan(tuple(requeues), tuple(pins), tuple(protected))

@@ -69,5 +69,6 @@ class SrtfOraclePolicy(Policy):
             one_leaf=lambda job: job.num_nodes > 1,
             limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle, max_blocked=32),
             reason=lambda blocked, victim: f"more remaining GPU-time than job {blocked.job_id}",
+            protect=True,  # the upper bound wastes no preemption
         )
-        return Decisions(priorities, plan.pins, plan.requeues)
+        return Decisions(priorities, plan.pins, plan.requeues, plan.protected)

@@ -26,6 +26,13 @@ class TiresiasParams(PolicyParams):
     preemptive: bool = Field(True, description="a job of a better queue preempts running jobs of worse queues (2D-LAS)")
     min_runtime_s: float = Field(0.0, ge=0, description="never preempt a run younger than this (Tiresias has no such rule)")
     max_requeues_per_cycle: int = Field(4, ge=0)
+    protect_freed_nodes: bool = Field(
+        False,
+        description=(
+            "the nodes a preemption frees go to the job they were freed for (as for dike); off: 2D-LAS lets any "
+            "better-queue job take them, which served it better on the sample (11,569 s against 12,315 s avg JCT)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _ascending(self) -> TiresiasParams:
@@ -103,7 +110,7 @@ class TiresiasPolicy(Policy):
         plan = self._preemptions(snapshot, params, priorities, pending, running)
         pinned = plan.pinned
         placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
-        return Decisions(tuple(priorities), tuple(placements), plan.requeues)
+        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected)
 
     def _preemptions(self, snapshot: Snapshot, params: TiresiasParams, priorities, pending, running) -> PreemptionPlan:
         """2D-LAS preemption: a blocked job preempts running jobs of a worse queue (FIFO inside a
@@ -124,4 +131,5 @@ class TiresiasPolicy(Policy):
             reason=lambda blocked, victim: (
                 f"queue {level_of_job[victim.job_id]} job preempted for queue-{level_of_job[blocked.job_id]} job {blocked.job_id}"
             ),
+            protect=params.protect_freed_nodes,
         )

@@ -110,7 +110,16 @@ class SimulatedBackend(Backend):
             score = raw.get(JobField.SITE_FACTOR) or raw.get(JobField.PRIORITY) or -int(raw.get(JobField.NICE, 0))
             priorities.append(SetPriority(job.job_id, level if level is not None else 0, float(score), "engine"))
         placements = tuple(SetPlacement(job_id, p, "engine") for job_id, p in self.placements.items())
-        requeues = tuple(Requeue(job_id, "engine") for job_id in self.requeues)
+        # the job each victim's room is for: the one the engine pinned to the victim's nodes (the
+        # engine's Requeue says so; Slurm only sees the pin)
+        waiting = {job.job_id for job in snapshot.jobs if job.state is JobState.PENDING}
+        pins = sorted((job_id, set(p.require_nodes)) for job_id, p in self.placements.items()
+                      if p.require_nodes and job_id in waiting)
+        nodes_of = {job.job_id: set(job.nodes) for job in snapshot.jobs}
+        requeues = tuple(
+            Requeue(job_id, "engine", for_job=next((j for j, pinned in pins if pinned & nodes_of.get(job_id, set())), None))
+            for job_id in self.requeues
+        )
         self.requeues = []
         return Decisions(tuple(priorities), placements, requeues)
 

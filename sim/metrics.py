@@ -37,6 +37,8 @@ METRIC_KEYS = (
     "lost_gpu_fraction",
     "max_preemptions_per_job",
     "p99_preemptions_per_job",
+    "wasted_preemptions",
+    "landed_preemptions",
 )
 
 JOB_CSV_COLUMNS = (
@@ -185,6 +187,8 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         "p99_preemptions_per_job": (
             _round(np.percentile(np.array(collector.preemptions_per_job), 99), 2) if count else 0.0
         ),
+        "wasted_preemptions": stats.wasted_preemptions,
+        "landed_preemptions": stats.landed_preemptions,
     }
     wait_by_size = {}
     for low, high in SIZE_BUCKETS:

@@ -6,7 +6,7 @@ PriorityTier, priority, submit time, job id. Fair share comes from each associat
 decayed with the site's PriorityDecayHalfLife, recalculated with the order at every policy cycle.
 
 `engine_writes` turns a policy's decisions into the values the live engine writes with the same
-configuration: mapped onto [1, span] against the policy's ceiling, left alone within the
+configuration: mapped onto [1, span - reserve] against the policy's ceiling (a protected job: span), left alone within the
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
 order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine's own functions).
 """
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from dike_slurm.backends.base import JobField
 from dike_slurm.decisions import Decisions
-from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, priority_value, score_ceiling
+from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, score_ceiling, wanted_value
 from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
 from dike_slurm.sim.records import SimSettings
@@ -101,12 +101,13 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
     tolerance = settings.priority_tolerance * span
     ceiling = score_ceiling(decisions, declared_ceiling)
     negate = key is JobField.NICE
+    protected, reserve = frozenset(decisions.protected), settings.priority_reserve
     writes: dict[int, tuple[_Write, SimJob]] = {}
     for decision in decisions.priorities:
         job = jobs.get(decision.job_id)
         if job is None:
             continue
-        wanted = priority_value(decision.score, ceiling, span)
+        wanted = wanted_value(decision, protected, ceiling, span, reserve)
         if negate:
             wanted = -wanted
         value_now = job.written

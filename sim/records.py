@@ -46,6 +46,7 @@ class SimSettings:
     priority_model: SlurmPriorityModel | None = None
     priority_strategy: str = "site_factor"
     priority_span: int = 1_000_000
+    priority_reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
     priority_tolerance: float = 0.01
 
 
@@ -120,6 +121,10 @@ class SimStats:
     starts: int = 0
     preemptions: int = 0
     requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
+    # preemptions whose beneficiary started on the freed nodes (landed) or did not within 2 cycles
+    # of the victims' end, or started elsewhere (wasted)
+    landed_preemptions: int = 0
+    wasted_preemptions: int = 0
     reservations: int = 0
     first_submit: float = math.inf
     last_end: float = -math.inf

@@ -23,7 +23,7 @@ from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
 from dike_slurm.sim.records import SimSettings, SimStats, Timeline
 from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceBuild, build_trace
-from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span
+from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
 DEFAULT_MAX_SWITCH_WAIT_S = 300
@@ -141,6 +141,7 @@ def sim_settings(
         priority_model=model,
         priority_strategy=engine.priority_strategy,
         priority_span=effective_span(engine.priority_mode, engine.priority_span, model),
+        priority_reserve=protection_reserve(model),
         priority_tolerance=engine.priority_tolerance,
     )
 

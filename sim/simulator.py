@@ -42,6 +42,7 @@ from dike_slurm.sim.usage import DecayedUsage
 # Event kinds, in the order they are handled within a round; the passes make a round of their own.
 FINISH, SUBMIT, WAKE, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(7)
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
+WASTED_AFTER_CYCLES = 2  # a preemption whose beneficiary has not started this many cycles after the victims ended is wasted
 
 
 class SimulationStuck(DikeError):
@@ -106,6 +107,8 @@ class Simulator:
         self.awaiting: Awaiting | None = None
         self.active: dict[int, SimJob] = {}  # submit order
         self.engine_placed: set[int] = set()  # jobs carrying a constraint the policy asked for
+        # beneficiary -> (the nodes freed for it, victims, the cycle by which it must have started)
+        self.freed_rooms: dict[int, tuple[frozenset[str], int, int]] = {}
         self.pending_count = 0
         self.cycle_armed = False
         self.backfill_armed = False
@@ -285,6 +288,8 @@ class Simulator:
         """The scheduler starts a pending job on `nodes`."""
         trace = job.trace
         self.pending_count -= 1
+        if self.freed_rooms:
+            self._settle_freed_room(job, nodes)
         job.state = RUNNING
         job.pending_total += now - job.pending_since
         job.start = now
@@ -355,6 +360,43 @@ class Simulator:
             )
         )
 
+    def _freed_for(self, beneficiary: int | None, decisions: Decisions) -> None:
+        """Follow one requeue's room: landed if the job it was freed for starts on it, wasted if that
+        job starts elsewhere or is still waiting `WASTED_AFTER_CYCLES` cycles after the victims' end
+        (here the requeue itself; the live engine first sees it at its next cycle, hence the +1)."""
+        if beneficiary is None:
+            return
+        pin = decisions.placement_of(beneficiary)
+        nodes = frozenset(pin.placement.require_nodes) if isinstance(pin, SetPlacement) else frozenset()
+        _, victims, _ = self.freed_rooms.get(beneficiary, (None, 0, 0))
+        self.freed_rooms[beneficiary] = (nodes, victims + 1, self.stats.cycles + 1 + WASTED_AFTER_CYCLES)
+        job = self.active.get(beneficiary)
+        if job is not None:
+            job.pending_view = None  # protected from now on
+
+    def _room_is_pinned(self, job: SimJob) -> bool:
+        """A preemption freed nodes for the job, it has not started, and it is pinned to them."""
+        room = self.freed_rooms.get(job.trace.job_id)
+        return room is not None and room[0] == frozenset(job.placement.require_nodes)
+
+    def _settle_freed_room(self, job: SimJob, nodes: list[int]) -> None:
+        room = self.freed_rooms.pop(job.trace.job_id, None)
+        if room is None:
+            return
+        names = {self.cluster.names[n] for n in nodes}
+        if room[0] and names <= room[0]:
+            self.stats.landed_preemptions += room[1]
+        else:
+            self.stats.wasted_preemptions += room[1]
+
+    def _expire_freed_rooms(self) -> None:
+        cycles = self.stats.cycles
+        for job_id in [j for j, (_, _, due) in self.freed_rooms.items() if due <= cycles]:
+            self.stats.wasted_preemptions += self.freed_rooms.pop(job_id)[1]
+            job = self.active.get(job_id)
+            if job is not None:
+                job.pending_view = None  # no longer protected
+
     def _preempt(self, job: SimJob, now: float) -> None:
         """Requeue a running job: it keeps its attained service and its last checkpoint, loses the
         work since, and restarts later (paying the restart cost again)."""
@@ -398,6 +440,8 @@ class Simulator:
             self.cycle_armed = False
             return
         self.stats.cycles += 1
+        if self.freed_rooms:
+            self._expire_freed_rooms()
         self._check_not_stuck(now)
         self._push(now + self.settings.interval_s, CYCLE)
         self.postponed_cycle = now
@@ -487,6 +531,7 @@ class Simulator:
             user_usage_gpu_s=self.usage.snapshot(at),
             user_shares=self.shares,
             completed_service_gpu_s=self.history_sorted.view(),
+            site_priority=self.settings.priority_model,
         )
         return snapshot, views
 
@@ -507,7 +552,9 @@ class Simulator:
     def _pending_view(self, job: SimJob) -> Job:
         view = Job(
             state=JobState.PENDING, attained_gpu_s=job.attained, last_run_s=job.last_run_s,
-            placement=job.placement, **self._job_fields(job),
+            placement=job.placement,
+            pinned_for_preemption=self._room_is_pinned(job),
+            **self._job_fields(job),
         )
         job.pending_view = view
         return view
@@ -563,6 +610,7 @@ class Simulator:
             job = active.get(requeue.job_id)
             if job is not None and job.state == RUNNING:
                 self._preempt(job, now)
+                self._freed_for(requeue.for_job, decisions)
         self.timeline.add_levels(now, Counter(map(attrgetter("level"), decisions.priorities)))
 
     def _apply_placements(self, decisions: Decisions, now: float) -> None:

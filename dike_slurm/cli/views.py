@@ -190,6 +190,7 @@ def cycle_document(report: CycleReport) -> dict[str, Any]:
         "writes": [write_row(w, jobs.get(w.job_id), result(w)) for w in plan.writes],
         "requeues": [{"job_id": r.job_id, "reason": r.reason, "result": "ok" if o.ok else o.message}
                      for r, o in report.requeued],
+        "preemptions": [{"job_id": o.room.job_id, "outcome": o.outcome, "why": o.why} for o in plan.room_outcomes],
         "errors": report.errors,
         "denied": report.denied or None,
         "slurm_calls": report.slurm_calls,

@@ -106,3 +106,82 @@ def test_with_a_grace_signal_the_batch_shell_hears_it_before_the_requeue(slurm_l
     cycle(engine, **grace)
     lab.wait_for(lambda: lab.job_state(big) != "RUNNING", 30, f"job {big} requeued after the grace")
     wait_state(lab, small, "RUNNING", timeout=60)
+
+
+# ---------------------------------------------------------------- the freed room lands (issue 25)
+
+# Every level-0 job gets the same score (no fair-share or wait term), so the engine writes the job
+# a preemption is for and the jobs queued beside it the same value; Slurm's own factors then
+# decide between them (GRES/gpu and job size favour the 4-GPU jobs over the 1-GPU one).
+EQUAL_VALUES = {**PREEMPTING, "DIKE_POLICIES__DIKE__WAIT_WEIGHT": "0"}
+
+
+def freed_node_scenario(lab: SlurmLab) -> tuple[int, int, str, list[int]]:
+    """Three nodes busy with jobs that did not opt in, an opted-in 8-GPU job at level 1 on the
+    fourth, then a 1-GPU job and two 4-GPU jobs of one user, queued in that order: (victim, the
+    1-GPU job, the victim's node, the 4-GPU jobs)."""
+    busy = [lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser2") for _ in range(3)]
+    victim = lab.sbatch("--gres=gpu:8", "--requeue", "--comment=dike:preemptible", "--wrap", "sleep 600",
+                        user="dikeuser1")
+    for job in (*busy, victim):
+        wait_state(lab, job, "RUNNING")
+    node = lab.job_nodes(victim)[0]
+    time.sleep(12)  # 8 GPUs x 12 s = 96 GPU-seconds: level 1 (the threshold is 72)
+    beneficiary = lab.sbatch("--gres=gpu:1", "--wrap", "sleep 300", user="dikeuser2")
+    others = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 300", user="dikeuser2") for _ in range(2)]
+    for job in (beneficiary, *others):
+        wait_state(lab, job, "PENDING")
+    return victim, beneficiary, node, others
+
+
+def preempt_and_follow(lab: SlurmLab, engine: LabEngine, **extra: str) -> tuple[int, int, str, list[int], int]:
+    """The scenario, one engine cycle that preempts the victim for the 1-GPU job, then at most two
+    more cycles after the victim has left its node: (victim, 1-GPU job, node, 4-GPU jobs, the
+    cycles it took the 1-GPU job to be seen running, 3 when it was not)."""
+    victim, beneficiary, node, others = freed_node_scenario(lab)
+    cycle(engine, **extra)
+    with sqlite3.connect(engine.state_db) as db:
+        requeued = db.execute("SELECT job_id FROM audit WHERE action = 'requeue' AND ok = 1").fetchall()
+    assert requeued == [(victim,)]
+    assert required_nodes(lab, beneficiary) == node
+    lab.wait_for(lambda: lab.job_state(victim) != "RUNNING" and node not in lab.run(
+        "squeue", "-h", "-t", "CG", "-o", "%N").stdout, 60, f"job {victim} left {node}")
+    for cycles in (1, 2):
+        cycle(engine, **extra)
+        if lab.job_state(beneficiary) == "RUNNING":
+            return victim, beneficiary, node, others, cycles
+    return victim, beneficiary, node, others, 3
+
+
+def preemption_outcomes(engine: LabEngine) -> list[tuple[int, str]]:
+    with sqlite3.connect(engine.state_db) as db:
+        return db.execute("SELECT job_id, change FROM audit WHERE action = 'preemption' ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("repeat", range(5))
+def test_the_node_a_preemption_frees_goes_to_the_job_it_was_freed_for(slurm_lab, engine, repeat):
+    lab = slurm_lab
+    engine.env.update(EQUAL_VALUES)
+    _, beneficiary, node, others, cycles = preempt_and_follow(lab, engine)
+    assert cycles <= 2, f"job {beneficiary} not running 2 cycles after its victim left {node}"
+    assert lab.job_nodes(beneficiary) == [node]
+    # the room left on the node goes to the next job, as Slurm would give it
+    lab.wait_for(lambda: sum(lab.job_state(j) == "RUNNING" for j in others) == 1, 30, "one 4-GPU job runs beside it")
+    cycle(engine)  # the engine sees it running (it may have started after the last cycle's read)
+    assert preemption_outcomes(engine) == [(beneficiary, "landed")]
+    print(f"FIGURES freed room (repeat {repeat}): job {beneficiary} running on {node} {cycles} cycle(s) after "
+          "its victim left")
+
+
+def test_without_protection_the_jobs_slurm_puts_first_take_the_freed_node(slurm_lab, engine):
+    """The control (protect_freed_nodes = false): at the same value Slurm starts the two 4-GPU jobs
+    on the freed node, and the job the preemption was for waits."""
+    lab = slurm_lab
+    engine.env.update(EQUAL_VALUES)
+    _, beneficiary, node, others, cycles = preempt_and_follow(
+        lab, engine, DIKE_POLICIES__DIKE__PROTECT_FREED_NODES="false")
+    assert cycles == 3 and lab.job_state(beneficiary) == "PENDING"
+    assert all(lab.job_nodes(job) == [node] for job in others)
+    cycle(engine, DIKE_POLICIES__DIKE__PROTECT_FREED_NODES="false")  # the third after the victim left
+    assert preemption_outcomes(engine) == [(beneficiary, "wasted")]
+    print(f"FIGURES freed room unprotected: both 4-GPU jobs took {node}, job {beneficiary} still pending")

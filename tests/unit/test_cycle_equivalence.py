@@ -50,6 +50,7 @@ from dike_slurm.reconcile import (
     values_match,
 )
 from dike_slurm.engine import Engine, in_scope
+from dike_slurm.freed_rooms import FreedRoom
 from dike_slurm.state import JobMemory, OwnedField, StateStore
 from dike_slurm.usage import JobService
 
@@ -289,6 +290,7 @@ def reference_enrich(
     memory: Mapping[int, JobMemory],
     owned: Mapping[int, Mapping[JobField, OwnedField]],
     cluster: ClusterState,
+    rooms: Mapping[int, FreedRoom],
 ) -> Job:
     got = service.get(job.job_id, JobService())
     remembered = memory.get(job.job_id)
@@ -309,6 +311,9 @@ def reference_enrich(
         pending_since=pending_since,
         requeueable=job.requeueable and reference_opted_in_to_preemption(job, engine.config),
         site_factor=site_factor,
+        # a preemption followed for it, on the nodes it is pinned to
+        pinned_for_preemption=(job.job_id in rooms and job.state is JobState.PENDING
+                               and sorted(rooms[job.job_id].nodes) == sorted(job.placement.require_nodes)),
     )
 
 
@@ -619,8 +624,14 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
     scoped = Config.model_validate({"scope": data.draw(st.sampled_from([{}, {"partitions": ["gpu"]}, {"qos": ["low"]}]))})
     assert [in_scope(j, scoped) for j in jobs] == [reference_in_scope(j, scoped) for j in jobs]
     engine = Engine(config, None, StateStore(None))  # type: ignore[arg-type]
-    assert engine._enrich(jobs, service, memory, owned, cluster) == tuple(
-        reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs
+
+    def draw_rooms(jobs) -> dict[int, FreedRoom]:  # preemptions followed: on the job's own pin, or on other nodes
+        return {j.job_id: FreedRoom(j.job_id, data.draw(st.sampled_from([j.placement.require_nodes, ("n1",)])), (1,), 0.0)
+                for j in jobs if data.draw(st.booleans())}
+
+    rooms = draw_rooms(jobs)
+    assert engine._enrich(jobs, service, memory, owned, cluster, rooms) == tuple(
+        reference_enrich(engine, j, service, memory, owned, cluster, rooms) for j in jobs
     )
     # The next cycles of the same engine, which keeps each job's copy: most jobs, services and
     # memories as they were (the same objects or equal ones), the rest changed or gone.
@@ -633,11 +644,12 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
                   for job_id, m in memory.items()}
         cluster = replace(cluster, site_factors={j: v + data.draw(st.sampled_from([0, 0, 0, 1]))
                                                  for j, v in cluster.site_factors.items()})
-        enriched = engine._enrich(jobs, service, memory, owned, cluster)
-        assert enriched == tuple(reference_enrich(engine, j, service, memory, owned, cluster) for j in jobs)
+        rooms = rooms if data.draw(st.booleans()) else draw_rooms(jobs)
+        enriched = engine._enrich(jobs, service, memory, owned, cluster, rooms)
+        assert enriched == tuple(reference_enrich(engine, j, service, memory, owned, cluster, rooms) for j in jobs)
     # a quiet cycle (equal services, as job_service builds them anew) hands out the same copies
     service = {job_id: replace(got) for job_id, got in service.items()}
-    assert all(a is b for a, b in zip(engine._enrich(jobs, service, memory, owned, cluster), enriched))
+    assert all(a is b for a, b in zip(engine._enrich(jobs, service, memory, owned, cluster, rooms), enriched))
 
 
 SPRIO_TEXTS = st.lists(st.one_of(st.text(alphabet="0123456789|- \t\u00a0x\u0663", max_size=16),

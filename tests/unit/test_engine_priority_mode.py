@@ -92,7 +92,7 @@ def test_the_model_is_read_once_per_engine_and_again_after_a_reload(tmp_path):
     cfg = config(tmp_path)
     running = engine(cfg, backend)
     first, second = running.cycle(apply=True), running.cycle(apply=True)
-    assert backend.priority_reads == 1 and running.priority_span(NOW)[0] == 86_999
+    assert backend.priority_reads == 1 and running.priority_span(NOW)[0].span == 86_999
     assert first.plan.read_calls == second.plan.read_calls == 2  # the model is not one of the cycle's reads
     store = StateStore(cfg.engine.state_db)
     service = Service(cfg, store, lambda: cfg, apply=True, make_engine=lambda c, s: engine(c, backend))
@@ -104,11 +104,12 @@ def test_the_model_is_read_once_per_engine_and_again_after_a_reload(tmp_path):
     assert backend.priority_reads == 3
 
 
-def test_over_reads_nothing(tmp_path):
+def test_over_reads_the_site_for_the_protection_reserve_only(tmp_path):
     backend = queue(SITE)
     running = engine(config(tmp_path, engine={"priority_mode": "over"}), backend)
     running.cycle(apply=True)
-    assert backend.priority_reads == 0 and running.priority_span(NOW)[0] == SPAN
+    span = running.priority_span(NOW)[0]
+    assert backend.priority_reads == 1 and (span.span, span.reserve) == (SPAN, 13_001)
 
 
 def test_the_priority_strategy_is_sized_as_the_replay_sizes_it(tmp_path):

@@ -68,3 +68,73 @@ def test_a_requeue_is_audited_before_slurm_is_called(tmp_path):
     assert fake.requeued == [1]
     assert seen == [[("requeue", False, "unconfirmed: the engine stopped before Slurm answered")]]
     assert [(e.action, e.ok) for e in store.audit_log(1)][-1] == ("requeue", True)
+
+
+def test_no_preemption_without_the_pin_and_value_of_the_job_it_is_for(tmp_path):
+    """Freed nodes without the pin and the protected value would go to whatever Slurm starts next:
+    a failed or held-back write of the blocked job skips its victims' requeue, audited with why."""
+    cfg = config(tmp_path, policies={"dike": PREEMPTING})
+    failing = cluster_with_a_victim(NOW)
+    failing.failing_jobs.add(2)
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, failing, store).cycle(apply=True)
+    assert failing.requeued == []
+    assert [(e.action, e.message) for e in store.audit_log(1) if e.action != "update"] == [
+        ("skipped", "job 2's pin and priority were not written")]
+    # written: the same plan requeues, and the blocked job has the top of the span and its pin
+    written = cluster_with_a_victim(NOW + 60)
+    Engine(cfg, written, StateStore(cfg.engine.state_db)).cycle(apply=True)
+    assert written.requeued == [1]
+    update = {field: value for u in written.applied if u.job_id == 2 for field, value in u.values}
+    assert update[JobField.REQUIRED_NODES] == ("n1",) and update[JobField.SITE_FACTOR] == cfg.engine.priority_span
+
+
+def follow(cfg, store, time: float, jobs) -> "CycleReport":  # noqa: F821
+    backend = FakeBackend(jobs, nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=time)
+    return Engine(cfg, backend, store).cycle(apply=True)
+
+
+def test_a_preemption_lands_when_its_job_starts_on_the_freed_node(tmp_path):
+    cfg = config(tmp_path, policies={"dike": PREEMPTING})
+    store = StateStore(cfg.engine.state_db)
+    first = cluster_with_a_victim(NOW)
+    Engine(cfg, first, store).cycle(apply=True)
+    assert first.requeued == [1] and [(r.job_id, r.nodes, r.victims) for r in store.freed_rooms()] == [(2, ("n1",), (1,))]
+    report = follow(cfg, store, NOW + 60, [pending(1, "alice", gpus=32, waited=60, **OPTED),
+                                           running(2, "bob", gpus=8, ran=30, node="n1")])
+    assert [o.outcome for o in report.plan.room_outcomes] == ["landed"] and store.freed_rooms() == []
+    assert report.preemption_totals == {"landed": 1, "wasted": 0, "gone": 0}
+    audited = [(e.action, e.change, e.ok, e.message) for e in store.audit_log(2) if e.action == "preemption"]
+    assert audited == [("preemption", "landed", True, "job 2 started on n1, freed for it")]
+
+
+def test_a_preemption_is_wasted_when_its_job_still_waits_two_cycles_after_the_victims_left(tmp_path):
+    cfg = config(tmp_path, policies={"dike": {**PREEMPTING, "protect_freed_nodes": False}})
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, cluster_with_a_victim(NOW), store).cycle(apply=True)
+    # others took n1: the job the room was for waits, its victim requeued (held by Slurm)
+    taken = [running(3, "carol", gpus=8, ran=20, node="n1"),
+             pending(1, "alice", gpus=32, waited=60, eligible_time=NOW + 600, **OPTED),
+             pending(2, "bob", gpus=8, waited=120, placement=Placement(require_nodes=("n1",)))]
+    for step, cycles_since_end in ((1, 1), (2, 2)):
+        report = follow(cfg, store, NOW + 60 * step, taken)
+        assert report.plan.room_outcomes == () and [r.cycles_since_end for r in store.freed_rooms()] == [cycles_since_end]
+    report = follow(cfg, store, NOW + 180, taken)
+    assert [(o.outcome, o.why) for o in report.plan.room_outcomes] == [
+        ("wasted", "job 2 still waits 2 cycles after its victims left n1")]
+    assert "preemption wasted: job 2 still waits 2 cycles after its victims left n1" in report.plan.notes
+    assert report.preemption_totals["wasted"] == 1 and store.freed_rooms() == []
+    assert [(e.change, e.ok) for e in store.audit_log(2) if e.action == "preemption"] == [("wasted", False)]
+
+
+def test_a_grace_period_does_not_count_against_the_preemption():
+    from dike_slurm.freed_rooms import FreedRoom, follow_rooms
+
+    room = FreedRoom(2, ("n1",), (1,), NOW)
+    victim_still_on_n1 = {1: running(1, gpus=32, node="n1"), 2: pending(2, "bob", gpus=8)}
+    still_open, settled = follow_rooms([room], victim_still_on_n1)
+    assert settled == [] and still_open == [room]
+    elsewhere = {2: running(2, "bob", gpus=8, node="n3")}
+    assert [(o.outcome, o.why) for o in follow_rooms([room], elsewhere)[1]] == [
+        ("wasted", "job 2 started on n3, not on n1, freed for it")]
+    assert [o.outcome for o in follow_rooms([room], {})[1]] == ["gone"]
