@@ -80,9 +80,9 @@ soak: $(STAMP)
 eval: $(STAMP)
 	$(BIN)/dike-slurm eval examples/corpus $(SAMPLE) --out out/eval --workers 2 --results docs/results.md
 
-# The replay against the real cluster (issue 13, docs/replay.md "Fidelity"; 15-20 min, root):
+# The replay against the real cluster (issue 13, docs/replay.md "Fidelity"; 25-30 min, root):
 # bench/fidelity.py runs one workload on the 22.05 lab under the live engine (fifo twice, dike
-# twice) and replays each run's sacct through the simulator. It holds the lab lock (flock
+# twice, dike with every job preemptible twice) and replays each run's sacct through the simulator. It holds the lab lock (flock
 # /tmp/dike-lab.lock, shared with everyone using the lab) throughout; each run brings the lab up
 # before and down after, also on failure. Run by hand, bench/fidelity.py takes the lock per run
 # instead. Not part of `make test`. Results: out/fidelity/ (fidelity.json, table.md, fidelity.png, fidelity.html).

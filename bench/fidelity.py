@@ -1,6 +1,6 @@
 """make fidelity: does the replay predict the real cluster? The lab against the simulator, on one workload.
 
-    .venv/bin/python bench/fidelity.py [--jobs 200] [--runs fifo,fifo,dike,dike] [--out out/fidelity]
+    .venv/bin/python bench/fidelity.py [--jobs 200] [--runs fifo,fifo,dike,dike,dike+preempt,dike+preempt] [--out out/fidelity]
 
 1. A workload is generated (`generate_workload`): jobs of 1-16 GPUs, single- and multi-node,
    from several users (root, dikeuser1, dikeuser2), arriving in bursts, each a `sleep` of
@@ -58,6 +58,8 @@ LOCK_FILE = Path("/tmp/dike-lab.lock")
 USERS = ("root", "dikeuser1", "dikeuser2")
 NAME_PREFIX = "fid-"
 ENGINE_INTERVAL_S = 3.0
+# each kind twice: the second run of a kind against its first is the noise floor
+DEFAULT_RUNS = "fifo,fifo,dike,dike,dike+preempt,dike+preempt"
 LAB_GPUS = 32
 SACCT_FORMAT = (
     "JobID,JobIDRaw,JobName,User,Account,Partition,QOS,State,Submit,Eligible,Start,End,Elapsed,ElapsedRaw,"
@@ -309,8 +311,9 @@ def run_config(spec: RunSpec, run_dir: Path, slurm_conf: Path) -> str:
     Thresholds and waits are scaled to a workload of seconds: Dike's levels at 36 and 180
     GPU-seconds, a 20 s consolidation wait. The fair-share term is off (fairness_weight 0): the
     lab's accounting keeps the usage of earlier runs, which the replay of one run does not see.
-    The priority span is wide enough (1e8) that Slurm's own multifactor terms (at most ~13,000
-    on the lab) never reorder two jobs the policy ranked.
+    The priority span is wide enough (1e8, `priority_mode = "over"`: the lab's QOS tiers would cut
+    it to 886,999) that Slurm's own multifactor terms (at most ~13,000 on the lab) never reorder
+    two jobs the policy ranked.
     """
     preemptible = '["gpu"]' if spec.preempt else "[]"
     return f"""# bench/fidelity.py: run {spec.label}
@@ -318,6 +321,7 @@ def run_config(spec: RunSpec, run_dir: Path, slurm_conf: Path) -> str:
 policy = "{spec.policy}"
 interval_s = {ENGINE_INTERVAL_S}
 priority_span = 100000000
+priority_mode = "over"
 state_db = "{run_dir / 'state.sqlite'}"
 max_changes_per_cycle = 2000
 breaker_change_fraction = 1.0
@@ -723,7 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200, help="jobs in the workload")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--load", type=float, default=1.2, help="offered GPU load over the arrival span")
-    parser.add_argument("--runs", default="fifo,fifo,dike,dike", help="lab runs, e.g. fifo,fifo,dike,dike+preempt")
+    parser.add_argument("--runs", default=DEFAULT_RUNS, help="lab runs, e.g. fifo,fifo,dike,dike+preempt")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "fidelity")
     parser.add_argument("--run-deadline", type=float, default=480.0, help="seconds a run may take after its last submission")
     parser.add_argument("--replay-only", action="store_true", help="compare the dumps already in --out")

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from dike_slurm.backends.base import Backend, JobField, WriteOutcome
+from dike_slurm.backends.base import Backend, JobField, WriteOutcome, started
 from dike_slurm.config import Config
 from dike_slurm.decisions import Requeue, service_forgiven
 from dike_slurm.freed_rooms import WASTED, FreedRoom
@@ -260,7 +260,9 @@ class Applier:
                     if key not in write.restores:
                         self.store.record_write(write.job_id, key, originals[key], value, now)
                 self.store.release(write.job_id, write.restores)
-            elif outcome.job_gone and write.kind == "placement":
+            elif outcome.job_gone and write.kind == "placement" and not started(outcome):
+                # gone for good; a job that started keeps its constraints in Slurm (they apply again
+                # after a requeue), so the engine keeps them too and puts them back once it is pending
                 self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
         log.info(
             "job %s: %s (%s)%s", write.job_id, change, write.reason,

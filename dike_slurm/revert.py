@@ -17,7 +17,7 @@ from dike_slurm.backends.base import (
     placement_value,
 )
 from dike_slurm.model import Job, JobState
-from dike_slurm.reconcile import PlannedWrite
+from dike_slurm.reconcile import PlannedWrite, describe_value, values_match
 from dike_slurm.state import AuditEntry, StateStore
 
 
@@ -27,6 +27,9 @@ class RevertPlan:
 
     writes: tuple[PlannedWrite, ...]
     released: tuple[tuple[int, JobField, str], ...]  # (job, field, why) let go without a write
+    # (job, field, why) still the engine's but not writable now: a constraint on a running job,
+    # which Slurm keeps and applies again if the job is requeued (revert again then)
+    kept: tuple[tuple[int, JobField, str], ...] = ()
 
 
 def revert_plan(backend: Backend, store: StateStore, job_ids: Collection[int] | None = None) -> RevertPlan:
@@ -36,6 +39,7 @@ def revert_plan(backend: Backend, store: StateStore, job_ids: Collection[int] | 
     jobs = {j.job_id: j for j in cluster.jobs}
     writes: list[PlannedWrite] = []
     released: list[tuple[int, JobField, str]] = []
+    kept: list[tuple[int, JobField, str]] = []
     for job_id, fields in sorted(store.owned().items()):
         if job_ids is not None and job_id not in job_ids:
             continue
@@ -46,7 +50,14 @@ def revert_plan(backend: Backend, store: StateStore, job_ids: Collection[int] | 
         values: dict[JobField, FieldValue] = {}
         for key, mine in fields.items():
             if key.is_placement and job.state is not JobState.PENDING:
-                released.append((job_id, key, "job is no longer pending: its constraint is spent"))
+                if values_match(key, placement_value(job.placement, key), mine.original):
+                    released.append((job_id, key, "job is no longer pending; Slurm holds the original"))
+                else:
+                    # Slurm keeps a running job's constraints and applies them again after a requeue,
+                    # and cannot clear them while it runs (an update of its node list would shrink it)
+                    kept.append((job_id, key, f"{key.value} {describe_value(placement_value(job.placement, key))} "
+                                              f"stays on the {job.state.value.lower()} job: Slurm cannot clear it "
+                                              "until the job is pending again (requeued); revert again then"))
                 continue
             values[key] = mine.original
         if values:
@@ -56,7 +67,7 @@ def revert_plan(backend: Backend, store: StateStore, job_ids: Collection[int] | 
                 job_id, update, update, tuple(values.items()), tuple(values), "revert", len(writes),
                 tuple(before.items()),
             ))
-    return RevertPlan(tuple(writes), tuple(released))
+    return RevertPlan(tuple(writes), tuple(released), tuple(kept))
 
 
 def job_value(job: Job, key: JobField, cluster: ClusterState, written: FieldValue) -> FieldValue:

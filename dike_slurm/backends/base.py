@@ -137,6 +137,11 @@ class WriteOutcome:
     job_gone: bool = False  # the job ended or started meanwhile: not an engine error
 
 
+def started(outcome: WriteOutcome) -> bool:
+    """A write refused because the job is no longer pending (it started): the job is still there."""
+    return not outcome.ok and "no longer pending" in outcome.message
+
+
 @dataclass(frozen=True)
 class ClusterState:
     """The cluster as one backend read sees it.

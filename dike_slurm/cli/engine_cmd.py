@@ -193,8 +193,9 @@ def revert_command(
         row = write_row(write, None, None if not apply else "ok" if outcome.ok else outcome.message)
         rows.append(row | {"command": engine.backend.describe(write.update)})
     released = [{"job_id": j, "field": f.value, "why": why} for j, f, why in plan.released]
+    kept = [{"job_id": j, "field": f.value, "why": why} for j, f, why in plan.kept]
     if as_json:
-        emit_json("revert", source, {"applied": apply, "writes": rows, "released": released})
+        emit_json("revert", source, {"applied": apply, "writes": rows, "released": released, "kept": kept})
     else:
         result = table("revert" + ("" if apply else " (dry run)"),
                        ["job", "restore", "command"] + (["result"] if apply else []), no_wrap=("job",))
@@ -202,7 +203,10 @@ def revert_command(
             restore = ", ".join(f"{c['field']} {c['old']} -> {c['new']}" for c in row["changes"])
             result.add_row(*(_safe(c) for c in [row["job"], restore, row["command"]] + ([row["result"]] if apply else [])))
         console.print(result)
-        console.print(f"{len(plan.writes)} job(s) to restore, {len(plan.released)} field(s) released without a write")
+        console.print(f"{len(plan.writes)} job(s) to restore, {len(plan.released)} field(s) released without a write, "
+                      f"{len(plan.kept)} left as they are", highlight=False)
+        for entry in released + kept:
+            console.print(_safe(f"job {entry['job_id']}: {entry['field']}: {entry['why']}"), highlight=False)
     if apply and any(not o.ok and not o.job_gone for o in outcomes.values()):
         raise typer.Exit(1)
 

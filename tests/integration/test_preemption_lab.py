@@ -185,3 +185,25 @@ def test_without_protection_the_jobs_slurm_puts_first_take_the_freed_node(slurm_
     cycle(engine, DIKE_POLICIES__DIKE__PROTECT_FREED_NODES="false")  # the third after the victim left
     assert preemption_outcomes(engine) == [(beneficiary, "wasted")]
     print(f"FIGURES freed room unprotected: both 4-GPU jobs took {node}, job {beneficiary} still pending")
+
+
+def test_revert_leaves_no_pin_behind_and_names_the_one_slurm_keeps_on_a_running_job(slurm_lab, engine):
+    lab = slurm_lab
+    engine.env.update(EQUAL_VALUES)
+    _, beneficiary, node, _, cycles = preempt_and_follow(lab, engine)
+    assert cycles <= 2 and required_nodes(lab, beneficiary) == node
+    # Slurm refuses to clear a running job's node list (it would be a request to shrink the job)
+    refused = lab.run("scontrol", "update", f"JobId={beneficiary}", "ReqNodeList=", check=False)
+    assert refused.returncode != 0 and required_nodes(lab, beneficiary) == node, refused.stderr
+    proc = engine.run("revert", "--apply", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"job {beneficiary}: ReqNodeList: ReqNodeList {node} stays on the running job" in " ".join(proc.stdout.split())
+    # requeued, it is pending with the pin Slurm kept: revert clears it now
+    lab.run("scontrol", "requeue", str(beneficiary))
+    lab.wait_for(lambda: lab.job_state(beneficiary) == "PENDING", 60, f"job {beneficiary} pending again")
+    assert required_nodes(lab, beneficiary) == node
+    proc = engine.run("revert", "--apply", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert required_nodes(lab, beneficiary) in ("", "(null)")
+    with sqlite3.connect(engine.state_db) as db:
+        assert db.execute("SELECT COUNT(*) FROM owned WHERE field = 'ReqNodeList'").fetchone()[0] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine_fixtures import NOW, TOPOLOGY, config, nodes, pending, running
 from test_backend_contract import Recorder, backend
 
@@ -138,3 +140,56 @@ def test_a_grace_period_does_not_count_against_the_preemption():
     assert [(o.outcome, o.why) for o in follow_rooms([room], elsewhere)[1]] == [
         ("wasted", "job 2 started on n3, not on n1, freed for it")]
     assert [o.outcome for o in follow_rooms([room], {})[1]] == ["gone"]
+
+
+def test_a_pin_outlives_its_run_and_is_cleared_once_the_job_is_requeued_or_by_revert(tmp_path):
+    """Slurm keeps a running job's ReqNodeList (an update would shrink the job) and applies it
+    again after a requeue: the engine keeps owning the pin, revert names it instead of forgetting
+    it, and once the job is pending again without a live preemption the pin is cleared."""
+    from dike_slurm.model import JobState
+
+    cfg = config(tmp_path, policies={"dike": PREEMPTING})
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, cluster_with_a_victim(NOW), store).cycle(apply=True)
+    ran = FakeBackend([running(2, "bob", gpus=8, ran=30, node="n1", placement=Placement(require_nodes=("n1",)))],
+                      nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=NOW + 60)
+    Engine(cfg, ran, store).cycle(apply=True)
+    assert JobField.REQUIRED_NODES in store.owned()[2]
+    plan = Engine(cfg, ran, store).revert_plan()
+    assert [(j, f, why.split(":")[0]) for j, f, why in plan.kept] == [
+        (2, JobField.REQUIRED_NODES, "ReqNodeList n1 stays on the running job")]
+    assert not any(j == 2 and f is JobField.REQUIRED_NODES for j, f, _ in plan.released)
+    # requeued: pending with the pin Slurm kept, no preemption followed for it any more
+    requeued = FakeBackend([pending(2, "bob", gpus=8, waited=10, placement=Placement(require_nodes=("n1",)))],
+                           nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=NOW + 600)
+    Engine(cfg, requeued, store).cycle(apply=True)
+    assert requeued.jobs[2].placement.require_nodes == () and requeued.jobs[2].state is JobState.PENDING
+    assert JobField.REQUIRED_NODES not in store.owned().get(2, {})
+
+
+def test_a_job_that_started_before_its_constraint_was_cleared_stays_owned(tmp_path):
+    """Between the read and the write the job started: Slurm refuses the placement write ("no
+    longer pending") but keeps the constraint, so the engine keeps owning it (to clear it after
+    a requeue); a job that is gone for good is let go of."""
+    from dike_slurm.model import JobState
+
+    cfg = config(tmp_path, policies={"dike": PREEMPTING})
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, cluster_with_a_victim(NOW), store).cycle(apply=True)  # pins job 2 to n1
+
+    class StartsMeanwhile(FakeBackend):
+        def read_cluster(self):
+            state = super().read_cluster()
+            self.jobs[2] = replace(self.jobs[2], state=JobState.RUNNING, nodes=("n2",))
+            return state
+
+    # job 2 waits, pinned, with no preemption left for it on n1: the engine clears the pin
+    backend = StartsMeanwhile([pending(2, "bob", gpus=8, waited=120, placement=Placement(require_nodes=("n1",))),
+                               running(3, "carol", gpus=8, ran=100, node="n1")],
+                              nodes({f"n{i}": 8 for i in range(1, 5)}), TOPOLOGY, time=NOW + 60)
+    with store.transaction():
+        store.set_freed_rooms([])  # no preemption followed for it any more
+    report = Engine(cfg, backend, store).cycle(apply=True)
+    refused = [o for w, o in report.outcomes if w.job_id == 2 and not o.ok]
+    assert refused and "no longer pending" in refused[0].message
+    assert JobField.REQUIRED_NODES in store.owned()[2]
