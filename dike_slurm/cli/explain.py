@@ -106,6 +106,10 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
     if document["audit"]:
         lines.append("audit (newest last):")
         for entry in document["audit"]:
+            if entry["action"] == "preemption":  # an outcome, not a write: landed, wasted or gone, and why
+                lines += [f"  {entry['time']} preemption for it {entry['change']}: {entry['message']}",
+                          f"      {entry['reason']}"]
+                continue
             outcome = "ok" if entry["ok"] else f"FAILED: {entry['message']}"
             lines += [f"  {entry['time']} {entry['action']}: {entry['change']} [{outcome}]",
                       f"      command: {entry['command']}", f"      undo:    {entry['undo']}"]

@@ -169,6 +169,8 @@ def test_the_node_a_preemption_frees_goes_to_the_job_it_was_freed_for(slurm_lab,
     lab.wait_for(lambda: sum(lab.job_state(j) == "RUNNING" for j in others) == 1, 30, "one 4-GPU job runs beside it")
     cycle(engine)  # the engine sees it running (it may have started after the last cycle's read)
     assert preemption_outcomes(engine) == [(beneficiary, "landed")]
+    explained = " ".join(engine.run("explain", str(beneficiary), timeout=60).stdout.split())
+    assert f"preemption for it landed: job {beneficiary} started on {node}, freed for it" in explained
     print(f"FIGURES freed room (repeat {repeat}): job {beneficiary} running on {node} {cycles} cycle(s) after "
           "its victim left")
 

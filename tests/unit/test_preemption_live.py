@@ -193,3 +193,19 @@ def test_a_job_that_started_before_its_constraint_was_cleared_stays_owned(tmp_pa
     refused = [o for w, o in report.outcomes if w.job_id == 2 and not o.ok]
     assert refused and "no longer pending" in refused[0].message
     assert JobField.REQUIRED_NODES in store.owned()[2]
+
+
+def test_explain_says_whether_the_preemption_for_a_job_landed(tmp_path):
+    from dike_slurm.cli.explain import explain_lines
+    from dike_slurm.cli.views import audit_row
+
+    cfg = config(tmp_path, policies={"dike": PREEMPTING})
+    store = StateStore(cfg.engine.state_db)
+    Engine(cfg, cluster_with_a_victim(NOW), store).cycle(apply=True)
+    follow(cfg, store, NOW + 60, [pending(1, "alice", gpus=32, waited=60, **OPTED),
+                                  running(2, "bob", gpus=8, ran=30, node="n1")])
+    document = {"job_id": 2, "status": "finished", "query": "2", "job": None, "owned": [],
+                "audit": [audit_row(e) for e in store.audit_log(2) if e.action == "preemption"]}
+    lines = explain_lines(document)
+    assert any(line.endswith("preemption for it landed: job 2 started on n1, freed for it") for line in lines), lines
+    assert any("requeued 1 at" in line and "to free n1" in line for line in lines), lines
