@@ -22,13 +22,13 @@ from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
 from dike_slurm.model import Job, JobState, Snapshot
+from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.policies.base import Policy
 from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrite, is_exempt
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
 from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
-from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
     JobService,
