@@ -164,7 +164,7 @@ def score_ceiling(decisions: Decisions, declared: float | None) -> float:
 
 def priority_value(score: float, ceiling: float, span: int, reserve: int = 0) -> int:
     """A policy score as an integer in [1, span - reserve]; higher runs first. The top `reserve`
-    values are kept for protected jobs (`protected_value`)."""
+    values are kept for protected jobs (`wanted_value`)."""
     clamped = min(max(score, 0.0), ceiling)
     top = span - reserve if span - reserve > 1 else 1
     return 1 + round((top - 1) * clamped / ceiling)

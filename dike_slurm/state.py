@@ -283,7 +283,7 @@ class StateStore:
         )
 
     def preemption_totals(self) -> dict[str, int]:
-        """Landed, wasted and gone preemptions since the state file was made."""
+        """Requeues whose preemption landed, was wasted or went unjudged (gone) since the state file was made."""
         return {outcome: int(self._meta(f"preemptions_{outcome}") or 0) for outcome in (LANDED, WASTED, GONE)}
 
     def add_preemption_outcomes(self, counts: Mapping[str, int]) -> None:
