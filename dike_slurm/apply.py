@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from dike_slurm.backends.base import Backend, JobField, WriteOutcome, started
 from dike_slurm.config import Config
 from dike_slurm.decisions import Requeue, service_forgiven
-from dike_slurm.freed_rooms import WASTED, FreedRoom
+from dike_slurm.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
 from dike_slurm.model import Job
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, PlannedWrite, describe_value
@@ -327,10 +326,7 @@ class Applier:
                     f"requeued {', '.join(map(str, room.victims))} at {format_timestamp(room.requeued_at)} "
                     f"to free {','.join(room.nodes)}",
                 ))
-            settled: Counter[str] = Counter()
-            for outcome in plan.room_outcomes:  # counted in requeues, as the replay counts them
-                settled[outcome.outcome] += len(outcome.room.victims)
-            self.store.add_preemption_outcomes(settled)
+            self.store.add_preemption_outcomes(requeues_by_outcome(plan.room_outcomes))
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             # last_seen may lag the truth by LAST_SEEN_EVERY_S: never forget a job sooner than FORGET_AFTER_S
             self.store.forget_jobs(plan.time - FORGET_AFTER_S - LAST_SEEN_EVERY_S)

@@ -10,6 +10,7 @@ Pure: the engine reads the open rooms from the state store and stores what this 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,14 @@ class RoomOutcome:
     room: FreedRoom
     outcome: str  # LANDED | WASTED | GONE
     why: str
+
+
+def requeues_by_outcome(settled: Iterable[RoomOutcome]) -> Counter[str]:
+    """Settled preemptions counted in requeues (a room's victims), as the replay counts them."""
+    counts: Counter[str] = Counter()
+    for outcome in settled:
+        counts[outcome.outcome] += len(outcome.room.victims)
+    return counts
 
 
 def follow_rooms(rooms: Iterable[FreedRoom], jobs: Mapping[int, Job]) -> tuple[list[FreedRoom], list[RoomOutcome]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dike_slurm.freed_rooms import GONE, LANDED, WASTED, requeues_by_outcome
+
 if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
 
@@ -30,9 +32,9 @@ def write_metrics(report: CycleReport, path: Path) -> None:
                     "for started on the freed nodes), wasted, gone", ["outcome"], registry=registry)
     totals = Gauge("dike_slurm_preemptions_total", "requeues settled since the state file was made",
                    ["outcome"], registry=registry)
-    for outcome in ("landed", "wasted", "gone"):
-        settled.labels(outcome=outcome).set(
-            sum(len(o.room.victims) for o in report.plan.room_outcomes if o.outcome == outcome))
+    counts = requeues_by_outcome(report.plan.room_outcomes)
+    for outcome in (LANDED, WASTED, GONE):
+        settled.labels(outcome=outcome).set(counts[outcome])
         totals.labels(outcome=outcome).set(report.preemption_totals.get(outcome, 0))
     jobs = Gauge("dike_slurm_jobs", "managed active jobs per queue level", ["level"], registry=registry)
     for level in sorted({p.level for p in report.plan.jobs if p.managed and p.level is not None}):

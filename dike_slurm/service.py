@@ -15,7 +15,6 @@ import os
 import signal
 import sqlite3
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from dike_slurm.backends import open_backend
 from dike_slurm.config import Config, RetentionSettings
 from dike_slurm.engine import Engine
 from dike_slurm.errors import DikeError
+from dike_slurm.freed_rooms import requeues_by_outcome
 from dike_slurm.metrics import write_metrics
 from dike_slurm.state import Pruned, StateError, StateStore
 
@@ -50,9 +50,7 @@ def summary_line(report: CycleReport) -> str:
     managed = sum(1 for p in plan.jobs if p.managed)
     written = sum(1 for _, o in report.outcomes if o.ok)
     verb = "written" if report.applied else "planned"
-    settled: Counter[str] = Counter()
-    for outcome in plan.room_outcomes:  # in requeues
-        settled[outcome.outcome] += len(outcome.room.victims)
+    settled = requeues_by_outcome(plan.room_outcomes)
     preemptions = (f", preemptions {settled['landed']} landed {settled['wasted']} wasted" if settled else "")
     return (f"cycle: {len(plan.jobs)} jobs in scope ({managed} managed, {plan.out_of_scope} out of scope), "
             f"{written if report.applied else len(plan.writes)} change(s) {verb}, {report.errors} error(s), "

@@ -27,6 +27,7 @@ from operator import attrgetter
 
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, service_forgiven
 from dike_slurm.errors import DikeError
+from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
@@ -42,7 +43,6 @@ from dike_slurm.sim.usage import DecayedUsage
 # Event kinds, in the order they are handled within a round; the passes make a round of their own.
 FINISH, SUBMIT, WAKE, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(7)
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
-WASTED_AFTER_CYCLES = 2  # a preemption whose beneficiary has not started this many cycles after the victims ended is wasted
 
 
 class SimulationStuck(DikeError):
