@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import datetime
 import fcntl
@@ -559,7 +560,9 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
 
     config = load_config(run_dir / "dike.toml", environ={}, offline=True)
     replay_input = load_input(run_dir / "sacct.txt", run_dir / "slurm.conf", run_dir / "topology.conf")
-    settings = sim_settings(config, replay_input.conf, source=str(run_dir / "slurm.conf"))
+    # The engine's writes reach Slurm one cycle time after its reads: the run's own, measured.
+    settings = dataclasses.replace(sim_settings(config, replay_input.conf, source=str(run_dir / "slurm.conf")),
+                                   cycle_latency_s=measured_cycle_s(run_dir / "state.sqlite"))
     trace = replay_trace(replay_input.trace.jobs, run_dir)
     cluster = SimCluster(replay_input.conf, replay_input.topology)
     results = []
@@ -576,7 +579,18 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
                 preemptions=result.preemptions,
             )
     return outcomes, {"preemptions": stats.preemptions, "cycles": stats.cycles, "passes": stats.passes,
-                      "backfill_passes": stats.backfill_passes}
+                      "backfill_passes": stats.backfill_passes, "cycle_latency_s": settings.cycle_latency_s}
+
+
+def measured_cycle_s(state_db: Path) -> float:
+    """The mean wall time of the run's engine cycles that had jobs in scope (its state store)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{state_db}?mode=ro", uri=True)) as db:
+        (mean,) = db.execute("SELECT avg(seconds) FROM cycles WHERE jobs > 0").fetchone()
+    if mean is None:
+        raise FidelityError(f"{state_db}: no engine cycle with jobs in scope; the run did not happen")
+    return round(mean, 3)
 
 
 def replay_trace(trace, run_dir: Path):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dike_slurm.errors import ConfigError, RegistryError
 from dike_slurm.policies.base import PolicyParams
@@ -122,6 +122,14 @@ class ReplaySettings(_Section):
     """The offline simulator."""
 
     interval_s: float = Field(60.0, gt=0, description="policy cycle in simulated seconds")
+    cycle_latency_s: float = Field(
+        1.0, ge=0, description="seconds from a cycle's reads to its writes reaching Slurm: the live "
+        "engine's cycle time (`dike-slurm status`, last cycle); below interval_s",
+    )
+    run_overhead_s: float = Field(
+        0.05, ge=0, description="a run ends this long after its recorded run time (Slurm's launch and "
+        "exit; sacct's whole seconds would otherwise end it exactly at a pass or cycle of that second)",
+    )
     comm_penalty: float = Field(
         1.0, ge=0, description="a heavy job spread over s leaves runs 1 + penalty x (s-1) times longer"
     )
@@ -144,6 +152,15 @@ class ReplaySettings(_Section):
         description="QOS name -> Priority for Slurm's QOS factor; a qos.txt beside slurm.conf "
         "(`sacctmgr show qos -P` output) is read instead when present",
     )
+
+    @model_validator(mode="after")
+    def _latency_within_the_cycle(self) -> ReplaySettings:
+        if self.cycle_latency_s >= self.interval_s:
+            raise ValueError(
+                f"cycle_latency_s ({self.cycle_latency_s:g}) must be below interval_s ({self.interval_s:g}): "
+                "the engine starts a cycle only when the last one has written; set replay.cycle_latency_s"
+            )
+        return self
 
 
 class Config(_Section):

@@ -206,7 +206,7 @@ class Service:
                 log.warning("retrying in %g s (failure %d in a row)", wait, self.failures)
             while (self.engine.backend.realtime and self.signals.stop is None and not self.signals.reload
                    and self.clock() - started < wait):
-                self.sleep(min(POLL_S, wait))
+                self.sleep(min(POLL_S, wait - (self.clock() - started)))  # the next cycle starts on time
             if self.signals.stop is not None:
                 log.info("%s: stopping after the cycle", signal.Signals(self.signals.stop).name)
                 return False

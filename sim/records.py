@@ -17,6 +17,8 @@ class SimSettings:
     """Everything the simulator needs besides the trace, the cluster and the policy."""
 
     interval_s: float = 60.0
+    cycle_latency_s: float = 0.0  # from a cycle's snapshot to its decisions reaching Slurm (below interval_s)
+    run_overhead_s: float = 0.0  # a run ends this long after its work (Slurm's launch and exit)
     comm_penalty: float = 1.0
     restart_cost_s: float = 120.0  # a requeued job's restart (reload, warm-up) before it progresses
     checkpoint_interval_s: float = 1800.0  # jobs checkpoint every this much work; 0: nothing is lost

@@ -118,6 +118,8 @@ def sim_settings(
     engine = config.engine
     return SimSettings(
         interval_s=replay.interval_s,
+        cycle_latency_s=replay.cycle_latency_s,
+        run_overhead_s=replay.run_overhead_s,
         comm_penalty=replay.comm_penalty if comm_penalty is None else comm_penalty,
         restart_cost_s=replay.restart_cost_s,
         checkpoint_interval_s=replay.checkpoint_interval_s,

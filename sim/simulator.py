@@ -4,11 +4,11 @@ A simulator you step, in SimPy's manner: `step()` handles the next event of one 
 steps to a time or to the end. Events are ordered by (time, round, kind, sequence). At one
 instant they are handled in rounds: those due when the instant begins, then those that round
 added for the same instant, and so on; within a round run ends come first, then submissions,
-then wake-ups (a job becoming eligible, a Switches wait running out), then the policy cycle and
-the backfill tick. When no event of the instant is left, Slurm's passes follow as one more round
-(sim/scheduler.py): the main pass if anything changed, the backfill pass if its tick fell and
-something changed since its last pass. See docs/replay.md for the semantics and the
-simplifications.
+then wake-ups (a job becoming eligible, a Switches wait running out), then a cycle's decisions
+reaching Slurm, then the policy cycle and the backfill tick. When no event of the instant is
+left, Slurm's passes follow as one more round (sim/scheduler.py): the main pass if anything
+changed, the backfill pass if its tick fell and something changed since its last pass. See
+docs/replay.md for the semantics and the simplifications.
 
 Over 500 lines for a reason: the loop, the job lifecycle, the policy cycle and the snapshot views
 share the jobs' mutable state (the views are cached per job and invalidated by the lifecycle);
@@ -41,7 +41,7 @@ from dike_slurm.sim.trace import TraceJob
 from dike_slurm.sim.usage import DecayedUsage
 
 # Event kinds, in the order they are handled within a round; the passes make a round of their own.
-FINISH, SUBMIT, WAKE, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(7)
+FINISH, SUBMIT, WAKE, LAND, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(8)
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
 
 
@@ -105,6 +105,8 @@ class Simulator:
         self.round = 0  # of the event being handled
         self.instant_open = False  # events of this instant were handled, its passes are not scheduled yet
         self.awaiting: Awaiting | None = None
+        # A cycle's decisions on their way to Slurm: (decisions, the snapshot's views and time, written)
+        self.landing: tuple[Decisions, Mapping[int, Job], float, Mapping[int, int] | None] | None = None
         self.active: dict[int, SimJob] = {}  # submit order
         self.engine_placed: set[int] = set()  # jobs carrying a constraint the policy asked for
         # beneficiary -> (the nodes freed for it, victims, the cycle by which it must have started)
@@ -184,6 +186,8 @@ class Simulator:
             if job is not None and job.state == PENDING:
                 self.scheduler.count_eligible(job)  # it became eligible
             self._touch()
+        elif kind == LAND:
+            self._land()
         elif kind == CYCLE:
             self._cycle(now)
         else:
@@ -300,7 +304,8 @@ class Simulator:
         if job.heavy and extra_leaves > 0:
             job.all_consolidated = False
         restart = self.settings.restart_cost_s if job.restart_due else 0.0
-        job.finish_token = self._push(now + restart + job.work_left * job.slowdown, FINISH, job)
+        run_s = restart + job.work_left * job.slowdown + self.settings.run_overhead_s
+        job.finish_token = self._push(now + run_s, FINISH, job)
         job.planned_end = job.limit_end(now)
         job.run_count += 1
         job.pending_view = None
@@ -497,10 +502,26 @@ class Simulator:
         if awaiting is None:
             raise DikeError("no policy cycle awaits decisions")
         self.awaiting = None
+        latency = self.settings.cycle_latency_s
+        if latency > 0 and awaiting.then is None:
+            # The live engine writes after its reads and its decision: Slurm sees the cycle's
+            # decisions this long after the snapshot (a postponed cycle, evaluated inside a pass,
+            # stands for one that ran earlier, so its decisions are in place already).
+            self.landing = (decisions, awaiting.views, awaiting.snapshot.time, written)
+            self._push(awaiting.snapshot.time + latency, LAND)
+            return
         self._apply(decisions, awaiting.views, awaiting.snapshot.time, written)
         self._touch()
         if awaiting.then is not None:
             awaiting.then()
+
+    def _land(self) -> None:
+        """A cycle's decisions reach Slurm."""
+        assert self.landing is not None
+        decisions, views, decided_at, written = self.landing
+        self.landing = None
+        self._apply(decisions, views, decided_at, written)
+        self._touch()
 
     def _snapshot(self, at: float) -> tuple[Snapshot, dict[int, Job]]:
         views: dict[int, Job] = {}
@@ -513,7 +534,8 @@ class Simulator:
             # with time (dataclasses.replace re-runs __init__ over every field, which would
             # dominate the cycle at scale).
             fields = (job.running_base or self._running_base(job)).__dict__.copy()
-            elapsed = at - job.start if at > job.start else 0.0
+            reported = math.floor(job.start)  # Slurm reports StartTime in whole seconds
+            elapsed = at - reported if at > reported else 0.0
             fields["attained_gpu_s"] = job.attained + job.trace.gpus * elapsed
             fields["last_run_s"] = elapsed
             view = new(Job)
@@ -561,7 +583,7 @@ class Simulator:
 
     def _running_base(self, job: SimJob) -> Job:
         base = Job(
-            state=JobState.RUNNING, start_time=job.start, attained_gpu_s=job.attained, placement=job.placement,
+            state=JobState.RUNNING, start_time=math.floor(job.start), attained_gpu_s=job.attained, placement=job.placement,
             nodes=tuple(self.cluster.names[n] for n in job.nodes), **self._job_fields(job),
         )
         job.running_base = base
@@ -580,9 +602,10 @@ class Simulator:
             state = "MIXED"
         return Node(template.name, total, allocated, template.cpus, state, template.features, template.partitions)
 
-    def _apply(self, decisions: Decisions, views: Mapping[int, Job], now: float,
+    def _apply(self, decisions: Decisions, views: Mapping[int, Job], decided_at: float,
                written: Mapping[int, int] | None) -> None:
-        active = self.active
+        """A cycle's decisions, made on the views of `decided_at`, take effect now."""
+        active, now = self.active, self.now
         for decision in decisions.priorities:
             job = active.get(decision.job_id)
             if job is None:
@@ -603,9 +626,9 @@ class Simulator:
         self.scheduler.set_order([job for job in active.values() if job.state == PENDING], now)
         if decisions.requeues:
             running = {job_id: view for job_id, view in views.items() if view.state is JobState.RUNNING}
-            decisions, refused = guard_requeues(decisions, running, now, self.requeue_limits)
+            decisions, refused = guard_requeues(decisions, running, decided_at, self.requeue_limits)
             self.stats.requeues_refused += len(refused)
-        self._apply_placements(decisions, now)
+        self._apply_placements(decisions)
         for requeue in decisions.requeues:
             job = active.get(requeue.job_id)
             if job is not None and job.state == RUNNING:
@@ -613,7 +636,7 @@ class Simulator:
                 self._freed_for(requeue.for_job, decisions)
         self.timeline.add_levels(now, Counter(map(attrgetter("level"), decisions.priorities)))
 
-    def _apply_placements(self, decisions: Decisions, now: float) -> None:
+    def _apply_placements(self, decisions: Decisions) -> None:
         """The cycle's placements are the wanted constraints: one not re-asserted is removed."""
         wanted: dict[int, Placement] = {}
         for decision in decisions.placements:

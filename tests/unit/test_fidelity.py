@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dike_slurm.state import CycleSummary, StateStore
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -203,6 +205,11 @@ def write_run(tmp_path: Path) -> Path:
         row(105, "fid-0003", "COMPLETED", 3, 20, 26, 6, 1, "n2", 8, user="dikeuser1", limit="UNLIMITED"),
     ]
     (run / "sacct.txt").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    store = StateStore(run / "state.sqlite")  # the run's engine cycles: an idle one, and two of 0.3 and 0.5 s
+    with store.transaction():
+        for started, seconds, jobs in ((0.0, 2.0, 0), (3.0, 0.3, 2), (6.0, 0.5, 3)):
+            store.record_cycle(CycleSummary(started, seconds, "fifo", True, jobs, jobs, 0, 0, 6))
+    store.close()
     return run
 
 
@@ -222,10 +229,20 @@ def test_the_replay_of_a_run_starts_over_requeued_sleeps(tmp_path):
     _, origin, index_of = fidelity.real_outcomes(run)
     replayed, stats = fidelity.replay_outcomes(run, "fifo", origin, index_of)
     assert set(replayed) == {0, 1, 2, 3}
-    # job 1 was requeued on the lab: replayed with its last run's length (8 s), not 3 + 8
-    assert replayed[1].end - replayed[1].start == 8 and replayed[1].preemptions == 0
+    # job 1 was requeued on the lab: replayed with its last run's length (8 s), not 3 + 8, and the
+    # run's launch and exit (replay.run_overhead_s)
+    assert replayed[1].end - replayed[1].start == pytest.approx(8.05) and replayed[1].preemptions == 0
     assert replayed[0].start == 0 and replayed[0].leaves == 1 and replayed[0].nodes == 2
     assert stats["preemptions"] == 0
+    assert stats["cycle_latency_s"] == 0.4  # the mean of the run's cycles with jobs in scope
+
+
+def test_a_run_without_engine_cycles_is_refused(tmp_path):
+    run = write_run(tmp_path)
+    (run / "state.sqlite").unlink()
+    StateStore(run / "state.sqlite").close()
+    with pytest.raises(fidelity.FidelityError, match="no engine cycle with jobs in scope"):
+        fidelity.measured_cycle_s(run / "state.sqlite")
 
 
 def test_replay_only_writes_the_table_the_json_and_the_plot(tmp_path, capsys):

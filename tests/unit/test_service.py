@@ -111,10 +111,23 @@ def test_failed_cycles_back_off_and_a_success_resets_the_wait(caplog):
     steps.append(lambda: setattr(svc.signals, "stop", signal.SIGTERM))
     with caplog.at_level(logging.INFO, logger="dike_slurm.run"):
         assert svc.run() is False
-    assert gaps(made[0].starts) == pytest.approx([5, 10, 20, 40, 60, 60, 5], abs=0.21)
+    assert gaps(made[0].starts) == pytest.approx([5, 10, 20, 40, 60, 60, 5])
     assert "retrying in 40 s (failure 4 in a row)" in caplog.text
     assert caplog.text.count("cycle failed: squeue: timed out after 30 s") == 6
     assert "SIGTERM: stopping after the cycle" in caplog.text
+
+
+def test_cycles_start_every_interval_however_long_a_cycle_takes():
+    """A cycle of 0.46 s (the lab's mean) does not push the next one later: they start 60 s apart."""
+    steps: list[Callable[[], None]] = []
+    svc, clock, made = service(steps)
+
+    def slow() -> None:
+        clock.now += 0.46
+
+    steps += [slow, slow, slow, lambda: setattr(svc.signals, "stop", signal.SIGTERM)]
+    svc.run()
+    assert gaps(made[0].starts) == [60, 60, 60]
 
 
 def test_errors_are_counted_in_a_row_and_reset_by_a_good_cycle():

@@ -376,6 +376,32 @@ def test_a_requeue_loses_the_work_since_the_last_checkpoint_and_the_restart():
     assert first.gpu_seconds == 8 * (120 + 960)
 
 
+def test_a_cycles_decisions_reach_slurm_after_its_reads_and_runs_end_after_their_work():
+    """The live engine writes one cycle time after it read (replay.cycle_latency_s); a run ends its
+    launch and exit after its work (replay.run_overhead_s); squeue shows StartTime in whole seconds."""
+    trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100)]
+    policy = LeastServedPreempting()
+    results, _ = simulate(trace, policy, PreemptParams(), checkpoint_interval_s=0.0, requeue_hold_s=0.0,
+                          restart_cost_s=0.0, cycle_latency_s=0.5, run_overhead_s=0.05)
+    # decided on the snapshot of t=120, requeued when the write lands at 120.5
+    assert [j.state for s in policy.snapshots if s.time == 120 for j in s.jobs if j.job_id == 1] == [JobState.RUNNING]
+    assert results[2].start == 120.5 and results[2].end == pytest.approx(220.55)
+    running = next(j for s in policy.snapshots if s.time == 180 for j in s.jobs if j.job_id == 2)
+    assert running.start_time == 120 and running.last_run_s == 60 and running.attained_gpu_s == 8 * 60
+    # job 1 kept its 120.5 s of work and runs the 879.5 s left
+    assert results[1].preemptions == 1 and results[1].end == pytest.approx(220.55 + 879.5 + 0.05)
+
+
+def test_the_replays_cycle_latency_stays_below_its_interval():
+    from pydantic import ValidationError
+
+    from dike_slurm.config import Config
+
+    assert Config().replay.cycle_latency_s == 1.0 and Config().replay.run_overhead_s == 0.05
+    with pytest.raises(ValidationError, match="cycle_latency_s \\(3\\) must be below interval_s \\(3\\)"):
+        Config.model_validate({"replay": {"interval_s": 3, "cycle_latency_s": 3}})
+
+
 def test_a_requeued_job_is_held_as_slurm_holds_it():
     """Slurm sets a requeued job's begin time to the requeue + cred_expire + 1 s (121 s by default;
     tests/integration/test_fidelity_lab.py): job 1, requeued at t=120, may not start before t=241,
