@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.evaluate import BASELINE_SETTING, FIFO, TARGET_SETTING
+from dike_slurm.sim.evaluate import BASELINE_SETTING, FIFO, MULTIFACTOR, TARGET_SETTING
 
 RESULTS_BEGIN = "<!-- eval:begin (written by `dike-slurm eval --results`; edit above or below, not inside) -->"
 RESULTS_END = "<!-- eval:end -->"
@@ -26,18 +26,37 @@ def row_of(case: dict, variant: str, setting: str) -> dict | None:
     return next((r for r in case["rows"] if r["variant"] == variant and r["setting"] == setting), None)
 
 
+def row_or_baseline(case: dict, variant: str, setting: str) -> dict | None:
+    """The row, or for a variant that never preempts and did not run in this setting, its row in
+    the setting it borrows from (fifo, multifactor and the non-preemptive oracle are the same
+    whichever jobs may be preempted)."""
+    row = row_of(case, variant, setting)
+    if row is None and setting in BASELINE_SETTING:
+        borrowed = row_of(case, variant, BASELINE_SETTING[setting])
+        if borrowed is not None and not any(r["variant"] == variant for r in case["rows"] if r["setting"] in BASELINE_SETTING):
+            return borrowed
+    return row
+
+
+def _geomean(ratios: list[float]) -> dict:
+    return {"geomean": math.exp(sum(math.log(r) for r in ratios) / len(ratios)), "min": min(ratios),
+            "max": max(ratios), "cases": len(ratios)}
+
+
 def overall(result: dict) -> dict:
-    """Geometric mean over cases of fifo/policy average JCT, per variant and setting."""
+    """Per variant and setting, the geometric mean over cases of fifo/policy and of
+    multifactor/policy average JCT (min, max, cases)."""
     table = {}
     for setting in result["settings"]:
         for variant in result["variants"]:
-            ratios = [row["fifo_ratio"] for case in result["cases"]
-                      if (row := row_of(case, variant["label"], setting["key"])) and row["fifo_ratio"]]
-            if ratios:
-                table.setdefault(variant["label"], {})[setting["key"]] = {
-                    "geomean": math.exp(sum(math.log(r) for r in ratios) / len(ratios)),
-                    "min": min(ratios), "max": max(ratios), "cases": len(ratios),
-                }
+            cell = {}
+            for baseline in (FIFO, MULTIFACTOR):
+                ratios = [row[f"{baseline}_ratio"] for case in result["cases"]
+                          if (row := row_or_baseline(case, variant["label"], setting["key"])) and row.get(f"{baseline}_ratio")]
+                if ratios:
+                    cell[baseline] = _geomean(ratios)
+            if cell:
+                table.setdefault(variant["label"], {})[setting["key"]] = cell
     return table
 
 
@@ -119,6 +138,63 @@ def targets(result: dict) -> dict:
     return {"criteria": [{"key": k, "label": label} for k, label in CRITERIA], "cases": cases}
 
 
+# Issue 27's "Done when", per case at penalty 1: what Dike must do at every share of preemptible jobs.
+SHARE_CRITERIA = (
+    ("none_jct", "none: avg JCT >= 0.99x best of fifo, multifactor"),
+    ("none_capture", "none: >= 50% of the non-preemptive oracle's gain"),
+    ("none_worst_user", "none: worst user <= fifo"),
+    ("half_vs_none", "half: avg JCT <= its none"),
+    ("half_multifactor", "half: avg JCT >= 0.99x multifactor"),
+    ("all_tiresias", "all: avg JCT <= tiresias"),
+)
+NON_PREEMPTIVE_ORACLE = "srtf_oracle"
+NONE_ORACLE_GAIN = 1.05
+
+
+def share_targets(result: dict) -> dict:
+    """PASS/FAIL per case and issue 27 criterion (penalty 1: none, half and every job preemptible)."""
+    cases = []
+    for case in result["cases"]:
+        fifo, multifactor = row_of(case, FIFO, TARGET_SETTING), row_of(case, MULTIFACTOR, TARGET_SETTING)
+        none, half, every = (row_of(case, "dike", key) for key in ("pen1_none", "pen1_half", TARGET_SETTING))
+        oracle, tiresias = row_of(case, NON_PREEMPTIVE_ORACLE, TARGET_SETTING), row_of(case, "tiresias", TARGET_SETTING)
+        cells: dict[str, dict] = {}
+        if none is None or fifo is None or multifactor is None:
+            cells["none_jct"] = cells["none_capture"] = cells["none_worst_user"] = _not_run("dike (none), fifo or multifactor")
+        else:
+            n, f, m = none["metrics"], fifo["metrics"], multifactor["metrics"]
+            best = min(f["avg_jct_s"], m["avg_jct_s"])
+            cells["none_jct"] = _cell(best / n["avg_jct_s"] >= 0.99, f"{best / n['avg_jct_s']:.3f}x",
+                                      "min(fifo, multifactor) / dike avg JCT, none preemptible")
+            gain = oracle["fifo_ratio"] if oracle else None
+            if gain is None:
+                cells["none_capture"] = _not_run(NON_PREEMPTIVE_ORACLE)
+            elif gain < NONE_ORACLE_GAIN:
+                cells["none_capture"] = _cell(None, f"oracle {gain:.3f}x", "oracle gains < 5%: no target")
+            else:
+                share = math.log(f["avg_jct_s"] / n["avg_jct_s"]) / math.log(gain)
+                cells["none_capture"] = _cell(share >= 0.5, f"{share:.0%}",
+                                              f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+            cells["none_worst_user"] = _cell(n["worst_user_slowdown"] <= f["worst_user_slowdown"],
+                                             f"{n['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
+                                             "dike (none) vs fifo worst-user slowdown")
+        if half is None or none is None or multifactor is None:
+            cells["half_vs_none"] = cells["half_multifactor"] = _not_run("dike (half, none) or multifactor")
+        else:
+            h = half["metrics"]["avg_jct_s"]
+            cells["half_vs_none"] = _cell(h <= none["metrics"]["avg_jct_s"], f"{none['metrics']['avg_jct_s'] / h:.3f}x",
+                                          "dike none / dike half avg JCT (mean of seeds)")
+            cells["half_multifactor"] = _cell(multifactor["metrics"]["avg_jct_s"] / h >= 0.99,
+                                              f"{multifactor['metrics']['avg_jct_s'] / h:.3f}x", "multifactor / dike half avg JCT")
+        if every is None or tiresias is None:
+            cells["all_tiresias"] = _not_run("dike or tiresias, every job preemptible")
+        else:
+            over = tiresias["metrics"]["avg_jct_s"] / every["metrics"]["avg_jct_s"]
+            cells["all_tiresias"] = _cell(over >= 1.0, f"{over:.3f}x", "tiresias / dike avg JCT")
+        cases.append({"case": case["name"], "cells": cells})
+    return {"criteria": [{"key": k, "label": label} for k, label in SHARE_CRITERIA], "cases": cases}
+
+
 # ---------------------------------------------------------------------------------------- tables
 
 
@@ -132,14 +208,17 @@ class Table:
 
 CASE_HEADERS = [
     "setting", "policy", "avg JCT", "p95 JCT", "p99 JCT", "avg wait", "worst user", "Jain",
-    "preempt", "lost GPU-h", "lost", "max/job", "p99/job", "fifo/policy",
+    "preempt", "lost GPU-h", "lost", "max/job", "p99/job", "fifo/policy", "multifactor/policy",
 ]
 LEGEND = (
-    "Settings: pen 0 / pen 1 = communication penalty 0 / 1 with every job preemptible; pen 1 HALF = penalty 1 "
-    "with half of the jobs preemptible (drawn per job), mean of seeds 0 and 1. Times in hours; worst user = "
-    "worst-user slowdown; Jain = Jain fairness index of the users' mean slowdowns; preempt = preemptions; lost = share of GPU-hours "
-    "lost to preemption; max/job, p99/job = preemptions per job; fifo/policy = fifo avg JCT / policy avg JCT "
-    "(above 1 is better)."
+    "Settings, all at communication penalty 1 unless named: NONE = no job preemptible (the day a site "
+    "switches Dike on: live preemption is opt-in); HALF = half of the jobs preemptible (drawn per job; the "
+    "jobs that checkpoint), mean of seeds 0 and 1; pen 1 = every job preemptible; pen 0 = penalty 0, every "
+    "job preemptible. fifo, multifactor (Slurm's own priority, what a site runs) and srtf_oracle never "
+    "preempt: the NONE and HALF tables take their pen 1 rows. Times in hours; worst user = worst-user "
+    "slowdown; Jain = Jain fairness index of the users' mean slowdowns; preempt = preemptions; lost = share "
+    "of GPU-hours lost to preemption; max/job, p99/job = preemptions per job; fifo/policy, "
+    "multifactor/policy = the baseline's avg JCT / the policy's (above 1 is better)."
 )
 
 
@@ -158,55 +237,73 @@ def _headroom(case: dict) -> str:
     return f"; fifo avg JCT / avg run time at pen 1: {fifo['metrics']['avg_jct_s'] / 3600 / case['avg_run_h']:.2f}"
 
 
+def _ratio_cell(row: dict, baseline: str) -> str:
+    text = _num(row.get(f"{baseline}_ratio"), ".3f")
+    seeds = row.get(f"{baseline}_ratio_seeds") or {}
+    if len(seeds) > 1:
+        text += " (" + " / ".join(_num(v, ".3f") for v in seeds.values()) + ")"
+    return text
+
+
+def _target_table(title: str, targets_of: dict, note: str) -> Table:
+    criteria = targets_of["criteria"]
+    rows = [[entry["case"]] + [f"{entry['cells'][c['key']]['status']} {entry['cells'][c['key']]['value']}".strip()
+                               for c in criteria] for entry in targets_of["cases"]]
+    passed = sum(cell["status"] == "PASS" for e in targets_of["cases"] for cell in e["cells"].values())
+    failed = sum(cell["status"] == "FAIL" for e in targets_of["cases"] for cell in e["cells"].values())
+    return Table(title, ["case"] + [c["label"] for c in criteria], rows, [f"{passed} PASS, {failed} FAIL. {note}"])
+
+
 def tables(result: dict) -> list[Table]:
-    """Finished tables (strings) for the terminal, markdown and HTML: cases, overall, targets."""
+    """Finished tables (strings) for the terminal, markdown and HTML: overall per setting, targets,
+    then the cases."""
     labels = {s["key"]: s["label"] for s in result["settings"]}
     out = []
+    for setting in result["settings"]:
+        rows = []
+        for variant in result["variants"]:
+            cell = result["overall"].get(variant["label"], {}).get(setting["key"])
+            if cell is None:
+                continue
+            rows.append([variant["label"]] + [
+                f"{cell[b]['geomean']:.3f} ({cell[b]['min']:.2f}-{cell[b]['max']:.2f})" if b in cell else "-"
+                for b in (FIFO, MULTIFACTOR)
+            ])
+        if rows:
+            out.append(Table(f"overall, {setting['label']}: geometric mean over cases of baseline/policy avg JCT (min-max)",
+                             ["policy", "fifo/policy", "multifactor/policy"], rows,
+                             [f"{len(result['cases'])} cases; above 1 is better than the baseline."]))
+    out.append(_target_table(
+        "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
+        "Capture and tiresias apply where srtf_preemptive gains >= 10% over fifo (oracle = srtf_preemptive); "
+        "capture = log(fifo/dike) / log(fifo/oracle); worst user = worst-user slowdown; half = half of the jobs "
+        "preemptible, every seed must pass."))
+    if "share_targets" in result:
+        out.append(_target_table(
+            "targets (issue 27): dike at penalty 1 with none, half and every job preemptible", result["share_targets"],
+            "Capture applies where the non-preemptive oracle (srtf_oracle) gains >= 5% over fifo: "
+            "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
+    if result["skipped_variants"]:
+        out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
     for case in result["cases"]:
         rows = []
         for row in case["rows"]:
             m = row["metrics"]
-            ratio = _num(row["fifo_ratio"], ".3f")
-            if len(row["fifo_ratio_seeds"]) > 1:
-                ratio += " (" + " / ".join(_num(v, ".3f") for v in row["fifo_ratio_seeds"].values()) + ")"
             rows.append([
                 labels[row["setting"]], row["variant"], _hours(m["avg_jct_s"]), _hours(m["p95_jct_s"]),
                 _hours(m["p99_jct_s"]), _hours(m["avg_wait_s"]), _num(m["worst_user_slowdown"], ".2f"),
                 _num(m["user_jain_index"], ".3f"), _num(m["preemptions"], ".0f"), _num(m["preemption_lost_gpu_h"], ".1f"),
                 _num(m["lost_gpu_fraction"], ".2%"), _num(m["max_preemptions_per_job"], "g"),
-                _num(m["p99_preemptions_per_job"], "g"), ratio,
+                _num(m["p99_preemptions_per_job"], "g"), _ratio_cell(row, FIFO), _ratio_cell(row, MULTIFACTOR),
             ])
         info = case["input"]
         notes = [f"{info['jobs_replayed']} jobs on {info['gpus']} GPUs ({info['nodes']} nodes, "
                  f"{info['leaf_switches']} leaf switches), average run time {_num(case['avg_run_h'], '.2f')} h"
                  f"{_headroom(case)}; replays took {case['wall_s']:.0f} s ({case['cpu_s']:.0f} CPU-s)."]
         if any(row["setting"] in BASELINE_SETTING for row in case["rows"]):
-            notes.append("HALF rows: mean of seeds 0 and 1 (brackets: each seed's ratio); "
-                         "their fifo is fifo at penalty 1 (fifo never preempts).")
+            notes.append("NONE and HALF rows: the preemptive policies (HALF: mean of seeds 0 and 1, brackets: each "
+                         "seed's ratio); their baselines are the pen 1 rows (fifo and multifactor never preempt).")
         out.append(Table(f"case {case['name']}", list(CASE_HEADERS), rows, notes))
-    settings = [s for s in result["settings"]]
-    overall_rows = []
-    for variant in result["variants"]:
-        cells = result["overall"].get(variant["label"], {})
-        overall_rows.append([variant["label"]] + [
-            f"{cells[s['key']]['geomean']:.3f} ({cells[s['key']]['min']:.2f}-{cells[s['key']]['max']:.2f})"
-            if s["key"] in cells else "-" for s in settings
-        ])
-    out.append(Table("overall: geometric mean over cases of fifo/policy avg JCT (min-max)",
-                     ["policy"] + [s["label"] for s in settings], overall_rows,
-                     [f"{len(result['cases'])} cases; above 1 is better than fifo."]))
-    criteria = result["targets"]["criteria"]
-    target_rows = [[entry["case"]] + [f"{entry['cells'][c['key']]['status']} {entry['cells'][c['key']]['value']}".strip()
-                                      for c in criteria] for entry in result["targets"]["cases"]]
-    passed = sum(cell["status"] == "PASS" for e in result["targets"]["cases"] for cell in e["cells"].values())
-    failed = sum(cell["status"] == "FAIL" for e in result["targets"]["cases"] for cell in e["cells"].values())
-    out.append(Table("targets (issue 9): dike at penalty 1, every job preemptible, unless the column says",
-                     ["case"] + [c["label"] for c in criteria], target_rows,
-                     [f"{passed} PASS, {failed} FAIL. Capture and tiresias apply where srtf_preemptive gains >= 10% "
-                      "over fifo (oracle = srtf_preemptive); capture = log(fifo/dike) / log(fifo/oracle); "
-                      "worst user = worst-user slowdown; half = half of the jobs preemptible, every seed must pass."]))
-    if result["skipped_variants"]:
-        out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
     return out
 
 

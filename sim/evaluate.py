@@ -56,14 +56,17 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("pen0", "pen 0", 0.0, 1.0),
-    Setting("pen1", "pen 1", 1.0, 1.0),
+    Setting("pen1_none", "pen 1 NONE", 1.0, 0.0, preemptive_only=True),
     Setting("pen1_half", "pen 1 HALF", 1.0, 0.5, (0, 1), preemptive_only=True),
+    Setting("pen1", "pen 1", 1.0, 1.0),
 )
 QUICK_SETTINGS = ("pen1",)
 TARGET_SETTING = "pen1"
-# Rows of a half-preemptible setting compare with fifo at the same penalty, all preemptible: fifo
-# never preempts, so which jobs may be preempted does not change it.
-BASELINE_SETTING = {"pen1_half": "pen1"}
+# A setting that runs only the preemptive variants borrows the others' rows from this one: fifo,
+# multifactor and the non-preemptive oracle never preempt, so which jobs may be preempted does not
+# change them.
+BASELINE_SETTING = {"pen1_none": "pen1", "pen1_half": "pen1"}
+MULTIFACTOR = "multifactor"
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ def evaluate(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Run every replay of the plan and return the whole result (JSON-ready, every number)."""
-    from dike_slurm.sim.eval_report import overall, targets  # it imports this module's tables
+    from dike_slurm.sim.eval_report import overall, share_targets, targets  # it imports this module's tables
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
 
     log = log or (lambda _line: None)
@@ -251,6 +254,7 @@ def evaluate(
     }
     result["overall"] = overall(result)
     result["targets"] = targets(result)
+    result["share_targets"] = share_targets(result)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -289,12 +293,13 @@ def _rows(runs: list[dict], plan: Plan) -> list[dict]:
                 "seeds": {str(r["seed"]): r["summary"]["avg_jct_s"] for r in mine},
             })
     for row in rows:
-        base = next((r for r in rows if r["variant"] == FIFO
-                     and r["setting"] == BASELINE_SETTING.get(row["setting"], row["setting"])), None)
-        row["fifo_ratio"] = _ratio(base["metrics"]["avg_jct_s"], row["metrics"]["avg_jct_s"]) if base else None
-        row["fifo_ratio_seeds"] = {
-            seed: _ratio(base["metrics"]["avg_jct_s"], value) for seed, value in row["seeds"].items()
-        } if base else {}
+        for baseline in (FIFO, MULTIFACTOR):
+            base = next((r for r in rows if r["variant"] == baseline
+                         and r["setting"] == BASELINE_SETTING.get(row["setting"], row["setting"])), None)
+            row[f"{baseline}_ratio"] = _ratio(base["metrics"]["avg_jct_s"], row["metrics"]["avg_jct_s"]) if base else None
+            row[f"{baseline}_ratio_seeds"] = {
+                seed: _ratio(base["metrics"]["avg_jct_s"], value) for seed, value in row["seeds"].items()
+            } if base else {}
     return rows
 
 

@@ -44,42 +44,50 @@ def test_cases_follow_cases_json_and_a_case_folder_is_one_case(corpus):
     assert [c.name for c in evaluate.find_cases([corpus / "alpha"])] == ["alpha"]
 
 
-def test_runs_cover_every_setting_and_half_only_for_preemptive_policies(result):
+def test_runs_cover_every_setting_and_none_and_half_only_for_preemptive_policies(result):
     case = result["cases"][0]
     runs = {(r["variant"], r["setting"], r["seed"]) for r in case["runs"]}
     assert runs == {
         ("fifo", "pen0", 0), ("tiresias", "pen0", 0), ("dike", "pen0", 0),
         ("fifo", "pen1", 0), ("tiresias", "pen1", 0), ("dike", "pen1", 0),
+        ("tiresias", "pen1_none", 0), ("dike", "pen1_none", 0),
         ("tiresias", "pen1_half", 0), ("tiresias", "pen1_half", 1), ("dike", "pen1_half", 0), ("dike", "pen1_half", 1),
     }
     half = [r for r in case["runs"] if r["setting"] == "pen1_half"]
     assert {r["preemptible"] for r in half} == {0.5} and {r["comm_penalty"] for r in half} == {1.0}
+    none = [r for r in case["runs"] if r["setting"] == "pen1_none"]
+    assert {r["preemptible"] for r in none} == {0.0} and all(r["summary"]["preemptions"] == 0 for r in none)
     used = case["sim_settings"]
-    assert sorted(used) == ["preemptible=0.5 seed=0", "preemptible=0.5 seed=1", "preemptible=1 seed=0"]
-    assert [used[k]["preemptible"] for k in sorted(used)] == [0.5, 0.5, 1.0]
-    assert [used[k]["seed"] for k in sorted(used)] == [0, 1, 0]
+    assert sorted(used) == ["preemptible=0 seed=0", "preemptible=0.5 seed=0", "preemptible=0.5 seed=1",
+                            "preemptible=1 seed=0"]
+    assert [used[k]["preemptible"] for k in sorted(used)] == [0.0, 0.5, 0.5, 1.0]
+    assert [used[k]["seed"] for k in sorted(used)] == [0, 0, 1, 0]
 
 
 def test_ratios_and_means_come_from_the_run_summaries(result):
     for case in result["cases"]:
         summary = {(r["variant"], r["setting"], r["seed"]): r["summary"] for r in case["runs"]}
         for row in case["rows"]:
-            baseline = "pen1" if row["setting"] == "pen1_half" else row["setting"]
+            baseline = "pen1" if row["setting"] in ("pen1_half", "pen1_none") else row["setting"]
             fifo = summary[("fifo", baseline, 0)]["avg_jct_s"]
             seeds = [s for (v, st, s) in summary if v == row["variant"] and st == row["setting"]]
             mean = sum(summary[(row["variant"], row["setting"], s)]["avg_jct_s"] for s in seeds) / len(seeds)
             assert row["metrics"]["avg_jct_s"] == pytest.approx(mean)
             assert row["fifo_ratio"] == pytest.approx(fifo / mean)
+            assert row["multifactor_ratio"] is None  # multifactor was not run here
         fifo_row = eval_report.row_of(case, "fifo", "pen1")
         assert fifo_row["fifo_ratio"] == 1.0
 
 
-def test_overall_is_the_geometric_mean_over_cases(result):
+def test_overall_is_the_geometric_mean_over_cases_per_setting(result):
     for variant in ("tiresias", "dike"):
-        ratios = [eval_report.row_of(c, variant, "pen1")["fifo_ratio"] for c in result["cases"]]
-        expected = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        assert result["overall"][variant]["pen1"]["geomean"] == pytest.approx(expected)
-        assert result["overall"][variant]["pen1"]["cases"] == 2
+        for setting in ("pen1", "pen1_none"):
+            ratios = [eval_report.row_of(c, variant, setting)["fifo_ratio"] for c in result["cases"]]
+            expected = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            assert result["overall"][variant][setting]["fifo"]["geomean"] == pytest.approx(expected)
+            assert result["overall"][variant][setting]["fifo"]["cases"] == 2
+    # fifo never preempts: the NONE setting takes its pen 1 row
+    assert result["overall"]["fifo"]["pen1_none"]["fifo"]["geomean"] == 1.0
 
 
 def test_targets_follow_the_numbers(result):
@@ -93,6 +101,38 @@ def test_targets_follow_the_numbers(result):
         assert cells["capture"]["status"] == "not run"
         half = eval_report.row_of(case, "dike", "pen1_half")["fifo_ratio_seeds"]
         assert cells["half"]["status"] == ("PASS" if min(half.values()) >= 1 / 1.01 else "FAIL")
+    for entry, case in zip(result["share_targets"]["cases"], result["cases"]):
+        cells = entry["cells"]
+        # multifactor and the non-preemptive oracle were not run: those criteria say so
+        assert cells["none_jct"]["status"] == cells["half_multifactor"]["status"] == "not run"
+        every, tiresias = eval_report.row_of(case, "dike", "pen1"), eval_report.row_of(case, "tiresias", "pen1")
+        passed = tiresias["metrics"]["avg_jct_s"] >= every["metrics"]["avg_jct_s"]
+        assert cells["all_tiresias"]["status"] == ("PASS" if passed else "FAIL")
+
+
+def _share_fake(fifo: float, multifactor: float, oracle: float, none: float, half: float, every: float,
+                tiresias: float, worst_none: float = 2.0) -> dict:
+    def row(variant, setting, jct, worst=2.0):
+        return {"variant": variant, "setting": setting, "fifo_ratio": fifo / jct,
+                "metrics": {"avg_jct_s": jct, "worst_user_slowdown": worst}}
+    rows = [row("fifo", "pen1", fifo), row("multifactor", "pen1", multifactor), row("srtf_oracle", "pen1", oracle),
+            row("dike", "pen1_none", none, worst_none), row("dike", "pen1_half", half), row("dike", "pen1", every),
+            row("tiresias", "pen1", tiresias)]
+    return {"cases": [{"name": "x", "rows": rows}]}
+
+
+def test_the_share_targets_of_issue_27():
+    cells = eval_report.share_targets(_share_fake(100, 90, 50, 80, 75, 60, 70))["cases"][0]["cells"]
+    # 90 / 80 vs the better baseline (multifactor); log(100/80) / log(100/50) = 32% of the oracle's gain
+    assert cells["none_jct"]["status"] == "PASS" and cells["none_jct"]["value"] == "1.125x"
+    assert cells["none_capture"]["status"] == "FAIL" and cells["none_capture"]["value"] == "32%"
+    assert cells["none_worst_user"]["status"] == "PASS"
+    assert cells["half_vs_none"]["status"] == cells["half_multifactor"]["status"] == cells["all_tiresias"]["status"] == "PASS"
+    worse = eval_report.share_targets(_share_fake(100, 90, 98, 95, 96, 75, 70, worst_none=3.0))["cases"][0]["cells"]
+    assert worse["none_jct"]["status"] == "FAIL"  # 90 / 95 < 0.99
+    assert worse["none_capture"]["status"] == "n/a"  # the oracle gains under 5%
+    assert worse["none_worst_user"]["status"] == "FAIL"
+    assert worse["half_vs_none"]["status"] == "FAIL" and worse["all_tiresias"]["status"] == "FAIL"
 
 
 def _fake(fifo: float, dike: float, oracle: float, tiresias: float) -> dict:
@@ -129,7 +169,10 @@ def test_files_tables_and_results_section(result, tmp_path):
     assert "Made by `test`" in text
     zeta = next(t for t in table_list if t.title == "case zeta")
     dike_row = next(r for r in zeta.rows if r[:2] == ["pen 1", "dike"])
-    assert dike_row[-1] == f"{eval_report.row_of(result['cases'][0], 'dike', 'pen1')['fifo_ratio']:.3f}"
+    assert dike_row[-2:] == [f"{eval_report.row_of(result['cases'][0], 'dike', 'pen1')['fifo_ratio']:.3f}", "-"]
+    overall_none = next(t for t in table_list if t.title.startswith("overall, pen 1 NONE"))
+    assert [row[0] for row in overall_none.rows] == ["fifo", "tiresias", "dike"]
+    assert any(t.title.startswith("targets (issue 27)") for t in table_list)
     assert "| " + " | ".join(dike_row) + " |" in text
     assert "<img src=\"data:image/svg+xml;base64," in (out / "report.html").read_text(encoding="utf-8")
 
