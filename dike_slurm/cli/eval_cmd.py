@@ -28,7 +28,8 @@ def eval_command(
     html: bool = typer.Option(True, "--html/--no-html", help="write report.html with a plot"),
     as_json: bool = typer.Option(False, "--json", help="print eval.json instead of tables"),
 ) -> None:
-    """Replay every case under every policy (penalty 0; penalty 1 with none, half and every job preemptible); tables against fifo and multifactor, targets, JSON and a report."""
+    """Replay every case under every policy (penalty 0; penalty 1 with none, half and every job
+    preemptible): tables against fifo and multifactor, targets, JSON and a report."""
     from dike_slurm.sim import eval_report, evaluate
 
     folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
