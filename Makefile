@@ -12,10 +12,16 @@ $(STAMP): setup.cfg pyproject.toml scripts/bootstrap-venv
 	VENV=$(VENV) scripts/bootstrap-venv
 	touch $(STAMP)
 
+# Two figures: day one (the sample's configuration: live preemption is opt-in and the sample tags
+# no job, so none may be preempted), and every job preemptible (a site whose jobs all checkpoint).
+DEMO_REPLAY = $(BIN)/dike-slurm replay $(SAMPLE)/sacct.txt --slurm-conf $(SAMPLE)/slurm.conf \
+	    --topology $(SAMPLE)/topology.conf -p fifo -p multifactor -p tiresias -p dike
 demo: $(STAMP)
-	$(BIN)/dike-slurm replay $(SAMPLE)/sacct.txt --slurm-conf $(SAMPLE)/slurm.conf \
-	    --topology $(SAMPLE)/topology.conf --policy fifo --policy tiresias --policy dike \
-	    --penalty-sweep 0,0.5 --out out/demo
+	@echo "== day one: the sample's configuration, no job opted in to preemption =="
+	$(DEMO_REPLAY) --out out/demo/day-one
+	@echo
+	@echo "== every job preemptible =="
+	$(DEMO_REPLAY) --preemptible all --penalty-sweep 0,0.5 --out out/demo/every-job
 
 # The whole suite: the unit and browser tests once, then the integration tests against a lab
 # cluster of each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each

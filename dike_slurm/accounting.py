@@ -15,8 +15,8 @@ Columns (parsable2 header names, any order, any case; extra columns are ignored)
 
 The parser is the standard library's `str.split`: measured against pandas `read_csv` on a
 million-row dump (bench/accounting_read.py), it is faster once each row is turned into a
-record, and it can repair rows whose job name contains the `|` separator (sacct does not
-escape it).
+record, and it can repair rows whose job name or comment contains the `|` separator (sacct
+does not escape it).
 
 About 570 lines, over the project's 500: the two readers are one concept (a dump into run
 records) and share the record type, the per-read caches (interned users, parsed TRES), the
@@ -95,6 +95,7 @@ class ReadResult:
     skipped: dict[str, int]
     source: str
     first_skipped_line: dict[str, int] = field(default_factory=dict)  # reason -> first line number
+    has_comment: bool = False  # the dump carries the jobs' Comment (sacct --json always does)
 
     @property
     def skipped_total(self) -> int:
@@ -233,8 +234,8 @@ class _Header:
         lowered = [n.strip().lower() for n in names]
         self.lowered = lowered
         self.index = {name: i for i, name in reversed(list(enumerate(lowered)))}
-        free = [i for i, name in enumerate(lowered) if name in _FREE_TEXT_COLUMNS]
-        self.free_text_column = free[0] if len(free) == 1 else None
+        self.free_text_columns = [i for i, name in enumerate(lowered) if name in _FREE_TEXT_COLUMNS]
+        self.state_column = self.index.get("state")
         missing = []
         if "jobid" not in self.index and "jobidraw" not in self.index:
             missing.append("JobID (or JobIDRaw)")
@@ -306,19 +307,31 @@ def _read_parsable2_lines(lines: Iterator[str], source: str) -> ReadResult:
             continue
         if record is not None:
             records.append(record)
-    return ReadResult(tuple(records), rows, dict(sorted(skipped.items())), source, first_line)
+    return ReadResult(tuple(records), rows, dict(sorted(skipped.items())), source, first_line,
+                      has_comment="comment" in header.index)
 
 
 def _split_row(line: str, header: _Header) -> list[str]:
-    """The row's fields; a `|` inside the one free-text column (e.g. JobName) is rejoined."""
+    """The row's fields; a `|` inside a free-text column (JobName, Comment, ...) is rejoined. With
+    more than one such column, the one whose rejoining leaves a Slurm job state in the State
+    column is chosen; a row where that does not decide is skipped."""
     fields = line.split("|")
     extra = len(fields) - header.width
     if extra == 0:
         return fields
-    if extra > 0 and header.free_text_column is not None:
-        at = header.free_text_column
-        return fields[:at] + ["|".join(fields[at : at + extra + 1])] + fields[at + extra + 1 :]
+    if extra > 0:
+        splits = [fields[:at] + ["|".join(fields[at : at + extra + 1])] + fields[at + extra + 1 :]
+                  for at in header.free_text_columns]
+        if len(splits) > 1 and header.state_column is not None:
+            splits = [split for split in splits if _is_state(split[header.state_column])]
+        if len(splits) == 1:
+            return splits[0]
     raise _RowError(SKIP_FIELD_COUNT)
+
+
+def _is_state(text: str) -> bool:
+    word = text.strip().split(" ", 1)[0].upper()
+    return word in JOB_BASE_STATES or word in JOB_STATE_FLAGS
 
 
 def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
@@ -429,7 +442,8 @@ def read_sacct_json(text: str, source: str) -> ReadResult:
             skipped[reason] += 1
             first_index.setdefault(reason, index)
     # For JSON the "line" of a skipped entry is its index in the jobs list.
-    return ReadResult(tuple(records), len(document["jobs"]), dict(sorted(skipped.items())), source, first_index)
+    return ReadResult(tuple(records), len(document["jobs"]), dict(sorted(skipped.items())), source, first_index,
+                      has_comment=True)
 
 
 def _json_int(value: Any, what: str, *, zero_is_none: bool = False) -> int | None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import tomllib
+from functools import cached_property
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dike_slurm.errors import ConfigError, RegistryError
+from dike_slurm.model import PreemptionOptIn
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.registry import default_registry
 
@@ -68,6 +70,11 @@ class EngineSettings(_Section):
     seed: int = 0
     log_format: Literal["text", "json"] = Field("text", description="log lines on stderr: text, or one JSON object per line")
     metrics_file: Path | None = Field(None, description="Prometheus textfile rewritten after every cycle; unset: none")
+
+    @cached_property
+    def preemption_opt_in(self) -> PreemptionOptIn:
+        """Which jobs live preemption may requeue (the replay's default follows it too)."""
+        return PreemptionOptIn(self.preemptible_tag, frozenset(self.preemptible_partitions), frozenset(self.preemptible_qos))
 
 
 class ScopeSettings(_Section):
@@ -137,8 +144,10 @@ class ReplaySettings(_Section):
     checkpoint_interval_s: float = Field(
         1800.0, ge=0, description="jobs checkpoint every this many seconds of work; a requeue loses the work since; 0: nothing lost"
     )
-    preemptible: float = Field(
-        1.0, ge=0, le=1, description="share of jobs that may be preempted (1: all, 0: none; drawn per job from the seed)"
+    preemptible: Annotated[float, Field(ge=0, le=1)] | Literal["live"] = Field(
+        "live", description="which jobs may be preempted: \"live\", the engine's opt-in rule (engine.preemptible_tag in "
+        "the dump's Comment, engine.preemptible_partitions, engine.preemptible_qos), or a share drawn per job from "
+        "the seed (1: all, 0: none)",
     )
     seed: int = 0
     max_switch_wait_s: int | None = Field(

@@ -65,12 +65,7 @@ def in_scope(job: Job, config: Config) -> bool:
 
 def opted_in_to_preemption(job: Job, config: Config) -> bool:
     """The site's opt-in rule for live preemption: the job's comment tag, its partition or its QOS."""
-    engine = config.engine
-    return (
-        engine.preemptible_tag in (job.comment or "")
-        or bool(engine.preemptible_partitions and set(job.partition.split(",")) & set(engine.preemptible_partitions))
-        or job.qos in engine.preemptible_qos
-    )
+    return config.engine.preemption_opt_in.admits(job.partition, job.qos, job.comment)
 
 
 class Engine:

@@ -167,6 +167,19 @@ _JOB_REQUIRED = _JOB_FIELDS - _JOB_DEFAULTS.keys()
 
 
 @dataclass(frozen=True)
+class PreemptionOptIn:
+    """The site's opt-in rule for live preemption (engine.preemptible_tag, _partitions, _qos): a job
+    may be preempted when its comment holds the tag, one of its partitions is listed, or its QOS is."""
+
+    tag: str
+    partitions: frozenset[str] = frozenset()
+    qos: frozenset[str] = frozenset()
+
+    def admits(self, partition: str, qos: str, comment: str) -> bool:
+        return self.tag in (comment or "") or bool(set(partition.split(",")) & self.partitions) or qos in self.qos
+
+
+@dataclass(frozen=True)
 class Node:
     """One compute node."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -84,7 +85,10 @@ class SimJob:
 
 
 def _is_preemptible(trace: TraceJob, settings: SimSettings) -> bool:
-    """`preemptible` as a share: each job's draw depends only on the seed and its id."""
+    """The engine's opt-in rule when the replay follows it; else `preemptible` as a share, each
+    job's draw depending only on the seed and its id."""
+    if settings.preemption_opt_in is not None:
+        return settings.preemption_opt_in.admits(trace.partition, trace.qos, trace.comment)
     share = settings.preemptible
     if share >= 1.0 or share <= 0.0:
         return share >= 1.0
@@ -98,3 +102,8 @@ def _is_heavy(trace: TraceJob, settings: SimSettings) -> bool:
         partition=trace.partition, name=trace.name, comment=trace.comment,
     )
     return is_comm_heavy(probe, settings.comm_gpus, settings.comm_rules)
+
+
+def count_preemptible(trace: Iterable[TraceJob], settings: SimSettings) -> int:
+    """How many of the trace's jobs may be preempted under the settings."""
+    return sum(_is_preemptible(job, settings) for job in trace)

@@ -39,6 +39,8 @@ METRIC_KEYS = (
     "p99_preemptions_per_job",
     "wasted_preemptions",
     "landed_preemptions",
+    "useful_gpu_h",
+    "slowed_gpu_h",
 )
 
 JOB_CSV_COLUMNS = (
@@ -77,6 +79,7 @@ class MetricsCollector:
     preemptions_per_job: array = field(default_factory=lambda: array("l"))
     gpu_seconds: float = 0.0
     lost_gpu_s: float = 0.0
+    useful_gpu_s: float = 0.0  # each job's work once, at full speed: GPUs x its run time alone and consolidated
     _writer: object | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class MetricsCollector:
         self.preemptions_per_job.append(result.preemptions)
         self.gpu_seconds += result.gpu_seconds
         self.lost_gpu_s += result.lost_gpu_s
+        self.useful_gpu_s += result.gpus * result.duration_s
         if self._writer is not None:
             self._writer.writerow(
                 (
@@ -170,7 +174,9 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         "p99_jct_s": _round(np.percentile(jct, 99)) if count else 0.0,
         "avg_wait_s": _round(wait.mean()) if count else 0.0,
         "makespan_s": _round(makespan),
-        "gpu_utilization": _round(collector.gpu_seconds / (total_gpus * makespan), 4) if makespan > 0 else 0.0,
+        # Useful work only: rework after a requeue and the slow-down of spread jobs keep GPUs busy
+        # without finishing anything sooner (they are useful_gpu_h's neighbours below).
+        "gpu_utilization": _round(collector.useful_gpu_s / (total_gpus * makespan), 4) if makespan > 0 else 0.0,
         "avg_slowdown": _round(slowdown.mean(), 4) if count else 0.0,
         "user_jain_index": _round(jain, 4),
         "worst_user_slowdown": _round(per_user[worst_user], 4) if worst_user else 0.0,
@@ -189,6 +195,10 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         ),
         "wasted_preemptions": stats.wasted_preemptions,
         "landed_preemptions": stats.landed_preemptions,
+        "useful_gpu_h": _round(collector.useful_gpu_s / 3600.0),
+        # busy GPU-hours that were neither useful nor lost: the communication slow-down (and each
+        # run's launch and exit, replay.run_overhead_s)
+        "slowed_gpu_h": _round(max(0.0, collector.gpu_seconds - collector.useful_gpu_s - collector.lost_gpu_s) / 3600.0),
     }
     wait_by_size = {}
     for low, high in SIZE_BUCKETS:
@@ -247,7 +257,7 @@ def comparison_rows(metrics: Iterable[tuple[str, dict]]) -> list[list[str]]:
 
 COMPARISON_HEADERS = (
     "policy", "jobs", "avg JCT (h)", "p50 JCT (h)", "p95 JCT (h)", "p99 JCT (h)", "avg wait (h)",
-    "makespan (h)", "GPU util", "avg slowdown", "user Jain", "worst user slowdown", "preemptions",
+    "makespan (h)", "useful GPU util", "avg slowdown", "user Jain", "worst user slowdown", "preemptions",
     "heavy consolidated",
 )
 

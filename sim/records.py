@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dike_slurm.model import PreemptionOptIn
 from dike_slurm.policies.common import CommRule
 from dike_slurm.slurm_priority import SlurmPriorityModel
 
@@ -23,6 +24,7 @@ class SimSettings:
     restart_cost_s: float = 120.0  # a requeued job's restart (reload, warm-up) before it progresses
     checkpoint_interval_s: float = 1800.0  # jobs checkpoint every this much work; 0: nothing is lost
     preemptible: float = 1.0  # share of jobs that may be preempted, drawn per job from the seed
+    preemption_opt_in: PreemptionOptIn | None = None  # instead of the share: the engine's opt-in rule
     max_requeues_per_cycle: int = 2  # engine.max_requeues_per_cycle: the live engine's rate limit
     seed: int = 0
     usage_half_life_s: float = 168 * 3600.0

@@ -52,6 +52,7 @@ class ReplayInput:
     trace: TraceBuild
     conf: ClusterConf
     topology: Topology
+    has_comment: bool = False  # the dump has the jobs' Comment: the engine's opt-in tag can be seen
 
     def input_summary(self) -> dict:
         """The `input` section of summary.json."""
@@ -79,7 +80,8 @@ def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> Repl
         reasons = ", ".join(f"{reason}: {count}" for reason, count in {**read.skipped, **trace.excluded}.items())
         raise InputError(f"no job to replay ({reasons or 'no data rows'})", source=str(dump))
     jobs_in_dump = len({r.job_id for r in read.records})
-    return ReplayInput(dump, read.rows, len(read.records), dict(read.skipped), jobs_in_dump, trace, conf, topology)
+    return ReplayInput(dump, read.rows, len(read.records), dict(read.skipped), jobs_in_dump, trace, conf, topology,
+                       read.has_comment)
 
 
 def scheduler_parameters(conf: ClusterConf) -> dict[str, str]:
@@ -104,10 +106,14 @@ def _int_parameter(parameters: dict[str, str], key: str, default: int, source: s
 
 def sim_settings(
     config: Config, conf: ClusterConf, *, comm_penalty: float | None = None, seed: int | None = None,
-    preemptible: float | None = None, source: str = "slurm.conf",
+    preemptible: float | str | None = None, source: str = "slurm.conf",
 ) -> SimSettings:
-    """The simulator's settings: the [replay] section, the cluster's slurm.conf, Dike's comm class."""
+    """The simulator's settings: the [replay] section, the cluster's slurm.conf, Dike's comm class.
+
+    `preemptible` (else [replay] preemptible): "live", the engine's opt-in rule, or a share."""
     replay = config.replay
+    chosen = replay.preemptible if preemptible is None else preemptible
+    opt_in = config.engine.preemption_opt_in if chosen == "live" else None
     parameters = scheduler_parameters(conf)
     max_switch_wait = replay.max_switch_wait_s
     if max_switch_wait is None:
@@ -123,7 +129,8 @@ def sim_settings(
         comm_penalty=replay.comm_penalty if comm_penalty is None else comm_penalty,
         restart_cost_s=replay.restart_cost_s,
         checkpoint_interval_s=replay.checkpoint_interval_s,
-        preemptible=replay.preemptible if preemptible is None else preemptible,
+        preemptible=0.0 if opt_in is not None else float(chosen),
+        preemption_opt_in=opt_in,
         max_requeues_per_cycle=config.engine.max_requeues_per_cycle,
         seed=replay.seed if seed is None else seed,
         usage_half_life_s=config.accounting.usage_half_life_h * 3600.0,
@@ -330,3 +337,23 @@ def write_summary(path: Path, input_section: dict, runs: Sequence[PolicyRun], ex
         document.update(extra)
     path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return document
+
+
+def preemptible_jobs(replay_input: ReplayInput, settings: SimSettings) -> tuple[int, str]:
+    """How many jobs the replay lets be preempted, and the line the replay prints about it."""
+    from dike_slurm.sim.job import count_preemptible
+
+    jobs = replay_input.trace.jobs
+    count = count_preemptible(jobs, settings)
+    share = f"{count:,} of {len(jobs):,} jobs ({count / len(jobs):.0%})"
+    rule = settings.preemption_opt_in
+    if rule is None:
+        return count, f"preemptible: {share}, a share of {settings.preemptible:g} drawn per job (seed {settings.seed})"
+    parts = [f"partitions {', '.join(sorted(rule.partitions))}" if rule.partitions else "",
+             f"QOS {', '.join(sorted(rule.qos))}" if rule.qos else "",
+             f"{rule.tag!r} in the job's Comment"]
+    text = f"preemptible: {share} by the engine's opt-in rule ({'; '.join(p for p in parts if p)})"
+    if not replay_input.has_comment:
+        text += ("; the dump has no Comment column, so no tagged job is seen (add Comment to sacct --format; "
+                 "slurm.conf needs AccountingStoreFlags=job_comment)")
+    return count, text

@@ -21,7 +21,14 @@ from dike_slurm.sim.metrics import PolicyMetrics
 from dike_slurm.sim.report_compare import comparison, headline
 from dike_slurm.sim.report_plots import build_plots, policy_colours, top_users
 
-BASELINE = "fifo"  # every metric is compared with this policy's, when it was replayed
+# Every metric is compared with the first of these that was replayed: Slurm's multifactor is what
+# a site runs today, fifo the textbook baseline.
+BASELINES = ("multifactor", "fifo")
+
+
+def baseline_of(names: Sequence[str]) -> str:
+    """The policy the others are compared with."""
+    return next((name for name in BASELINES if name in names), names[0])
 
 
 def template_environment() -> jinja2.Environment:
@@ -144,7 +151,7 @@ def render_report(
     passed.
     """
     names = [name for name, _ in runs]
-    baseline = BASELINE if BASELINE in names else names[0]
+    baseline = baseline_of(names)
     summaries = {name: metrics.summary for name, metrics in runs}
     sentences = [headline(name, summaries[name], summaries[baseline], baseline) for name in names if name != baseline]
     plots = build_plots(runs, user_jobs, baseline)

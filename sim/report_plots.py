@@ -34,7 +34,7 @@ POLICY_COLOURS = {
 }
 # Policies without a fixed colour (third-party ones) take these, in the order they appear.
 SPARE_COLOURS = ("#d55e00", "#8c6d31", "#b8b800", "#17becf", "#e41a1c", "#000000")
-BASELINE_LINESTYLE = (0, (5, 2))  # fifo is dashed, so that it reads where lines overlap
+BASELINE_LINESTYLE = (0, (5, 2))  # the baseline is dashed, so that it reads where lines overlap
 # Queue levels: shades of purple, darkest = level 0 (served first); no policy colour is a purple.
 LEVEL_RAMP = ("#3f007d", "#54278f", "#6a51a3", "#807dba", "#9e9ac8", "#b3b0d6", "#cbc9e2", "#dadaeb")
 

@@ -111,11 +111,16 @@ class Spec:
     variants: tuple[SweepVariant, ...]
     penalties: tuple[float, ...]
     seeds: tuple[int, ...]
-    preemptible: tuple[float, ...]
+    preemptible: tuple[float | str, ...]  # shares, or "live" (the engine's opt-in rule)
     config: dict
     slurm: SlurmOptions = SlurmOptions()
     source: str = ""
     preset: dict | None = None  # e.g. {"kind": "tune", ...}: what `merge` adds for it
+
+
+def share_text(share: float | str) -> str:
+    """A cell's preemptible setting as text: a share ("0.5"), or "live" (the engine's opt-in rule)."""
+    return share if isinstance(share, str) else f"{share:g}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,7 @@ class Cell:
     variant: SweepVariant
     comm_penalty: float
     seed: int
-    preemptible: float
+    preemptible: float | str
 
     def description(self) -> dict:
         return {
@@ -283,8 +288,8 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
 
     penalties = _number_list(data, "penalties", source) or [config.replay.comm_penalty]
     seeds = _number_list(data, "seeds", source, integer=True) or [config.replay.seed]
-    preemptible = _number_list(data, "preemptible", source) or [config.replay.preemptible]
-    if any(p > 1 for p in preemptible):
+    preemptible: list = _number_list(data, "preemptible", source) or [config.replay.preemptible]  # or "live"
+    if any(p != "live" and p > 1 for p in preemptible):
         raise _fail(source, "preemptible", "shares must be between 0 and 1")
     return Spec(
         name=name, inputs=tuple(inputs), variants=tuple(variants), penalties=tuple(penalties),
@@ -1044,7 +1049,7 @@ def report_markdown(document: dict) -> str:
     for row in document["rows"]:
         groups.setdefault((row["input"], row["comm_penalty"], row["preemptible"]), []).append(row)
     for (name, penalty, share), rows in groups.items():
-        lines += [f"## {name}, comm penalty {penalty:g}, preemptible {share:g}", "", "Best per metric:", "",
+        lines += [f"## {name}, comm penalty {penalty:g}, preemptible {share_text(share)}", "", "Best per metric:", "",
                   "| metric | best | value |", "|---|---|---|"]
         for best in document["best"]:
             if (best["input"], best["comm_penalty"], best["preemptible"]) == (name, penalty, share):

@@ -122,6 +122,24 @@ def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
     return table
 
 
+def verdict_lines(runs: list[PolicyRun]) -> list[str]:
+    """The report's headline, one sentence per policy against the report's baseline (multifactor,
+    else fifo, else the first policy), then where each policy's GPU-hours went."""
+    from dike_slurm.sim.report import baseline_of
+    from dike_slurm.sim.report_compare import headline
+
+    summaries = {run.name: run.metrics.summary for run in runs}
+    baseline = baseline_of(list(summaries))
+    lines = [headline(name, summary, summaries[baseline], baseline)[0]
+             for name, summary in summaries.items() if name != baseline]
+    lines += [
+        f"{name}: {s['useful_gpu_h']:,.0f} useful GPU-hours, {s['preemption_lost_gpu_h']:,.0f} lost to preemption "
+        f"({s['lost_gpu_fraction']:.1%}), {s['slowed_gpu_h']:,.0f} to slow-down; useful utilisation {s['gpu_utilization']:.1%}"
+        for name, s in summaries.items()
+    ]
+    return lines
+
+
 def _check_policies(given: list[str]) -> list[str]:
     """The policy names of repeated options, each of which may list several (`-p fifo,dike`)."""
     names = [name.strip() for text in given for name in text.split(",") if name.strip()]
@@ -135,9 +153,11 @@ def _check_policies(given: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_preemptible(text: str) -> float:
-    """`all` -> 1, `none` -> 0, `0.25` -> 0.25 (the share of jobs that may be preempted)."""
+def parse_preemptible(text: str) -> float | str:
+    """`live` -> "live" (the engine's opt-in rule), `all` -> 1, `none` -> 0, `0.25` -> 0.25 (a share)."""
     word = text.strip().lower()
+    if word == "live":
+        return "live"
     if word == "all":
         return 1.0
     if word == "none":
@@ -147,7 +167,7 @@ def parse_preemptible(text: str) -> float:
     except ValueError:
         share = -1.0
     if not 0.0 <= share <= 1.0:
-        raise typer.BadParameter(f"{text!r}: expected all, none or a share between 0 and 1", param_hint="--preemptible")
+        raise typer.BadParameter(f"{text!r}: expected live, all, none or a share between 0 and 1", param_hint="--preemptible")
     return share
 
 
@@ -157,7 +177,7 @@ def _settings_section(settings: SimSettings) -> dict:
         "comm_penalty": settings.comm_penalty,
         "restart_cost_s": settings.restart_cost_s,
         "checkpoint_interval_s": settings.checkpoint_interval_s,
-        "preemptible": settings.preemptible,
+        "preemptible": "live" if settings.preemption_opt_in is not None else settings.preemptible,
         "max_requeues_per_cycle": settings.max_requeues_per_cycle,
         "seed": settings.seed,
         "usage_half_life_h": settings.usage_half_life_s / 3600.0,
@@ -185,12 +205,14 @@ def replay_command(
     interval: float | None = typer.Option(None, "--interval", min=1, help="policy cycle in simulated seconds"),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel (default: 2 or the CPU count)"),
     preemptible: str | None = typer.Option(
-        None, "--preemptible", help="which jobs may be preempted: all, none or a share such as 0.5 (default: [replay] preemptible)"
+        None, "--preemptible",
+        help="which jobs may be preempted: live (the engine's opt-in rule, the default of [replay] preemptible), "
+        "all, none, or a share such as 0.5 drawn per job",
     ),
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
-    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings, write_summary
+    from dike_slurm.sim.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings, write_summary
     from dike_slurm.sim.report import render_report
 
     names = _check_policies(policy)
@@ -207,6 +229,8 @@ def replay_command(
     )
     out_dir = _out_dir(out)
     _print_input(replay_input)
+    preemptible_count, preemptible_line = preemptible_jobs(replay_input, settings)
+    console.print(preemptible_line, highlight=False, markup=False)
     sweep = [v for v in dict.fromkeys(sweep) if v != settings.comm_penalty]
     tasks = [ReplayTask(name, name, settings.comm_penalty, out_dir / f"jobs-{name}.csv") for name in names]
     tasks += [ReplayTask(f"{name}@{value:g}", name, value) for value in sweep for name in names]
@@ -218,7 +242,7 @@ def replay_command(
         progress.close()
     main_runs, sweep_runs = runs[: len(names)], runs[len(names) :]
     penalty_table = _penalty_table(settings.comm_penalty, names, main_runs, sweep, sweep_runs)
-    extra = {"settings": _settings_section(settings), "config": source.as_dict()}
+    extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count}, "config": source.as_dict()}
     if sweep:
         extra["comm_penalty_sweep"] = {
             f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
@@ -246,6 +270,8 @@ def replay_command(
     )
     (out_dir / "report.html").write_text(html, encoding="utf-8")
     console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
+    for line in verdict_lines(main_runs):
+        console.print(line, highlight=False, markup=False)
     if sweep:
         table = Table(title="average JCT (h) by communication penalty")
         table.add_column("policy")
@@ -355,7 +381,7 @@ def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, setting
         variants=tuple(SweepVariant(t.label, t.policy, dict(t.params_override or {})) for t in tasks),
         penalties=(settings.comm_penalty,),
         seeds=(settings.seed,),
-        preemptible=(settings.preemptible,),
+        preemptible=("live" if settings.preemption_opt_in is not None else settings.preemptible,),
         config=config.model_dump(mode="json"),
         source=f"dike-slurm tune {dump}",
         preset={"kind": "tune", "candidates": [{"label": p.label, "thresholds_gpuh": list(p.thresholds_gpuh)}

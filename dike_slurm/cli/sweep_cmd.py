@@ -213,7 +213,7 @@ def merge_command(
     for best in document["best"]:
         groups.setdefault((best["input"], best["comm_penalty"], best["preemptible"]), []).append(best)
     for (name, penalty, share), bests in groups.items():
-        table = Table(title=f"best per metric: {name}, penalty {penalty:g}, preemptible {share:g} (seed means)")
+        table = Table(title=f"best per metric: {name}, penalty {penalty:g}, preemptible {sweep.share_text(share)} (seed means)")
         for column in ("metric", "best", "value"):
             table.add_column(column, overflow="fold")
         for best in bests:

@@ -176,13 +176,22 @@ def test_any_column_order_extra_columns_crlf_and_bom():
     assert result.records == plain.records and result.skipped == plain.skipped
 
 
-def test_two_free_text_columns_cannot_be_repaired():
+def test_a_pipe_in_the_name_or_the_comment_is_repaired_where_the_state_column_decides():
     header = HEADER + "|Comment"
     row = ROWS[0] + "|a comment"
-    broken = ROWS[0].replace("|train|", "|tr|ain|") + "|a comment"
-    result = read_sacct_parsable2(dump([row, broken], header), "comment.txt")
-    assert len(result.records) == 1 and result.records[0].comment == "a comment"
-    assert result.skipped == {SKIP_FIELD_COUNT: 1}
+    in_name = ROWS[0].replace("|train|", "|tr|ain|") + "|a comment"
+    in_comment = ROWS[0] + "|a|comment"
+    result = read_sacct_parsable2(dump([row, in_name, in_comment], header), "comment.txt")
+    assert [(r.name, r.comment) for r in result.records] == [
+        ("train", "a comment"), ("tr|ain", "a comment"), ("train", "a|comment")]
+    assert result.skipped == {}
+    # With State before both free-text columns either rejoining leaves a state there: undecided, skipped.
+    columns = header.split("|")
+    order = [columns.index("State")] + [i for i in range(len(columns)) if columns[i] != "State"]
+    reordered = "|".join(columns[i] for i in order)
+    good = "|".join(row.split("|")[i] for i in order)
+    undecided = read_sacct_parsable2(dump([good, good.replace("|train|", "|tr|ain|")], reordered), "state-first.txt")
+    assert len(undecided.records) == 1 and undecided.skipped == {SKIP_FIELD_COUNT: 1}
 
 
 def test_missing_required_columns_name_them():

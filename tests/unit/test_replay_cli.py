@@ -162,3 +162,64 @@ def test_replay_never_reads_the_live_configuration_and_says_which_it_used(small_
     assert summary["config"] == {"kind": "defaults", "path": None, "variables": ["DIKE_REPLAY__SEED"]}
     assert summary["settings"]["comm_penalty"] == 1.0 and summary["settings"]["seed"] == 4
     assert set(summary["policies"]) == {"fifo", "dike"}  # `--policy fifo,dike` is two policies
+
+
+def _opt_in_dump(small_trace: Path, folder: Path, *, comment: bool) -> tuple[Path, set[int], set[int]]:
+    """The small trace with QOS ckpt on every 5th job and, when `comment`, a Comment column whose
+    tag opts in every 7th; returns the dump and the ids of each kind."""
+    lines = (small_trace / "sacct.txt").read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("|")
+    qos, ids = header.index("QOS"), header.index("JobIDRaw")
+    rows, by_qos, by_tag = [], set(), set()
+    for line in lines[1:]:
+        fields = line.split("|")
+        job = int(fields[ids])
+        if job % 5 == 0:
+            fields[qos] = "ckpt"
+            by_qos.add(job)
+        tagged = job % 7 == 0
+        if tagged:
+            by_tag.add(job)
+        rows.append("|".join(fields + (["train dike:preemptible" if tagged else "plain"] if comment else [])))
+    folder.mkdir()
+    dump = folder / "sacct.txt"
+    dump.write_text("\n".join(["|".join(header + (["Comment"] if comment else []))] + rows) + "\n", encoding="utf-8")
+    return dump, by_qos, by_tag
+
+
+def test_the_replay_lets_preempt_what_the_live_rule_would_and_says_how_many(small_trace, tmp_path):
+    from dike_slurm.config import Config
+    from dike_slurm.sim.replay import load_input, preemptible_jobs, sim_settings
+
+    dump, by_qos, by_tag = _opt_in_dump(small_trace, tmp_path / "tagged", comment=True)
+    replay_input = load_input(dump, small_trace / "slurm.conf", None)
+    replayed = {job.job_id for job in replay_input.trace.jobs}
+    config = Config.model_validate({"engine": {"preemptible_qos": ["ckpt"]}})
+    settings = sim_settings(config, replay_input.conf)
+    count, text = preemptible_jobs(replay_input, settings)
+    assert count == len((by_qos | by_tag) & replayed) and 0 < count < len(replayed)
+    assert text.startswith(f"preemptible: {count:,} of {len(replayed):,} jobs") and "QOS ckpt" in text
+    assert "'dike:preemptible' in the job's Comment" in text and "no Comment column" not in text
+    every = sim_settings(Config.model_validate({"engine": {"preemptible_partitions": ["gpu"]}}), replay_input.conf)
+    assert preemptible_jobs(replay_input, every)[0] == len(replayed)
+    assert preemptible_jobs(replay_input, sim_settings(config, replay_input.conf, preemptible=0.0))[0] == 0
+    # Without a Comment column the tag cannot be seen, and the line says so.
+    bare, _, _ = _opt_in_dump(small_trace, tmp_path / "bare", comment=False)
+    bare_input = load_input(bare, small_trace / "slurm.conf", None)
+    count, text = preemptible_jobs(bare_input, sim_settings(config, bare_input.conf))
+    assert count == len(by_qos & replayed) and "the dump has no Comment column" in text
+
+
+def test_the_replay_prints_the_share_it_used(small_trace, tmp_path):
+    dump, _, _ = _opt_in_dump(small_trace, tmp_path / "tagged", comment=True)
+    out = tmp_path / "out"
+    result = dike_slurm("replay", str(dump), "--slurm-conf", str(small_trace / "slurm.conf"), "--policy", "fifo",
+                        "--out", str(out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["preemptible"] == "live"
+    count = summary["settings"]["preemptible_jobs"]
+    assert f"preemptible: {count:,} of " in result.stdout and "by the engine's opt-in rule" in result.stdout
+    every = dike_slurm("replay", str(dump), "--slurm-conf", str(small_trace / "slurm.conf"), "--policy", "fifo",
+                       "--preemptible", "all", "--out", str(tmp_path / "all"))
+    jobs = summary["input"]["jobs_replayed"]
+    assert f"preemptible: {jobs:,} of {jobs:,} jobs (100%), a share of 1 drawn per job" in every.stdout

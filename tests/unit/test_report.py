@@ -195,7 +195,7 @@ def test_the_page_has_the_headline_ratios_parameters_thresholds_and_configuratio
     config_file.write_text("[policies.dike]\nmin_history_jobs = 20\npromote_knob = 6.0\n", encoding="utf-8")
     config = load_config(config_file, environ={})
     replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
-    settings = sim_settings(config, replay_input.conf)
+    settings = sim_settings(config, replay_input.conf, preemptible=1.0)  # so that the policies differ from fifo
     runs = [(name, run_policy(name, replay_input, config, settings).metrics) for name in ("fifo", "tiresias", "dike")]
     html = render_report(
         input_section=replay_input.input_summary(),

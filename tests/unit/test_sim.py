@@ -553,3 +553,24 @@ def test_a_simulator_that_does_not_decide_stops_at_each_cycle_until_decide():
         cycles += 1
     assert simulator.awaiting is None and cycles == decided.stats.decide_calls > 0
     assert simulator.stats == decided.stats and len(results.results) == 3
+
+
+def test_utilisation_counts_useful_work_not_rework():
+    """A requeue that loses 20 s of work and pays a 60 s restart keeps 8 GPUs busy for 80 s more;
+    the utilisation does not count them: they are lost GPU-hours, beside the useful ones."""
+    from dike_slurm.sim.metrics import MetricsCollector, summarise
+
+    trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
+    results, simulator = simulate(trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0,
+                                  checkpoint_interval_s=50.0, requeue_hold_s=0.0)
+    collector = MetricsCollector()
+    for result in results.values():
+        collector(result)
+    summary = summarise(collector, simulator.stats, simulator.timeline, total_gpus=8).summary
+    useful, lost = 8 * (1000 + 100 + 10), 8 * (20 + 60)
+    assert summary["useful_gpu_h"] == pytest.approx(useful / 3600, abs=1e-3)
+    assert summary["preemption_lost_gpu_h"] == pytest.approx(lost / 3600, abs=1e-3)
+    assert summary["slowed_gpu_h"] == 0
+    makespan = summary["makespan_s"]
+    assert summary["gpu_utilization"] == pytest.approx(useful / (8 * makespan), abs=1e-4)
+    assert collector.gpu_seconds == pytest.approx(useful + lost)  # busy, rework included
