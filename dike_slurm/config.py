@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import tomllib
-from functools import cached_property
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
