@@ -26,15 +26,13 @@ def row_of(case: dict, variant: str, setting: str) -> dict | None:
     return next((r for r in case["rows"] if r["variant"] == variant and r["setting"] == setting), None)
 
 
-def row_or_baseline(case: dict, variant: str, setting: str) -> dict | None:
-    """The row, or for a variant that never preempts and did not run in this setting, its row in
-    the setting it borrows from (fifo, multifactor and the non-preemptive oracle are the same
-    whichever jobs may be preempted)."""
-    row = row_of(case, variant, setting)
-    if row is None and setting in BASELINE_SETTING:
-        borrowed = row_of(case, variant, BASELINE_SETTING[setting])
-        if borrowed is not None and not any(r["variant"] == variant for r in case["rows"] if r["setting"] in BASELINE_SETTING):
-            return borrowed
+def row_or_baseline(case: dict, variant: dict, setting: str) -> dict | None:
+    """The row, or for a variant that never preempts (it does not run in the settings that borrow),
+    its row in the setting this one borrows from: fifo, multifactor and the non-preemptive oracle
+    are the same whichever jobs may be preempted."""
+    row = row_of(case, variant["label"], setting)
+    if row is None and setting in BASELINE_SETTING and not variant["preemptive"]:
+        return row_of(case, variant["label"], BASELINE_SETTING[setting])
     return row
 
 
@@ -52,7 +50,7 @@ def overall(result: dict) -> dict:
             cell = {}
             for baseline in (FIFO, MULTIFACTOR):
                 ratios = [row[f"{baseline}_ratio"] for case in result["cases"]
-                          if (row := row_or_baseline(case, variant["label"], setting["key"])) and row.get(f"{baseline}_ratio")]
+                          if (row := row_or_baseline(case, variant, setting["key"])) and row.get(f"{baseline}_ratio")]
                 if ratios:
                     cell[baseline] = _geomean(ratios)
             if cell:
@@ -87,6 +85,19 @@ def _not_run(what: str) -> dict:
     return {"status": "not run", "value": "", "detail": f"{what} not run"}
 
 
+def _capture_cell(fifo_jct: float, dike_jct: float, oracle: dict | None, oracle_name: str, min_gain: float,
+                  goal: float) -> dict:
+    """The share of the oracle's gain over fifo that dike captures, log(fifo/dike) / log(fifo/oracle),
+    against `goal`; no target where the oracle gains less than `min_gain`."""
+    gain = oracle["fifo_ratio"] if oracle else None
+    if gain is None:
+        return _not_run(oracle_name)
+    if gain < min_gain:
+        return _cell(None, f"oracle {gain:.3f}x", f"oracle gains < {min_gain - 1:.0%}: no target")
+    share = math.log(fifo_jct / dike_jct) / math.log(gain)
+    return _cell(share >= goal, f"{share:.0%}", f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+
+
 def targets(result: dict) -> dict:
     """PASS/FAIL per case and criterion, from the rows' numbers."""
     cases = []
@@ -102,13 +113,7 @@ def targets(result: dict) -> dict:
                              "fifo/dike avg JCT")
         oracle = row_of(case, ORACLE, TARGET_SETTING)
         gain = oracle["fifo_ratio"] if oracle else None
-        if gain is None:
-            cells["capture"] = _not_run(ORACLE)
-        elif gain < ORACLE_GAIN:
-            cells["capture"] = _cell(None, f"oracle {gain:.3f}x", "oracle gains < 10%: no target")
-        else:
-            share = math.log(f["avg_jct_s"] / d["avg_jct_s"]) / math.log(gain)
-            cells["capture"] = _cell(share >= 0.7, f"{share:.0%}", f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+        cells["capture"] = _capture_cell(f["avg_jct_s"], d["avg_jct_s"], oracle, ORACLE, ORACLE_GAIN, 0.7)
         tiresias = row_of(case, "tiresias", TARGET_SETTING)
         if gain is not None and gain < ORACLE_GAIN:
             cells["tiresias"] = _cell(None, "", "oracle gains < 10%: no target")
@@ -166,15 +171,8 @@ def share_targets(result: dict) -> dict:
             best = min(f["avg_jct_s"], m["avg_jct_s"])
             cells["none_jct"] = _cell(best / n["avg_jct_s"] >= 0.99, f"{best / n['avg_jct_s']:.3f}x",
                                       "min(fifo, multifactor) / dike avg JCT, none preemptible")
-            gain = oracle["fifo_ratio"] if oracle else None
-            if gain is None:
-                cells["none_capture"] = _not_run(NON_PREEMPTIVE_ORACLE)
-            elif gain < NONE_ORACLE_GAIN:
-                cells["none_capture"] = _cell(None, f"oracle {gain:.3f}x", "oracle gains < 5%: no target")
-            else:
-                share = math.log(f["avg_jct_s"] / n["avg_jct_s"]) / math.log(gain)
-                cells["none_capture"] = _cell(share >= 0.5, f"{share:.0%}",
-                                              f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
+            cells["none_capture"] = _capture_cell(f["avg_jct_s"], n["avg_jct_s"], oracle, NON_PREEMPTIVE_ORACLE,
+                                                  NONE_ORACLE_GAIN, 0.5)
             cells["none_worst_user"] = _cell(n["worst_user_slowdown"] <= f["worst_user_slowdown"],
                                              f"{n['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
                                              "dike (none) vs fifo worst-user slowdown")

@@ -53,6 +53,11 @@ class SimSettings:
     priority_reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
     priority_tolerance: float = 0.01
 
+    @property
+    def preemptible_choice(self) -> float | str:
+        """Which jobs may be preempted, as configured: "live" (the opt-in rule), or the share."""
+        return "live" if self.preemption_opt_in is not None else self.preemptible
+
 
 @dataclass(frozen=True, slots=True)
 class JobResult:

@@ -177,7 +177,7 @@ def _settings_section(settings: SimSettings) -> dict:
         "comm_penalty": settings.comm_penalty,
         "restart_cost_s": settings.restart_cost_s,
         "checkpoint_interval_s": settings.checkpoint_interval_s,
-        "preemptible": "live" if settings.preemption_opt_in is not None else settings.preemptible,
+        "preemptible": settings.preemptible_choice,
         "max_requeues_per_cycle": settings.max_requeues_per_cycle,
         "seed": settings.seed,
         "usage_half_life_h": settings.usage_half_life_s / 3600.0,
@@ -381,7 +381,7 @@ def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, setting
         variants=tuple(SweepVariant(t.label, t.policy, dict(t.params_override or {})) for t in tasks),
         penalties=(settings.comm_penalty,),
         seeds=(settings.seed,),
-        preemptible=("live" if settings.preemption_opt_in is not None else settings.preemptible,),
+        preemptible=(settings.preemptible_choice,),
         config=config.model_dump(mode="json"),
         source=f"dike-slurm tune {dump}",
         preset={"kind": "tune", "candidates": [{"label": p.label, "thresholds_gpuh": list(p.thresholds_gpuh)}
