@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Union
 
 from dike_slurm.model import Placement
+from dike_slurm.service_prior import Prediction
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class Decisions:
     # Pending jobs a preemption freed (or is freeing) nodes for: they run before every other job
     # of their tier (the engine writes them the top of its span), so the room goes to them.
     protected: tuple[int, ...] = ()
+    # What the policy expected of a job's GPU service and where that came from (the service
+    # prior; explain and queue show it); only jobs with a prediction
+    expected: Mapping[int, Prediction] = field(default_factory=dict)
 
     def ranked(self) -> list[SetPriority]:
         """The priorities from the first job to run to the last: protected jobs first, then score

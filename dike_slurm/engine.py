@@ -28,11 +28,13 @@ from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrit
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
+from dike_slurm.service_prior import ServicePrior
 from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
     JobService,
     completed_service,
+    finished_jobs,
     current_runs,
     decayed_usage,
     job_service,
@@ -182,6 +184,9 @@ class Engine:
                 completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
             ),
             site_priority=self.site_priority,
+            service_prior=(
+                ServicePrior.learn(finished_jobs(runs, now)) if self.policy.reads_service_prior(self.params) else None
+            ),
         )
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
         decisions, requeue_notes = guard_requeues(
@@ -221,6 +226,7 @@ class Engine:
             site_span=site_span,
             freed_rooms=tuple(rooms),
             room_outcomes=tuple(room_outcomes),
+            expected=decisions.expected,
         )
 
     def _read_accounting(self, now: float):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dike_slurm.errors import InputError
 
 if TYPE_CHECKING:
+    from dike_slurm.service_prior import ServicePrior
     from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
@@ -306,6 +307,8 @@ class Snapshot:
     completed_service_gpu_s: Sequence[float] = ()
     # the site's own priority (partition and QOS tiers, weights); None when unknown
     site_priority: SlurmPriorityModel | None = None
+    # expected GPU service learned from finished jobs (dike_slurm.service_prior); None when not learned
+    service_prior: ServicePrior | None = None
 
     @property
     def pending(self) -> tuple[Job, ...]:

@@ -30,6 +30,7 @@ from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
+from dike_slurm.service_prior import Prediction
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan
 from dike_slurm.usage import Run
 
@@ -98,6 +99,7 @@ class CyclePlan:
     site_span: SiteSpan | None = None  # the span just read from the site (an applied cycle stores it)
     freed_rooms: tuple[FreedRoom, ...] = ()  # preemptions still followed after this cycle's look
     room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
+    expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)

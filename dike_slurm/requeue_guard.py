@@ -91,4 +91,4 @@ def guard_requeues(
         p for p in decisions.placements
         if not (isinstance(p, SetPlacement) and p.job_id in refused_for and p.placement.require_nodes)
     )
-    return Decisions(decisions.priorities, placements, tuple(kept)), notes
+    return Decisions(decisions.priorities, placements, tuple(kept), expected=decisions.expected), notes

@@ -25,13 +25,13 @@ from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.usage import Run
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs.name (the service prior's groups)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,
-    user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL,
+    user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL, name TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, start));
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, level INTEGER, written_level INTEGER,
@@ -206,8 +206,11 @@ class StateStore:
                 return
             with self._db:
                 self._db.executescript(_SCHEMA)
+                columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
+                if "name" not in columns:  # a schema-1 file
+                    self._db.execute("ALTER TABLE runs ADD COLUMN name TEXT NOT NULL DEFAULT ''")
                 self._db.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state file {self.path} is not usable: {exc}") from None
@@ -305,14 +308,18 @@ class StateStore:
     def add_runs(self, runs: Iterable[Run]) -> None:
         """Store finished runs (a run seen again replaces the stored one)."""
         self._db.executemany(
-            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final)) for r in runs if r.end is not None],
+            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final, name) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final), r.name) for r in runs
+             if r.end is not None],
         )
 
     def runs(self) -> list[Run]:
         rows = self._db.execute("SELECT * FROM runs ORDER BY job_id, start").fetchall()
+        has_name = bool(rows) and "name" in rows[0].keys()  # a schema-1 file opened read-only has none
         return [
-            Run(row["job_id"], row["user"], row["account"], row["gpus"], row["start"], row["end"], bool(row["final"]))
+            Run(row["job_id"], row["user"], row["account"], row["gpus"], row["start"], row["end"], bool(row["final"]),
+                row["name"] if has_name else "")
             for row in rows
         ]
 

@@ -9,6 +9,7 @@ from typing import Literal
 
 from dike_slurm.accounting import AccountingRecord
 from dike_slurm.model import Job, JobState
+from dike_slurm.service_prior import FinishedJob
 
 # States of a run that did not end the job: the job is back in the queue.
 _NOT_FINAL = frozenset({JobState.REQUEUED, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED})
@@ -25,6 +26,7 @@ class Run:
     start: float
     end: float | None
     final: bool  # the job ended with this run (it was not requeued)
+    name: str = ""  # the job's name (the service prior's groups)
 
     def gpu_s(self, now: float) -> float:
         return self.gpus * max(0.0, (self.end if self.end is not None else now) - self.start)
@@ -47,14 +49,15 @@ def runs_from_records(records: Iterable[AccountingRecord]) -> list[Run]:
         if record.start is None:
             continue
         final = record.state not in _NOT_FINAL and record.end is not None
-        runs.append(Run(record.job_id, record.user, record.account, record.gpus, record.start, record.end, final))
+        runs.append(
+            Run(record.job_id, record.user, record.account, record.gpus, record.start, record.end, final, record.name))
     return runs
 
 
 def current_runs(jobs: Iterable[Job]) -> list[Run]:
     """The run each running job is in now, from the queue (fresher than accounting)."""
     return [
-        Run(j.job_id, j.user, j.account, j.gpus, j.start_time, None, False)
+        Run(j.job_id, j.user, j.account, j.gpus, j.start_time, None, False, j.name)
         for j in jobs
         if j.state is JobState.RUNNING and j.start_time is not None
     ]
@@ -119,4 +122,20 @@ def completed_service(runs: Iterable[Run], now: float) -> tuple[float, ...]:
         if run.final:
             ended.add(run.job_id)
     return tuple(sorted(total[j] for j in ended))
+
+
+def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
+    """Every job whose last run ended it, as the service prior learns from it: its GPU service over
+    all its runs, per GPU of its final run."""
+    total: dict[int, float] = {}
+    final: dict[int, Run] = {}
+    for run in runs:
+        total[run.job_id] = total.get(run.job_id, 0.0) + run.gpu_s(now)
+        if run.final:
+            final[run.job_id] = run
+    return [
+        FinishedJob(run.user, run.name, run.gpus, total[job_id] / run.gpus, run.end)  # type: ignore[arg-type]
+        for job_id, run in final.items()
+        if run.gpus > 0
+    ]
 

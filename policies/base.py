@@ -39,6 +39,11 @@ class Policy(ABC):
         """
         return True
 
+    def reads_service_prior(self, params: PolicyParams) -> bool:
+        """Whether `decide` reads `snapshot.service_prior` with these parameters; when it does not,
+        the engine and the simulator do not learn one."""
+        return False
+
     def replays_as_priority_basic(self, params: PolicyParams) -> bool:
         """Whether the replay stands this policy for a site running Slurm's `priority/basic`
         (submit order, every factor and SiteFactor ignored) instead of adding what the engine

@@ -31,6 +31,7 @@ from dike_slurm.policies.common import (
 )
 from dike_slurm.policies.node_hold import plan_node_hold, with_node_hold
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
+from dike_slurm.service_prior import Prediction
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
 WITHIN_SPAN = 0.999
@@ -50,7 +51,7 @@ class DikeParams(PolicyParams):
     fallback_thresholds_gpuh: list[float] | None = Field(
         None, description="thresholds while history is short; unset: 8^i GPU-hours (1, 8, 64, ...)"
     )
-    fairness_weight: float = Field(0.8, ge=0, description="weight of the owner's fair-share factor 2^(-usage/share)")
+    fairness_weight: float = Field(0.2, ge=0, description="weight of the owner's fair-share factor 2^(-usage/share)")
     wait_weight: float = Field(0.2, ge=0, description="weight of the time waiting")
     wait_scale_s: float = Field(3600.0, gt=0, description="wait at which the wait term reaches 1/2")
     fairness_by: Literal["user", "account"] = "user"
@@ -80,6 +81,23 @@ class DikeParams(PolicyParams):
             "the nodes a preemption frees go to the job they were freed for: it is written above every other job of "
             "its tier and keeps its pin until it starts; only the highest tier's first blocked jobs are preempted for"
         ),
+    )
+    service_prior: bool = Field(
+        True,
+        description=(
+            "rank a job by its expected GPU service, the median of the site's finished jobs of the same user, job "
+            "name and GPU count (or a coarser group), until it has attained more; false: information-agnostic, "
+            "attained service only (the paper)"
+        ),
+    )
+    prior_shrink_jobs: float = Field(
+        10.0, ge=0, description="a group of n finished jobs weighs n / (n + this) against the coarser groups above it"
+    )
+    prior_sets_level: bool = Field(
+        False, description="a job that has not attained its expected service sits at that service's level"
+    )
+    prior_weight: float = Field(
+        2.0, ge=0, description="weight, beside fairness and wait, of how short the expected service is inside a level"
     )
     hold_nodes: Literal["never", "promoted", "blocked"] = Field(
         "never",
@@ -131,16 +149,22 @@ def thresholds_gpu_s(snapshot: Snapshot, params: DikeParams) -> tuple[list[float
 
 
 def levels_with_promotion(
-    job: Job, now: float, thresholds: list[float], promote_knob: float | None, max_wait_s: float | None
+    job: Job, now: float, thresholds: list[float], promote_knob: float | None, max_wait_s: float | None,
+    expected_gpu_s: float = 0.0,
 ) -> tuple[int, bool, str]:
-    """(level, promoted, reason) for an active job: service-based level unless it starves."""
+    """(level, promoted, reason) for an active job: the level of its attained (or, when larger,
+    expected) service unless it starves."""
     service = job.counted_gpu_s
-    level = level_of(service, thresholds)
+    level = level_of(max(service, expected_gpu_s), thresholds)
     reason = f"attained={service / 3600:.2f}gpuh"
     if job.state is JobState.PENDING and level > 0:
         waited = job.waiting_s(now)
         if promote_knob is not None and job.last_run_s > 0 and waited >= promote_knob * job.last_run_s:
             return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= {promote_knob:g} x last run {job.last_run_s:.0f}s"
+        expected_run_s = expected_gpu_s / job.gpus if job.gpus > 0 else 0.0
+        if (promote_knob is not None and job.last_run_s <= 0 and expected_run_s > 0
+                and waited >= promote_knob * expected_run_s):
+            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= {promote_knob:g} x expected run {expected_run_s:.0f}s"
         if max_wait_s is not None and waited >= max_wait_s:
             return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= max_wait {max_wait_s:.0f}s"
     return level, False, reason
@@ -186,6 +210,21 @@ class DikePolicy(Policy):
         running_wait = 0.0 / (0.0 + wait_scale)
         running_wait_text = f"{running_wait:.2f}"
 
+        prior = snapshot.service_prior if params.service_prior else None
+        history = snapshot.completed_service_gpu_s
+        prior_weight = params.prior_weight if prior is not None and len(history) else 0.0
+        weight_total += prior_weight
+        # each level's span of the finished jobs' service, as quantiles: how short a job is, is
+        # measured inside its own level
+        if prior_weight:
+            size = len(history)
+            bounds = [0.0, *(bisect_right(history, t) / size for t in thresholds), 1.0]
+        # (GPU-s, text, prediction) by (user, name, GPUs); 0.0 and None: no prediction
+        predictions: dict[tuple[str, str, int], tuple[float, str, Prediction | None]] = {}
+        expected_of: dict[int, Prediction] = {}
+        shrink_jobs = params.prior_shrink_jobs
+        sets_level = params.prior_sets_level
+
         priorities: list[SetPriority] = []
         append = priorities.append
         pending_state = JobState.PENDING
@@ -195,7 +234,22 @@ class DikePolicy(Policy):
             service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
             if not service > 0.0:
                 service = 0.0
-            level = bisect_right(thresholds, service)
+            expected, expected_text = service, ""
+            if prior is not None:
+                shape = (job.user, job.name, job.gpus)
+                known = predictions.get(shape)
+                if known is None:
+                    prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs)
+                    known = predictions[shape] = (
+                        (prediction.gpu_s, f" expected={prediction.gpu_s / 3600:.2f}gpuh ({prediction.describe()})",
+                         prediction)
+                        if prediction is not None else (0.0, "", None)
+                    )
+                if known[2] is not None:
+                    expected_of[job.job_id] = known[2]
+                    if known[0] > service:
+                        expected, expected_text = known[0], known[1]
+            level = bisect_right(thresholds, expected if sets_level else service)
             promoted = False
             if job.state is pending_state:
                 since = job.pending_since
@@ -203,7 +257,8 @@ class DikePolicy(Policy):
                 if not waited > 0.0:
                     waited = 0.0
                 if level > 0:
-                    level, promoted, reason = levels_with_promotion(job, now, thresholds, promote_knob, max_wait_s)
+                    level, promoted, reason = levels_with_promotion(
+                        job, now, thresholds, promote_knob, max_wait_s, expected if sets_level else 0.0)
                 elif service == 0.0:  # +0.0 only: a negative or zero difference became +0.0 above
                     reason = zero_service
                 else:
@@ -214,19 +269,30 @@ class DikePolicy(Policy):
                 reason = f"attained={service / 3600:.2f}gpuh"
                 wait, wait_text = running_wait, running_wait_text
             weighted_fairness, tail = by_owner[owner]
-            mix = (weighted_fairness + wait_weight * wait) / weight_total if weight_total else 0.0
+            mixed = weighted_fairness + wait_weight * wait
+            if prior_weight:
+                # where the expected service falls among the finished jobs' (of its level, when the
+                # prior sets the level; 1: the shortest)
+                low, high = (bounds[level], bounds[level + 1]) if sets_level else (0.0, 1.0)
+                if high > low:
+                    shortness = (high - bisect_right(history, expected) / size) / (high - low)
+                    mixed += prior_weight * (0.0 if shortness < 0.0 else 1.0 if shortness > 1.0 else shortness)
+                else:
+                    mixed += prior_weight * 0.5
+            mix = mixed / weight_total if weight_total else 0.0
             if mix < 0.0:  # min(max(mix, 0.0), 1.0), NaN kept as it was
                 mix = 0.0
             elif mix > 1.0:
                 mix = 1.0
             score = (top_level - level) + WITHIN_SPAN * mix
-            append(SetPriority(job.job_id, level, score, f"level={level} {reason}{tail}{wait_text}", promoted))
+            append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
+                               promoted))
 
         placements = (
             self._placements(snapshot, params, pending) if params.consolidate or params.steer_light_jobs else []
         )
         if not params.preemption and params.hold_nodes == "never":
-            return Decisions(tuple(priorities), tuple(placements))
+            return Decisions(tuple(priorities), tuple(placements), expected=expected_of)
         comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
         heavy = lambda job: is_comm_heavy(job, comm_gpus, comm_rules)  # noqa: E731
         one_leaf = heavy if params.consolidate else (lambda job: False)
@@ -249,11 +315,16 @@ class DikePolicy(Policy):
             )
             if hold is not None:
                 placements = with_node_hold(placements, hold)
-        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected)
+        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected, expected_of)
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         assert isinstance(params, DikeParams)
-        return params.thresholds_gpuh is None  # derived thresholds: quantiles of finished jobs' service
+        # derived thresholds: quantiles of finished jobs' service; the prior: where a job's expected service falls
+        return params.thresholds_gpuh is None or params.service_prior
+
+    def reads_service_prior(self, params: PolicyParams) -> bool:
+        assert isinstance(params, DikeParams)
+        return params.service_prior
 
     def requeue_min_run_s(self, params: PolicyParams) -> float | None:
         assert isinstance(params, DikeParams)

@@ -58,6 +58,7 @@ class SimulatedBackend(Backend):
         self.timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / _TIMELINE_BINS, 1.0))
         self.collector = MetricsCollector()
         self.accounts = {t.job_id: t.account for t in trace}
+        self.names = {t.job_id: t.name for t in trace}
         self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
         self.model = settings.priority_model
         self.raw: dict[int, dict[JobField, Any]] = {}  # every field as written, as Slurm would show it
@@ -191,6 +192,7 @@ class SimulatedBackend(Backend):
         self.records.append(AccountingRecord(
             job_id=job_id, display_id=str(job_id), user=user, account=self.accounts.get(job_id, ""), state=state,
             state_text=state.value, submit=start, start=start, end=end, elapsed_s=int(end - start), gpus=gpus,
+            name=self.names.get(job_id, ""),
         ))
 
     def _finished(self, result: JobResult) -> None:

@@ -38,6 +38,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("srtf_oracle", "srtf_oracle", cost=2),
     Variant("srtf_preemptive", "srtf_oracle", {"preemptive": True}, preemptive=True, cost=4),
     Variant("dike", "dike", preemptive=True, cost=8),
+    # the paper's information-agnostic Dike: attained service only, no service prior
+    Variant("dike_agnostic", "dike", {"service_prior": False}, preemptive=True, cost=8),
 )
 QUICK_VARIANTS = ("fifo", "srtf_preemptive", "dike")
 

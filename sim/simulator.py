@@ -31,6 +31,7 @@ from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
+from dike_slurm.service_prior import FinishedJob, PriorLearner
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
 from dike_slurm.sim.priority import SlurmOrder, engine_writes
@@ -128,6 +129,9 @@ class Simulator:
         # Finished jobs' GPU service for the snapshot, kept only for a policy that reads it.
         self.keeps_history = policy.reads_completed_service(params)
         self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
+        # The service prior, learned from the same finished jobs, for a policy that reads it.
+        self.prior = PriorLearner() if policy.reads_service_prior(params) else None
+        self.prior_history: deque[FinishedJob] = deque()  # in end order
         self.history_sorted = SortedBlocks()
         self.node_views: list[Node] = list(cluster.nodes)
         self.dirty_nodes: set[int] = set()
@@ -341,6 +345,11 @@ class Simulator:
         job.state = DONE
         del self.active[job.trace.job_id]
         self._remember_service(job.attained)
+        if self.prior is not None:
+            trace = job.trace
+            finished = FinishedJob(trace.user, trace.name, trace.gpus, job.attained / trace.gpus if trace.gpus else 0.0, now)
+            self.prior.add(finished)
+            self.prior_history.append(finished)
         self.stats.last_end = max(self.stats.last_end, now)
         trace = job.trace
         self.on_finish(
@@ -434,6 +443,9 @@ class Simulator:
         while self.history and self.history[0][0] < horizon:
             _, oldest = self.history.popleft()
             self.history_sorted.remove(oldest)
+        if self.prior is not None:
+            while self.prior_history and self.prior_history[0].end < horizon:
+                self.prior.remove(self.prior_history.popleft())
 
     # ------------------------------------------------------------------ policy cycles
 
@@ -554,6 +566,7 @@ class Simulator:
             user_shares=self.shares,
             completed_service_gpu_s=self.history_sorted.view(),
             site_priority=self.settings.priority_model,
+            service_prior=self.prior.view() if self.prior is not None else None,
         )
         return snapshot, views
 

@@ -76,7 +76,7 @@ log = logging.getLogger("dike_slurm.backends.cli")
 _T = TypeVar("_T")
 
 SACCT_FORMAT = (
-    "JobID,JobIDRaw,User,Account,Partition,QOS,State,Submit,Eligible,Start,End,"
+    "JobID,JobIDRaw,JobName,User,Account,Partition,QOS,State,Submit,Eligible,Start,End,"
     "ElapsedRaw,Timelimit,NNodes,NCPUS,AllocTRES,ReqTRES,NodeList"
 )
 SWITCH_FORMAT = "JobID:|,ReqSwitch:|,Wait4Switch:|"

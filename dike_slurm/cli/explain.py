@@ -34,7 +34,7 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     if found is not None:
         job_id = found.job.job_id
         memory = engine.store.job(job_id)
-        document |= {"status": "active", "job": job_row(found, field, memory) | {
+        document |= {"status": "active", "job": job_row(found, field, memory, plan.expected.get(job_id)) | {
             "run_count": found.job.run_count,
             "forgiven_gpu_hours": round(found.job.attained_at_promotion_gpu_s / 3600, 3),
             "left_to_user": found.hands_off_reason or None,
@@ -87,6 +87,9 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
             lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
         if not job["managed"]:
             lines.append(f"  not managed: {job['note']}")
+        if job["expected_from"] is not None:
+            lines.append(f"  expected service: {job['expected_from']['text']} (the service prior: finished jobs "
+                         "in the look-back window, shrunk toward coarser groups)")
         lines.append(f"  level {job['level']}: {job['reason']}")
         params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items()
                            if k not in ("comm_rules",))

@@ -73,7 +73,8 @@ def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> 
 
 QUEUE_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                  ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
-                 ("GPU-h", "attained_gpu_hours"), ("priority", "priority_now"), ("placement", "placement_now"),
+                 ("GPU-h", "attained_gpu_hours"), ("expected GPU-h", "expected_gpu_hours"), ("priority", "priority_now"),
+                 ("placement", "placement_now"),
                  ("Slurm's reason", "slurm_reason"), ("why (the policy now)", "reason"), ("note", "note")]
 STATUS_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                   ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
     from dike_slurm.model import Job, Placement
     from dike_slurm.reconcile import CyclePlan, JobPlan, PlannedWrite
+    from dike_slurm.service_prior import Prediction
     from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
 STATES = ("PENDING", "RUNNING", "SUSPENDED")  # as squeue prints them
@@ -44,8 +45,10 @@ def _strategy_writes(job_plan: JobPlan, field_name: str) -> bool:
     return any(k.value == field_name for w in job_plan.writes for k, _ in w.update.values)
 
 
-def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None) -> dict[str, Any]:
-    """One managed (or in-scope but exempt) job as `queue` and `status` show it."""
+def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
+            expected: Prediction | None = None) -> dict[str, Any]:
+    """One managed (or in-scope but exempt) job as `queue` and `status` show it; `expected`: the
+    policy's service prior for it."""
     from dike_slurm.model import JobState
 
     job = job_plan.job
@@ -75,7 +78,16 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None) -> dic
         "slurm_reason": job.slurm_reason,
         "reason": job_plan.reason,
         "last_decision": memory.reason if memory is not None else None,
+        "expected_gpu_hours": round(expected.gpu_s / 3600, 3) if expected is not None else None,
+        "expected_from": expected_source(expected) if expected is not None else None,
     }
+
+
+def expected_source(prediction: Prediction) -> dict[str, Any]:
+    """Where a prediction came from: its group (this job's own values) and how many finished jobs
+    it holds; never another user's job ids or names."""
+    return {"group": dict(zip(prediction.group, prediction.values)), "finished_jobs": prediction.count,
+            "own_jobs_only": prediction.own, "text": prediction.describe()}
 
 
 def outside_row(job: Job, field_name: str) -> dict[str, Any]:
@@ -87,7 +99,7 @@ def outside_row(job: Job, field_name: str) -> dict[str, Any]:
         "priority_now": None, "priority_planned": None, "placement_now": placement_text(job.placement),
         "placement_planned": None, "managed": False, "note": "outside the engine's scope",
         "slurm_reason": job.slurm_reason, "reason": "",
-        "last_decision": None,
+        "last_decision": None, "expected_gpu_hours": None, "expected_from": None,
     }
 
 
@@ -107,7 +119,7 @@ def queue_rows(
     partitions matches each of them."""
     ordered = sorted(plan.jobs, key=lambda p: (p.level if p.level is not None else 99, -(p.value_wanted or 0),
                                                 p.job.job_id))
-    rows = [job_row(p, field_name, memory.get(p.job.job_id)) for p in ordered]
+    rows = [job_row(p, field_name, memory.get(p.job.job_id), plan.expected.get(p.job.job_id)) for p in ordered]
     if include_outside:
         rows += [outside_row(j, field_name) for j in sorted(plan.outside, key=lambda j: j.job_id)]
     users, accounts, partitions = set(users), set(accounts), set(partitions)

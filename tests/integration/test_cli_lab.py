@@ -85,3 +85,32 @@ def test_a_user_without_root_reads_the_queue(slurm_lab, engine):  # noqa: F811
     (row,) = [r for r in json.loads(result.stdout)["jobs"] if r["job_id"] == job]
     assert row["user"] == "dikeuser2" and row["state"] == "PENDING"
     assert row["slurm_reason"] == "JobHeldUser"  # squeue's REASON, as the user sees it
+
+def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slurm_lab, engine):  # noqa: F811
+    """Issue 27: the service prior, live. dikeuser2 finishes three 1-GPU jobs of one name; their next
+    job of that name waits, and `explain` and `queue` say what it is expected to use and from which jobs."""
+    lab = slurm_lab
+    name = f"warmup{os.getpid()}"  # a name no earlier test's finished jobs carry
+    done = [lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 2", user="dikeuser2") for _ in range(3)]
+
+    def all_completed() -> bool:
+        records = lab.sacct_records("-j", ",".join(map(str, done)))
+        return all(any(run.state.value == "COMPLETED" for run in records.get(job, ())) for job in done)
+
+    lab.wait_for(all_completed, timeout=60, message="the three warmup jobs COMPLETED in sacct")
+    fill_cluster(lab, "dikeuser1")
+    job = lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 5", user="dikeuser2")
+    sprio_lists(lab, job)
+
+    explained = as_json(engine, "explain", str(job))
+    row = explained["job"]
+    assert row["expected_from"]["group"] == {"user": "dikeuser2", "name": name, "gpus": "1"}
+    assert row["expected_from"]["finished_jobs"] == 3 and row["expected_from"]["own_jobs_only"] is True
+    assert 0 < row["expected_gpu_hours"] < 0.01  # runs of 2-4 s on one GPU
+    assert f"from 3 finished jobs of dikeuser2 / {name} / 1 GPUs" in row["expected_from"]["text"]
+    text = engine("explain", str(job)).stdout
+    assert "expected service: " in text and f"from 3 finished jobs of dikeuser2 / {name} / 1 GPUs" in text
+    queue = as_json(engine, "queue", "--user", "dikeuser2")
+    (shown,) = [r for r in queue["jobs"] if r["job_id"] == job]
+    assert shown["expected_gpu_hours"] == row["expected_gpu_hours"]
+    assert shown["expected_from"] == row["expected_from"]

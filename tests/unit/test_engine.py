@@ -288,7 +288,10 @@ def test_stale_values_inside_the_tolerance_are_rewritten_until_they_follow_the_p
     # 41 jobs whose wanted values differ by less than the tolerance; Slurm holds them reversed
     jobs = [pending(i, "alice", waited=60.0 + 10 * i) for i in range(1, 42)]
     backend = cluster(*jobs)
-    cfg = config(tmp_path, engine={"max_changes_per_cycle": 1000, "breaker_change_fraction": 1.0})
+    # the wait term a fifth of the mix, as the test's premise needs (the default gives it half of it
+    # when no job has finished)
+    cfg = config(tmp_path, engine={"max_changes_per_cycle": 1000, "breaker_change_fraction": 1.0},
+                 policies={"dike": {"thresholds_gpuh": [1.0, 8.0], "steer_light_jobs": False, "fairness_weight": 0.8}})
     first = engine(cfg, backend).plan()
     wanted = {p.job.job_id: p.value_wanted for p in first.jobs}
     span = max(wanted.values()) - min(wanted.values())

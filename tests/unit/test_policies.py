@@ -352,8 +352,11 @@ def test_only_a_policy_that_reads_finished_jobs_service_is_handed_it():
         assert not policy.reads_completed_service(policy.Params())
     dike = DikePolicy()
     assert dike.reads_completed_service(DikeParams())  # derived thresholds: quantiles of that history
-    configured = DikeParams(thresholds_gpuh=[1.0, 8.0])
+    # the service prior ranks a job by where its expected service falls in that history
+    assert dike.reads_completed_service(DikeParams(thresholds_gpuh=[1.0, 8.0]))
+    configured = DikeParams(thresholds_gpuh=[1.0, 8.0], service_prior=False)
     assert not dike.reads_completed_service(configured)
+    assert not dike.reads_service_prior(configured) and dike.reads_service_prior(DikeParams())
     assert Policy.reads_completed_service(dike, configured)  # a policy that does not say gets it
     # and with configured thresholds the history changes nothing in Dike's decisions
     snap = snapshot([pending(1, "alice"), running(2, "bob", attained_gpu_s=7200.0)])

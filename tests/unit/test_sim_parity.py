@@ -50,7 +50,7 @@ def trace() -> list[TraceJob]:
         gpus, nodes = shapes[i % len(shapes)]
         jobs.append(TraceJob(
             job_id=100 + i, display_id=str(100 + i), user=f"user{i % 3}", account=f"acct{i % 2}", partition="gpu",
-            qos="normal", name=f"train{i}", comment="", submit=1_000_000.0 + 97 * i, eligible_delay_s=0.0,
+            qos="normal", name=f"train{i % 4}", comment="", submit=1_000_000.0 + 97 * i, eligible_delay_s=0.0,
             duration_s=600.0 + 311 * (i % 7), time_limit_s=7200, gpus=gpus, num_nodes=nodes, cpus=nodes,
         ))
     return jobs
@@ -81,11 +81,12 @@ def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness
         if s.pending and s.running and len(s.completed_service_gpu_s) >= 5
     )
     accounts = {j.job_id: j.account for j in jobs}
+    names = {j.job_id: j.name for j in jobs}
     records = [
         AccountingRecord(
             job_id=r.job_id, display_id=r.display_id, user=r.user, account=accounts[r.job_id], partition="gpu",
             state=JobState.COMPLETED, state_text="COMPLETED", submit=r.submit, start=r.start, end=r.end,
-            elapsed_s=int(r.end - r.start), gpus=r.gpus,
+            elapsed_s=int(r.end - r.start), gpus=r.gpus, name=names[r.job_id],
         )
         for r in finished if r.end <= snapshot.time
     ]
@@ -102,6 +103,16 @@ def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness
     assert engine_snapshot.time == snapshot.time
     assert engine_snapshot.completed_service_gpu_s == pytest.approx(snapshot.completed_service_gpu_s)
     assert engine_snapshot.user_usage_gpu_s == pytest.approx(snapshot.user_usage_gpu_s)
+    # the service prior: learned from the same finished jobs, it predicts the same for every job
+    assert engine_snapshot.service_prior.jobs == snapshot.service_prior.jobs >= 5
+    predicted = [
+        tuple(p.predict(j.user, j.name, j.gpus, 3) for p in (engine_snapshot.service_prior, snapshot.service_prior))
+        for j in snapshot.jobs
+    ]
+    assert all(p is not None for pair in predicted for p in pair)
+    for mine, twin in predicted:
+        assert (mine.group, mine.values, mine.count, mine.gpu_s) == (twin.group, twin.values, twin.count,
+                                                                     pytest.approx(twin.gpu_s))
     simulated = {j.job_id: j for j in snapshot.jobs}
     for job in engine_snapshot.jobs:
         twin = simulated[job.job_id]

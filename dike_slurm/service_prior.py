@@ -1,0 +1,260 @@
+"""The service prior: a job's expected GPU service, learned from the site's own finished jobs.
+
+As Helios's QSSF (Hu et al., SC'21) does, a job is expected to run as long as the finished jobs
+of the same user, job name and GPU count did; with too few of those, coarser groups answer, the
+user's own before anyone else's, down to every finished job. Nothing a user claims (time limits,
+comments) enters it.
+
+The statistic is each group's median run time (a GPU-hour figure is that times the job's GPUs),
+so that one odd job moves nothing. A group of a few jobs is noisy, so the estimate is shrunk
+toward the coarser groups' (in log space, each group weighing n / (n + shrink_jobs) against the
+groups above it): on the corpus this ranks jobs closer to their true service than asking the
+finest group with enough jobs (Spearman 0.59 against 0.42 on philly-b436b2-s3, 0.48 against 0.38
+on philly-b436b2-s4, 0.44 against 0.41 on the sample; docs/results.md).
+
+`PriorLearner` keeps the groups as jobs finish and leave the window (the replay adds one job at a
+time); `ServicePrior` is what a snapshot holds: immutable, and cheap to take again after a few
+changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# The groups asked in turn, finest first: the user's own history before anyone else's, so that a
+# user cannot borrow another user's short jobs by naming a long job like theirs.
+GROUPS: tuple[tuple[str, ...], ...] = (
+    ("user", "name", "gpus"),
+    ("user", "name"),
+    ("user", "gpus"),
+    ("user",),
+    ("name", "gpus"),
+    ("gpus",),
+    (),
+)
+_OWN_GROUPS = sum(1 for group in GROUPS if "user" in group)
+
+# A user's predictions are multiplied by their overrun factor to this power. At 1 a user who
+# hides long jobs among short ones is predicted the mixed group's mean: what a user who names every
+# job alike gets. Squared, hiding would cost more than it gains in the gaming test, but a user of
+# the sample whose generic job names (bash, jupyter) vary widely then starves: worst-user slowdown
+# 3,958 against 425 (docs/results.md).
+OVERRUN_POWER = 1
+
+# Key of a group: (its index in GROUPS, the values of its fields)
+Key = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """What the prior learns from one finished job."""
+
+    user: str
+    name: str
+    gpus: int
+    run_s: float  # its GPU service / its GPUs: the run time of every run together
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One group's statistic: the median run time of its `count` finished jobs."""
+
+    run_s: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A job's expected GPU service and the group it came from."""
+
+    gpu_s: float
+    group: tuple[str, ...]  # the group's fields, e.g. ("user", "name", "gpus")
+    values: tuple[str, ...]  # their values for this job
+    count: int  # finished jobs in the group
+    overrun: float = 1.0  # the user's jobs used this many times what their groups' medians say
+
+    @property
+    def own(self) -> bool:
+        """The group holds only the job's own user's jobs."""
+        return "user" in self.group
+
+    def describe(self) -> str:
+        """`12.4 GPU-h from 37 finished jobs of alice / train.sh / 4 GPUs`: the group is named by
+        this job's own values only, never another user's job or name."""
+        figure = f"{self.gpu_s / 3600:.3g} GPU-h from {self.count} finished job{'s' if self.count != 1 else ''}"
+        parts = [f"{value} GPUs" if field == "gpus" else value for field, value in zip(self.group, self.values)]
+        text = f"{figure} of {' / '.join(parts)}" if parts else f"{figure} (every finished job)"
+        if self.overrun > 1.0:
+            text += f", x{self.overrun:.2g}: this user's jobs overran their groups' medians"
+        return text
+
+
+def _overrun_of(groups: Iterable[list[float]]) -> Estimate:
+    """How far a user's finished jobs overran the medians of their own (user, name, GPUs) groups:
+    their run time over the groups' count x median, at least 1. A user who names long jobs like
+    their short ones pays for it on every job: the median of the mixed group stays short, its total
+    does not. Over `groups` in key order, so that it adds up the same however it was learned."""
+    used = predicted = 0.0
+    jobs = 0
+    for runs in groups:
+        used += sum(runs)
+        predicted += len(runs) * _median_estimate(runs).run_s
+        jobs += len(runs)
+    return Estimate(used / predicted if used > predicted > 0 else 1.0, jobs)
+
+
+def _overrun_key(user: str) -> Key:
+    return (-1, user)
+
+
+def _median_estimate(ascending: list[float]) -> Estimate:
+    middle = len(ascending) // 2
+    median = ascending[middle] if len(ascending) % 2 else (ascending[middle - 1] + ascending[middle]) / 2
+    return Estimate(median, len(ascending))
+
+
+def _keys(user: str, name: str, gpus: int) -> list[tuple[Key, tuple[str, ...]]]:
+    values = {"user": user, "name": name, "gpus": str(gpus)}
+    out = []
+    for index, group in enumerate(GROUPS):
+        shown = tuple(values[field] for field in group)
+        out.append(((index, *shown), shown))
+    return out
+
+
+class ServicePrior:
+    """The groups' estimates at one instant: never changes once made."""
+
+    __slots__ = ("_base", "_recent", "jobs")
+
+    def __init__(self, base: Mapping[Key, Estimate], recent: Mapping[Key, Estimate | None], jobs: int) -> None:
+        self._base = base
+        self._recent = recent  # newer than base; None: the group emptied
+        self.jobs = jobs  # finished jobs learned from
+
+    @classmethod
+    def learn(cls, finished: Iterable[FinishedJob]) -> ServicePrior:
+        """The prior of these finished jobs at once (the engine, each cycle): the same estimates as
+        adding them one by one to a `PriorLearner`, grouped and sorted in one pass."""
+        runs: dict[Key, list[float]] = {}
+        jobs = 0
+        for job in finished:
+            if job.gpus <= 0:
+                continue
+            jobs += 1
+            for key, _ in _keys(job.user, job.name, job.gpus):
+                runs.setdefault(key, []).append(job.run_s)
+        estimates = {}
+        own: dict[str, list[Key]] = {}
+        for key, values in runs.items():
+            values.sort()
+            estimates[key] = _median_estimate(values)
+            if key[0] == 0:
+                own.setdefault(key[1], []).append(key)
+        for user, keys in own.items():
+            estimates[_overrun_key(user)] = _overrun_of(runs[key] for key in sorted(keys))
+        return cls(MappingProxyType(estimates), MappingProxyType({}), jobs)
+
+    def estimate(self, key: Key) -> Estimate | None:
+        if key in self._recent:
+            return self._recent[key]
+        return self._base.get(key)
+
+    def predict(self, user: str, name: str, gpus: int, shrink_jobs: float) -> Prediction | None:
+        """The groups' medians from every job down to the finest group, each pulling the estimate
+        toward its own by n / (n + shrink_jobs); named by the finest group that has jobs. None
+        without GPUs or history."""
+        if gpus <= 0:
+            return None
+        log_run: float | None = None
+        finest = None
+        for index, (key, shown) in reversed(list(enumerate(_keys(user, name, gpus)))):
+            estimate = self.estimate(key)
+            if estimate is None:
+                continue
+            mine = math.log(max(estimate.run_s, 1.0))
+            if log_run is None:
+                log_run = mine
+            else:
+                log_run += (mine - log_run) * estimate.count / (estimate.count + shrink_jobs)
+            finest = (index, shown, estimate.count)
+        if log_run is None or finest is None:
+            return None
+        index, shown, count = finest
+        overrun = self.estimate(_overrun_key(user))
+        factor = overrun.run_s ** OVERRUN_POWER if overrun is not None else 1.0
+        return Prediction(math.exp(log_run) * gpus * factor, GROUPS[index], shown, count, factor)
+
+
+class PriorLearner:
+    """The groups' run times, kept sorted as finished jobs are added and removed."""
+
+    def __init__(self) -> None:
+        self._runs: dict[Key, list[float]] = {}
+        self._own: dict[str, set[Key]] = {}  # each user's (user, name, GPUs) groups
+        self._estimates: dict[Key, Estimate] = {}
+        self._base: Mapping[Key, Estimate] = MappingProxyType({})
+        self._changed: set[Key] = set()  # keys changed since _base was taken
+        self._view: ServicePrior | None = None
+        self.jobs = 0
+
+    def add(self, job: FinishedJob) -> None:
+        if job.gpus <= 0:
+            return
+        self.jobs += 1
+        for key, _ in _keys(job.user, job.name, job.gpus):
+            bisect.insort(self._runs.setdefault(key, []), job.run_s)
+            self._refresh(key)
+        self._own.setdefault(job.user, set()).add(_keys(job.user, job.name, job.gpus)[0][0])
+        self._refresh_overrun(job.user)
+
+    def remove(self, job: FinishedJob) -> None:
+        """Forget one job added before (it left the history window)."""
+        if job.gpus <= 0:
+            return
+        self.jobs -= 1
+        for key, _ in _keys(job.user, job.name, job.gpus):
+            runs = self._runs[key]
+            del runs[bisect.bisect_left(runs, job.run_s)]
+            if not runs:
+                del self._runs[key]
+                if key[0] == 0:
+                    self._own[job.user].discard(key)
+            self._refresh(key)
+        self._refresh_overrun(job.user)
+
+    def _refresh(self, key: Key) -> None:
+        runs = self._runs.get(key)
+        if runs:
+            self._estimates[key] = _median_estimate(runs)
+        else:
+            self._estimates.pop(key, None)
+        self._changed.add(key)
+        self._view = None
+
+    def _refresh_overrun(self, user: str) -> None:
+        key = _overrun_key(user)
+        groups = sorted(self._own.get(user, ()))
+        if groups:
+            self._estimates[key] = _overrun_of(self._runs[group] for group in groups)
+        else:
+            self._own.pop(user, None)
+            self._estimates.pop(key, None)
+        self._changed.add(key)
+        self._view = None
+
+    def view(self) -> ServicePrior:
+        """The estimates now. Copies only the keys changed since the last full copy, and makes a
+        full copy when those grow past an eighth of all keys (amortised O(changes) per view)."""
+        if self._view is None:
+            if len(self._changed) > max(64, len(self._estimates) // 8):
+                self._base = MappingProxyType(dict(self._estimates))
+                self._changed.clear()
+            recent = MappingProxyType({key: self._estimates.get(key) for key in self._changed})
+            self._view = ServicePrior(self._base, recent, self.jobs)
+        return self._view
