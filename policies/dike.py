@@ -214,8 +214,8 @@ class DikePolicy(Policy):
         history = snapshot.completed_service_gpu_s
         prior_weight = params.prior_weight if prior is not None and len(history) else 0.0
         weight_total += prior_weight
-        # each level's span of the finished jobs' service, as quantiles: how short a job is, is
-        # measured inside its own level
+        # each level's span of the finished jobs' service, as quantiles: with prior_sets_level, how
+        # short a job is, is measured inside its own level
         if prior_weight:
             size = len(history)
             bounds = [0.0, *(bisect_right(history, t) / size for t in thresholds), 1.0]

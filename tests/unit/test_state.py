@@ -270,3 +270,26 @@ def test_an_exported_line_is_one_ascii_line_whatever_the_text(tmp_path):
     assert json.loads(data)["reason"] == hostile
     surrogate = audit_json_line(AuditEntry(1.0, 1, 7, "update", "\ud800", "cmd", "undo", True))
     assert surrogate.isascii() and json.loads(surrogate)["change"] == "\ud800"
+
+
+def test_a_schema_1_state_file_gains_the_runs_job_name(tmp_path):
+    """A state file from before the service prior (schema 1: runs without the job's name) is read
+    as it is, read-only, and migrated in place by a writer; nothing it held is lost."""
+    path = tmp_path / "state.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema', '1');"
+        "CREATE TABLE runs (job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,"
+        " user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL, PRIMARY KEY (job_id, start));"
+        "INSERT INTO runs VALUES (5, 100.0, 700.0, 8, 'alice', 'research', 1);"
+    )
+    db.commit()
+    db.close()
+    assert StateStore(path, read_only=True).runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True)]
+    store = StateStore(path)
+    store.add_runs([Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh")])
+    assert store.runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True, ""),
+                            Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh")]
+    schema = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+    assert schema == "2"
