@@ -100,14 +100,14 @@ def test_the_learner_views_match_learning_at_once_and_never_change_after(steps):
 
 def test_the_statistic_is_the_median_of_run_times_charged_for_the_users_overruns():
     """One odd job does not move the median; it does charge its user: the group used 1,008 s where
-    its median says 4 x 3.5 s, and every prediction for the user is multiplied by that ratio squared."""
+    its median says 4 x 3.5 s, and every prediction for the user is multiplied by that ratio."""
     runs = [5.0, 1.0, 1000.0, 2.0]
     prior = ServicePrior.learn([job(run_s=r) for r in runs] + [job(user="bob", run_s=r) for r in (5.0, 6.0, 7.0)])
     charged = prior.predict("alice", "train.sh", 1, 0)  # no shrinkage: alice's own group alone
     overrun = sum(runs) / (len(runs) * statistics.median(runs))
-    assert charged.overrun == pytest.approx(overrun**2)
-    assert charged.gpu_s == pytest.approx(statistics.median(runs) * overrun**2)
-    assert charged.describe().endswith(f", x{overrun**2:.2g}: this user's jobs overran their groups' medians")
+    assert charged.overrun == pytest.approx(overrun)
+    assert charged.gpu_s == pytest.approx(statistics.median(runs) * overrun)
+    assert charged.describe().endswith(f", x{overrun:.2g}: this user's jobs overran their groups' medians")
     steady = prior.predict("bob", "train.sh", 1, 0)  # bob's jobs ran as their median says: no charge
     assert (steady.overrun, steady.gpu_s) == (1.0, pytest.approx(6.0))
 
