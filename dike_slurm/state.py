@@ -210,8 +210,11 @@ class StateStore:
                 if "name" not in columns:  # a schema-1 file
                     self._db.execute("ALTER TABLE runs ADD COLUMN name TEXT NOT NULL DEFAULT ''")
                 self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
+                # an UPDATE, not a REPLACE: a file already at this schema is left byte for byte as it was
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema' AND value != ?",
+                                 (str(SCHEMA_VERSION), str(SCHEMA_VERSION)))
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state file {self.path} is not usable: {exc}") from None
 
