@@ -91,4 +91,7 @@ def guard_requeues(
         p for p in decisions.placements
         if not (isinstance(p, SetPlacement) and p.job_id in refused_for and p.placement.require_nodes)
     )
-    return Decisions(decisions.priorities, placements, tuple(kept), expected=decisions.expected), notes
+    # a job stays protected unless the requeues freeing its room were refused (a job protected for
+    # an earlier cycle's room keeps it)
+    protected = tuple(job_id for job_id in decisions.protected if job_id not in refused_for)
+    return Decisions(decisions.priorities, placements, tuple(kept), protected, decisions.expected), notes

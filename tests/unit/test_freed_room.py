@@ -116,3 +116,25 @@ def test_decisions_rank_protected_jobs_first_and_the_engine_writes_them_the_top(
     assert decisions.order() == (2, 1, 3)
     values = {d.job_id: wanted_value(d, {2}, 3.0, 1_000_000, 13_001) for d in decisions.priorities}
     assert values[2] == 1_000_000 and values[1] <= 1_000_000 - 13_001 and values[1] > values[3]
+
+
+def test_the_requeue_cap_unprotects_only_the_jobs_whose_requeues_it_refused():
+    """The engine's cap keeps the first blocked job's victims and refuses the second's: the first
+    job stays protected (its room is being freed), and so does a job protected for an earlier
+    cycle's room; only the refused one is not (nothing is freed for it)."""
+    from dike_slurm.decisions import Decisions, Requeue, SetPlacement
+    from dike_slurm.model import Job, JobState, Placement
+    from dike_slurm.requeue_guard import RequeueLimits, guard_requeues
+
+    victims = {v: Job(job_id=v, user="u", state=JobState.RUNNING, submit_time=0.0, gpus=8, start_time=0.0,
+                      requeueable=True, nodes=(f"n{v}",)) for v in (1, 2)}
+    decisions = Decisions(
+        placements=(SetPlacement(10, Placement(require_nodes=("n1",)), "pin"),
+                    SetPlacement(20, Placement(require_nodes=("n2",)), "pin")),
+        requeues=(Requeue(1, "for 10", for_job=10), Requeue(2, "for 20", for_job=20)),
+        protected=(10, 20, 30),
+    )
+    guarded, notes = guard_requeues(decisions, victims, 1000.0, RequeueLimits(min_run_s=0.0, max_per_cycle=1))
+    assert [r.job_id for r in guarded.requeues] == [1] and len(notes) == 1
+    assert guarded.protected == (10, 30)
+    assert [p.job_id for p in guarded.placements] == [10]
