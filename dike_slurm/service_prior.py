@@ -36,14 +36,6 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     ("gpus",),
     (),
 )
-_OWN_GROUPS = sum(1 for group in GROUPS if "user" in group)
-
-# A user's predictions are multiplied by their overrun factor to this power. At 1 a user who
-# hides long jobs among short ones is predicted the mixed group's mean: what a user who names every
-# job alike gets. Squared, hiding would cost more than it gains in the gaming test, but a user of
-# the sample whose generic job names (bash, jupyter) vary widely then starves: worst-user slowdown
-# 3,958 against 425 (docs/results.md).
-OVERRUN_POWER = 1
 
 # Key of a group: (its index in GROUPS, the values of its fields)
 Key = tuple
@@ -186,8 +178,13 @@ class ServicePrior:
         if log_run is None or finest is None:
             return None
         index, shown, count = finest
+        # The user's overrun factor, as it is: a user who hides long jobs among short ones is
+        # predicted the mixed group's mean, what a user who names every job alike gets. Squared,
+        # hiding would cost more than it gains in the gaming test, but a user of the sample whose
+        # generic job names (bash, jupyter) vary widely then starves: worst-user slowdown 3,958
+        # against 425 (docs/results.md).
         overrun = self.estimate(_overrun_key(user))
-        factor = overrun.run_s ** OVERRUN_POWER if overrun is not None else 1.0
+        factor = overrun.run_s if overrun is not None else 1.0
         return Prediction(math.exp(log_run) * gpus * factor, GROUPS[index], shown, count, factor)
 
 
@@ -207,10 +204,11 @@ class PriorLearner:
         if job.gpus <= 0:
             return
         self.jobs += 1
-        for key, _ in _keys(job.user, job.name, job.gpus):
+        keys = _keys(job.user, job.name, job.gpus)
+        for key, _ in keys:
             bisect.insort(self._runs.setdefault(key, []), job.run_s)
             self._refresh(key)
-        self._own.setdefault(job.user, set()).add(_keys(job.user, job.name, job.gpus)[0][0])
+        self._own.setdefault(job.user, set()).add(keys[0][0])  # GROUPS[0]: (user, name, GPUs)
         self._refresh_overrun(job.user)
 
     def remove(self, job: FinishedJob) -> None:

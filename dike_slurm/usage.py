@@ -113,29 +113,27 @@ def decayed_usage(
     return usage
 
 
-def completed_service(runs: Iterable[Run], now: float) -> tuple[float, ...]:
-    """Sorted total GPU service of every job whose last run ended it (for derived thresholds)."""
-    total: dict[int, float] = {}
-    ended: set[int] = set()
-    for run in runs:
-        total[run.job_id] = total.get(run.job_id, 0.0) + run.gpu_s(now)
-        if run.final:
-            ended.add(run.job_id)
-    return tuple(sorted(total[j] for j in ended))
-
-
-def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
-    """Every job whose last run ended it, as the service prior learns from it: its GPU service over
-    all its runs, per GPU of its final run."""
+def _finished_totals(runs: Iterable[Run], now: float) -> dict[int, tuple[float, Run]]:
+    """Every job whose last run ended it: its GPU service over all its runs, and that final run."""
     total: dict[int, float] = {}
     final: dict[int, Run] = {}
     for run in runs:
         total[run.job_id] = total.get(run.job_id, 0.0) + run.gpu_s(now)
         if run.final:
             final[run.job_id] = run
+    return {job_id: (total[job_id], run) for job_id, run in final.items()}
+
+
+def completed_service(runs: Iterable[Run], now: float) -> tuple[float, ...]:
+    """Sorted total GPU service of every job whose last run ended it (for derived thresholds)."""
+    return tuple(sorted(service for service, _ in _finished_totals(runs, now).values()))
+
+
+def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
+    """Every job whose last run ended it, as the service prior learns from it: its GPU service over
+    all its runs, per GPU of its final run."""
     return [
-        FinishedJob(run.user, run.name, run.gpus, total[job_id] / run.gpus, run.end)  # type: ignore[arg-type]
-        for job_id, run in final.items()
+        FinishedJob(run.user, run.name, run.gpus, service / run.gpus, run.end)  # type: ignore[arg-type]
+        for service, run in _finished_totals(runs, now).values()
         if run.gpus > 0
     ]
-

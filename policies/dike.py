@@ -219,8 +219,8 @@ class DikePolicy(Policy):
         if prior_weight:
             size = len(history)
             bounds = [0.0, *(bisect_right(history, t) / size for t in thresholds), 1.0]
-        # (GPU-s, text, prediction) by (user, name, GPUs); 0.0 and None: no prediction
-        predictions: dict[tuple[str, str, int], tuple[float, str, Prediction | None]] = {}
+        # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
+        predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
         expected_of: dict[int, Prediction] = {}
         shrink_jobs = params.prior_shrink_jobs
         sets_level = params.prior_sets_level
@@ -241,14 +241,14 @@ class DikePolicy(Policy):
                 if known is None:
                     prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs)
                     known = predictions[shape] = (
-                        (prediction.gpu_s, f" expected={prediction.gpu_s / 3600:.2f}gpuh ({prediction.describe()})",
-                         prediction)
-                        if prediction is not None else (0.0, "", None)
+                        (prediction, f" expected={prediction.gpu_s / 3600:.2f}gpuh ({prediction.describe()})")
+                        if prediction is not None else (None, "")
                     )
-                if known[2] is not None:
-                    expected_of[job.job_id] = known[2]
-                    if known[0] > service:
-                        expected, expected_text = known[0], known[1]
+                prediction, text = known
+                if prediction is not None:
+                    expected_of[job.job_id] = prediction
+                    if prediction.gpu_s > service:
+                        expected, expected_text = prediction.gpu_s, text
             level = bisect_right(thresholds, expected if sets_level else service)
             promoted = False
             if job.state is pending_state:
