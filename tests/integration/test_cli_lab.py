@@ -7,6 +7,7 @@ every --json document parses and names what the lab holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -93,18 +94,28 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     name = f"warmup{os.getpid()}"  # a name no earlier test's finished jobs carry
     done = [lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 2", user="dikeuser2") for _ in range(3)]
 
-    def all_completed() -> bool:
-        records = lab.sacct_records("-j", ",".join(map(str, done)))
-        return all(any(run.state.value == "COMPLETED" for run in records.get(job, ())) for job in done)
+    # The engine reads accounting by time window (sacct -S/-E, from 30 s before the test), not by
+    # job id: wait until that query lists the warmups as completed 1-GPU allocations.
+    window_start = dt.datetime.fromtimestamp(engine.started - 30).strftime("%Y-%m-%dT%H:%M:%S")
 
-    lab.wait_for(all_completed, timeout=60, message="the three warmup jobs COMPLETED in sacct")
+    def window() -> str:
+        return lab.run("sacct", "--allusers", "--allocations", "--parsable2", "--noheader", "-S", window_start,
+                       "-E", "now", "-o", "JobIDRaw,User,JobName,State,Eligible,Start,End,AllocTRES").stdout
+
+    def all_completed() -> bool:
+        rows = [line.split("|") for line in window().splitlines()]
+        return all(any(r[0] == str(job) and r[3] == "COMPLETED" and "gres/gpu=1" in r[7] for r in rows)
+                   for job in done)
+
+    lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct -S {window_start}")
     fill_cluster(lab, "dikeuser1")
     job = lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 5", user="dikeuser2")
     sprio_lists(lab, job)
 
     explained = as_json(engine, "explain", str(job))
     row = explained["job"]
-    assert row["expected_from"]["group"] == {"user": "dikeuser2", "name": name, "gpus": "1"}
+    assert row["expected_from"]["group"] == {"user": "dikeuser2", "name": name, "gpus": "1"}, (
+        f"{row}\nsacct -S {window_start} -E now:\n{window()}")
     assert row["expected_from"]["finished_jobs"] == 3 and row["expected_from"]["own_jobs_only"] is True
     assert 0 < row["expected_gpu_hours"] < 0.01  # runs of 2-4 s on one GPU
     assert f"from 3 finished jobs of dikeuser2 / {name} / 1 GPUs" in row["expected_from"]["text"]

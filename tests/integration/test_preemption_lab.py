@@ -110,10 +110,11 @@ def test_with_a_grace_signal_the_batch_shell_hears_it_before_the_requeue(slurm_l
 
 # ---------------------------------------------------------------- the freed room lands (issue 25)
 
-# Every level-0 job gets the same score (no fair-share or wait term), so the engine writes the job
-# a preemption is for and the jobs queued beside it the same value; Slurm's own factors then
-# decide between them (GRES/gpu and job size favour the 4-GPU jobs over the 1-GPU one).
-EQUAL_VALUES = {**PREEMPTING, "DIKE_POLICIES__DIKE__WAIT_WEIGHT": "0"}
+# Every level-0 job gets the same score (no fair-share, wait or service-prior term: the prior
+# would rank the 1-GPU job, expected to use less, first), so the engine writes the job a
+# preemption is for and the jobs queued beside it the same value; Slurm's own factors then decide
+# between them (GRES/gpu and job size favour the 4-GPU jobs over the 1-GPU one).
+EQUAL_VALUES = {**PREEMPTING, "DIKE_POLICIES__DIKE__WAIT_WEIGHT": "0", "DIKE_POLICIES__DIKE__PRIOR_WEIGHT": "0"}
 
 
 def freed_node_scenario(lab: SlurmLab) -> tuple[int, int, str, list[int]]:
