@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -68,6 +69,17 @@ class DikeParams(PolicyParams):
     steer_light_jobs: bool = True
     preemption: bool = Field(True, description="requeue running jobs of a worse level so that a blocked job fits")
     min_runtime_s: float = Field(1800.0, ge=0, description="never preempt a run younger than this (seconds since its start)")
+    min_runtime_share: float | None = Field(
+        0.5, gt=0, le=1,
+        description=(
+            "with the service prior: a run expected (from its prediction) to take less than min_runtime_s / share "
+            "may be cut after this share of its expected run, never before min_runtime_floor_s; None: min_runtime_s "
+            "for every run"
+        ),
+    )
+    min_runtime_floor_s: float = Field(
+        60.0, ge=0, description="with min_runtime_share: the shortest run ever cut, however short its prediction"
+    )
     preemption_backoff: float = Field(
         3.0, ge=1, description="a job preempted k times must run min_runtime_s x backoff^k before it is preempted again"
     )
@@ -300,7 +312,7 @@ class DikePolicy(Policy):
         score_of_job = {p.job_id: p.score for p in priorities}
         ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
         plan = (
-            self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf)
+            self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf, expected_of)
             if params.preemption else PreemptionPlan()
         )
         pinned = plan.pinned
@@ -328,7 +340,10 @@ class DikePolicy(Policy):
 
     def requeue_min_run_s(self, params: PolicyParams) -> float | None:
         assert isinstance(params, DikeParams)
-        return params.min_runtime_s if params.preemption else None
+        if not params.preemption:
+            return None
+        return params.min_runtime_s if params.min_runtime_share is None else min(params.min_runtime_s,
+                                                                                  params.min_runtime_floor_s)
 
     def usage_owner(self, params: PolicyParams) -> str:
         assert isinstance(params, DikeParams)
@@ -376,16 +391,23 @@ class DikePolicy(Policy):
         ranked: list[Job],
         running: tuple[Job, ...],
         one_leaf,
+        expected_of: Mapping[int, Prediction],
     ) -> PreemptionPlan:
         now, min_run, backoff = snapshot.time, params.min_runtime_s, params.preemption_backoff
-        interval = params.checkpoint_interval_s
+        interval, share, floor = params.checkpoint_interval_s, params.min_runtime_share, params.min_runtime_floor_s
 
         def may_preempt(victim: Job) -> bool:
             # Anti-thrash: a run is never cut before min_runtime_s, and every earlier preemption
             # of the same job multiplies the run it needs first by `backoff`, so no job is cut more
             # than about log_backoff(run time / min_runtime_s) times, and long jobs are never immune.
             ran = now - victim.start_time if victim.start_time is not None else 0.0
-            return victim.requeueable and ran >= min_run * backoff**victim.preemptions
+            needed = min_run
+            expected = expected_of.get(victim.job_id) if share is not None else None
+            if expected is not None and victim.gpus > 0:
+                # a run expected to be short is cut after a share of it, so that a site whose
+                # typical job is shorter than min_runtime_s still preempts (issue 27)
+                needed = min(needed, max(floor, share * expected.gpu_s / victim.gpus))
+            return victim.requeueable and ran >= needed * backoff**victim.preemptions
 
         def loss(victim: Job) -> float:
             ran = now - victim.start_time if victim.start_time is not None else 0.0

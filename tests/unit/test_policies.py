@@ -267,6 +267,38 @@ def test_dike_preemption_backs_off_instead_of_a_per_job_cap():
     assert requeues(ran=8 * 1800 + 60, preemptions=3)  # never immune: only slower
 
 
+def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run():
+    from dike_slurm.service_prior import FinishedJob, ServicePrior
+
+    # alice's finished 8-GPU eval.sh jobs ran 20 min each; train.sh has no history of its own
+    prior = ServicePrior.learn([FinishedJob("alice", "eval.sh", 8, 1200.0, NOW - 3600 * i) for i in range(1, 30)])
+    full = {f"n{i}": 8 for i in range(1, 5)}
+    dike = DikePolicy()
+
+    def requeues(params: DikeParams, ran: float, name: str = "eval.sh", preemptions: int = 0) -> tuple:
+        victim = running(10, gpus=8, ran=ran, node="n1", requeueable=True, attained_gpu_s=20 * GPUH, name=name,
+                         preemptions=preemptions)
+        state = replace(snapshot([pending(1, user="bob", gpus=8), victim], alloc=full), service_prior=prior)
+        return dike.decide(state, params, RNG).requeues
+
+    plain = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 1800})
+    share = plain.model_copy(update={"min_runtime_share": 0.5})
+    assert not requeues(plain, ran=700) and requeues(plain, ran=1900)
+    # expected 1200 s: cut after half of it, and the backoff still multiplies that
+    assert not requeues(share, ran=590) and requeues(share, ran=610)
+    assert not requeues(share, ran=1000, preemptions=1) and requeues(share, ran=1810, preemptions=1)
+    # predicted from the coarser groups (alice / 8 GPUs): the same 1200 s
+    assert requeues(share, ran=610, name="train.sh")
+    # a prediction of seconds is never cut before the floor
+    tiny = ServicePrior.learn([FinishedJob("alice", "eval.sh", 8, 5.0, NOW - 60)])
+    victim = running(10, gpus=8, ran=30, node="n1", requeueable=True, attained_gpu_s=20 * GPUH, name="eval.sh")
+    state = replace(snapshot([pending(1, user="bob", gpus=8), victim], alloc=full), service_prior=tiny)
+    assert not dike.decide(state, share, RNG).requeues
+    assert dike.decide(replace(state, time=NOW + 40), share, RNG).requeues
+    # the engine's requeue guard is told the shortest run the policy may cut
+    assert dike.requeue_min_run_s(plain) == 1800 and dike.requeue_min_run_s(share) == 60
+
+
 def test_dike_holds_the_nodes_closest_to_fitting_the_first_blocked_heavy_job():
     params = FIXED.model_copy(update={"preemption": False, "hold_nodes": "blocked"})
     # Every node half busy. Leaf s2's jobs started 1 h ago, leaf s1's 40 h ago: with heavy-tailed
