@@ -69,11 +69,11 @@ class DikeParams(PolicyParams):
     steer_light_jobs: bool = True
     preemption: bool = Field(True, description="requeue running jobs of a worse level so that a blocked job fits")
     min_runtime_s: float = Field(1800.0, ge=0, description="never preempt a run younger than this (seconds since its start)")
-    min_runtime_share: float | None = Field(
-        0.5, gt=0, le=1,
+    min_runtime_share: float = Field(
+        0.5, ge=0, le=1,
         description=(
             "with the service prior: a run expected (from its prediction) to take less than min_runtime_s / share "
-            "may be cut after this share of its expected run, never before min_runtime_floor_s; None: min_runtime_s "
+            "may be cut after this share of its expected run, never before min_runtime_floor_s; 0: min_runtime_s "
             "for every run"
         ),
     )
@@ -342,8 +342,9 @@ class DikePolicy(Policy):
         assert isinstance(params, DikeParams)
         if not params.preemption:
             return None
-        return params.min_runtime_s if params.min_runtime_share is None else min(params.min_runtime_s,
-                                                                                  params.min_runtime_floor_s)
+        if params.min_runtime_share > 0 and params.service_prior:
+            return min(params.min_runtime_s, params.min_runtime_floor_s)
+        return params.min_runtime_s
 
     def usage_owner(self, params: PolicyParams) -> str:
         assert isinstance(params, DikeParams)
@@ -402,7 +403,7 @@ class DikePolicy(Policy):
             # than about log_backoff(run time / min_runtime_s) times, and long jobs are never immune.
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             needed = min_run
-            expected = expected_of.get(victim.job_id) if share is not None else None
+            expected = expected_of.get(victim.job_id) if share > 0 else None
             if expected is not None and victim.gpus > 0:
                 # a run expected to be short is cut after a share of it, so that a site whose
                 # typical job is shorter than min_runtime_s still preempts (issue 27)

@@ -97,7 +97,7 @@ class ForcedRequeues:
 
 def test_requeues_only_opted_in_old_enough_whole_groups_and_rate_limited(tmp_path):
     cfg = config(tmp_path, engine={"max_requeues_per_cycle": 2},
-                 policies={"dike": {"min_runtime_s": 600, "thresholds_gpuh": [1.0, 8.0]}})
+                 policies={"dike": {"min_runtime_s": 600, "min_runtime_share": 0, "thresholds_gpuh": [1.0, 8.0]}})
     opted = {"requeueable": True, "comment": "dike:preemptible"}
     jobs = [
         running(1, "a", ran=3600, node="n1", **opted),                                  # kept

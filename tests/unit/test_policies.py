@@ -281,7 +281,7 @@ def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run(
         state = replace(snapshot([pending(1, user="bob", gpus=8), victim], alloc=full), service_prior=prior)
         return dike.decide(state, params, RNG).requeues
 
-    plain = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 1800})
+    plain = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 1800, "min_runtime_share": 0.0})
     share = plain.model_copy(update={"min_runtime_share": 0.5})
     assert not requeues(plain, ran=700) and requeues(plain, ran=1900)
     # expected 1200 s: cut after half of it, and the backoff still multiplies that
@@ -297,6 +297,7 @@ def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run(
     assert dike.decide(replace(state, time=NOW + 40), share, RNG).requeues
     # the engine's requeue guard is told the shortest run the policy may cut
     assert dike.requeue_min_run_s(plain) == 1800 and dike.requeue_min_run_s(share) == 60
+    assert dike.requeue_min_run_s(share.model_copy(update={"service_prior": False})) == 1800
 
 
 def test_dike_holds_the_nodes_closest_to_fitting_the_first_blocked_heavy_job():
