@@ -7,11 +7,12 @@ every --json document parses and names what the lab holds.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from test_engine_live import LiveEngine, engine, fill_cluster, site_factors, sprio_lists  # noqa: F401
@@ -95,11 +96,13 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     done = [lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 2", user="dikeuser2") for _ in range(3)]
 
     # The engine reads accounting by time window (sacct -S/-E, from 30 s before the test), not by
-    # job id: wait until that query lists the warmups as completed 1-GPU allocations.
-    window_start = dt.datetime.fromtimestamp(engine.started - 30).strftime("%Y-%m-%dT%H:%M:%S")
+    # job id: wait until that query lists the warmups as completed 1-GPU allocations. The start is
+    # relative to now, so that no time zone of the host or of a chroot lab enters it.
+    def window_start() -> str:
+        return f"now-{math.ceil(time.time() - engine.started + 30)}seconds"
 
     def window() -> str:
-        return lab.run("sacct", "--allusers", "--allocations", "--parsable2", "--noheader", "-S", window_start,
+        return lab.run("sacct", "--allusers", "--allocations", "--parsable2", "--noheader", "-S", window_start(),
                        "-E", "now", "-o", "JobIDRaw,User,JobName,State,Eligible,Start,End,AllocTRES").stdout
 
     def all_completed() -> bool:
@@ -107,7 +110,7 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
         return all(any(r[0] == str(job) and r[3] == "COMPLETED" and "gres/gpu=1" in r[7] for r in rows)
                    for job in done)
 
-    lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct -S {window_start}")
+    lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct's window from 30 s before the test")
     fill_cluster(lab, "dikeuser1")
     job = lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 5", user="dikeuser2")
     sprio_lists(lab, job)
@@ -115,7 +118,7 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     explained = as_json(engine, "explain", str(job))
     row = explained["job"]
     assert row["expected_from"]["group"] == {"user": "dikeuser2", "name": name, "gpus": "1"}, (
-        f"{row}\nsacct -S {window_start} -E now:\n{window()}")
+        f"{row}\nsacct -S {window_start()} -E now:\n{window()}")
     assert row["expected_from"]["finished_jobs"] == 3 and row["expected_from"]["own_jobs_only"] is True
     assert 0 < row["expected_gpu_hours"] < 0.01  # runs of 2-4 s on one GPU
     assert f"from 3 finished jobs of dikeuser2 / {name} / 1 GPUs" in row["expected_from"]["text"]
