@@ -101,13 +101,12 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     def window_start() -> str:
         return f"now-{math.ceil(time.time() - engine.started + 30)}seconds"
 
-    def window() -> str:
-        return lab.run("sacct", "--allusers", "--allocations", "--parsable2", "--noheader", "-S", window_start(),
-                       "-E", "now", "-o", "JobIDRaw,User,JobName,State,Eligible,Start,End,AllocTRES").stdout
+    def window() -> dict[int, list[Any]]:
+        return lab.sacct_records("--allusers", "-S", window_start(), "-E", "now")
 
     def all_completed() -> bool:
-        rows = [line.split("|") for line in window().splitlines()]
-        return all(any(r[0] == str(job) and r[3] == "COMPLETED" and "gres/gpu=1" in r[7] for r in rows)
+        records = window()
+        return all(any(run.state.value == "COMPLETED" and run.gpus == 1 for run in records.get(job, ()))
                    for job in done)
 
     lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct's window from 30 s before the test")
