@@ -58,6 +58,7 @@ class SlurmLab:
         self.version = env.get("DIKE_LAB_SLURM", "22.05")
         self.bin_dir = Path(env.get("DIKE_LAB_BIN", "/usr/bin"))  # the lab's Slurm commands
         self.in_chroot = self.version != "22.05"
+        self.submitted: set[int] = set()  # jobs sbatch'ed since the queue was last emptied
 
     def run(self, *argv: str, user: str | None = None, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -112,7 +113,9 @@ class SlurmLab:
         if not any(a in ("-D", "--chdir") or a.startswith("--chdir=") for a in args):
             argv.append("--chdir=/tmp")
         out = self.run(*argv, *args, user=user).stdout.strip()
-        return int(out.split(";", 1)[0])
+        job_id = int(out.split(";", 1)[0])
+        self.submitted.add(job_id)
+        return job_id
 
     def job_ids(self) -> list[int]:
         """Ids of all jobs the controller still lists (pending, running, completing)."""
@@ -120,11 +123,39 @@ class SlurmLab:
         return sorted({int(x) for x in out.split()})
 
     def scancel_all(self, timeout: float = 30) -> None:
-        """Cancel every job in the lab and wait until squeue lists none."""
+        """Cancel every job in the lab, wait until squeue lists none, then until accounting holds
+        the end of every job the test submitted or left behind.
+
+        slurmctld sends job ends to slurmdbd asynchronously: a job can leave squeue a moment
+        before sacct shows it ended. A next test whose engine reads that late end between two
+        cycles sees its history change under it (seen in CI on 22.05: a quiet second cycle
+        rewrote a SiteFactor because a finished job joined the service prior's history).
+        """
         ids = self.job_ids()
         if ids:
             self.run("scancel", *map(str, ids), check=False)
             self.wait_for(lambda: not self.job_ids(), timeout, f"jobs {ids} still listed after scancel")
+        left = sorted(self.submitted | set(ids))
+        if left:
+            self.wait_for(lambda: not self.unended(left), 60, f"accounting to record the end of jobs {left}")
+        self.submitted.clear()
+
+    def unended(self, job_ids: list[int]) -> list[int]:
+        """Those of ``job_ids`` whose end sacct does not show yet: no record, or a run (an array
+        task's, for an array) not ended."""
+        from dike_slurm.model import JobState
+
+        live = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)  # a REQUEUED run has ended
+        records = [r for runs in self.sacct_records("--allusers", "-j", ",".join(map(str, job_ids))).values()
+                   for r in runs]
+        ended = {job: True for job in job_ids}
+        seen = set()
+        for record in records:
+            for job in (record.job_id, record.array_job_id):
+                if job in ended:
+                    seen.add(job)
+                    ended[job] = ended[job] and record.end is not None and record.state not in live
+        return [job for job in job_ids if job not in seen or not ended[job]]
 
     def wait_for(self, predicate: Callable[[], T], timeout: float = 30, message: str = "",
                  interval: float = 0.25) -> T:

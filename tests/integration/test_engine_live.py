@@ -227,7 +227,7 @@ def test_a_user_who_resets_the_constraint_is_left_alone(slurm_lab, engine):
     lab.run("scontrol", "update", f"JobId={heavy}", "Switches=0", user="dikeuser2")
     assert switch_request(lab, heavy)[0] == 0
     counts = engine.cycle()
-    assert counts["writes"] == 0
+    assert counts["writes"] == 0, engine("explain", str(heavy)).stdout
     assert switch_request(lab, heavy)[0] == 0
     assert "left to the user" in engine("explain", str(heavy)).stdout
     engine.cycle()
