@@ -36,6 +36,11 @@ FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the s
 # truth: a quiet cycle at 50,000 jobs would otherwise rewrite every row (0.6-0.9 s of CPU).
 LAST_SEEN_EVERY_S = 3600.0
 UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
+# Writes go to the backend in batches (one fed scontrol each, backends/scontrol_stdin.py): small
+# first, so that a cluster refusing every write costs a few writes, then doubling; never more
+# than the circuit breaker still allows to fail. The cycle deadline is checked between batches.
+FIRST_BATCH = 4
+MAX_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -112,27 +117,36 @@ class Applier:
         if stopped:
             notes.append(stopped)
             self._audit_skipped(plan, cycle, plan.writes, stopped)
-        for index, write in enumerate(() if stopped else plan.writes):
+        index, size = 0, FIRST_BATCH
+        writes = () if stopped else plan.writes
+        while index < len(writes):
+            left = engine.cycle_deadline_s - (self.clock() - started)
             if errors >= engine.breaker_max_errors:
                 stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
                 self._trip(f"{errors} failed writes in cycle {cycle}")
-            elif self.clock() - started > engine.cycle_deadline_s:
+            elif left < 0:
                 stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
             if stopped:
                 notes.append(stopped)
-                self._audit_skipped(plan, cycle, plan.writes[index:], stopped)
+                self._audit_skipped(plan, cycle, writes[index:], stopped)
                 break
-            outcome = self._write(write, plan.time, cycle)
-            outcomes.append((write, outcome))
-            if outcome.ok:
-                succeeded.update((write.job_id, f) for f in write.update.fields)
-            elif not outcome.job_gone:
-                errors += 1
-                if any(words in outcome.message for words in _DENIED):  # every other write would fail alike
-                    stopped = denied = PRIVILEGE_HINT.format(message=outcome.message.strip())
-                    notes.append(stopped)
-                    self._audit_skipped(plan, cycle, plan.writes[index + 1:], stopped)
-                    break
+            # no batch can fail more writes than the breaker allows
+            batch = writes[index:index + min(size, engine.breaker_max_errors - errors)]
+            index += len(batch)
+            size = min(2 * size, MAX_BATCH)
+            for write, outcome in zip(batch, self._write_batch(batch, plan.time, cycle, left)):
+                outcomes.append((write, outcome))
+                if outcome.ok:
+                    succeeded.update((write.job_id, f) for f in write.update.fields)
+                elif not outcome.job_gone:
+                    errors += 1
+                    if not denied and any(words in outcome.message for words in _DENIED):
+                        denied = PRIVILEGE_HINT.format(message=outcome.message.strip())
+            if denied:  # every other write would fail alike
+                stopped = denied
+                notes.append(stopped)
+                self._audit_skipped(plan, cycle, writes[index:], stopped)
+                break
         running_jobs = {p.job.job_id: p.job for p in plan.jobs}
         # a preemption waits for its job's own writes (its pin and protected value, ranked first):
         # without them the freed nodes would go to whatever Slurm starts next
@@ -236,39 +250,44 @@ class Applier:
                     "none", False, why, write.reason,
                 ))
 
-    def _write(self, write: PlannedWrite, now: float, cycle: int) -> WriteOutcome:
-        originals = dict(write.originals)
-        change = change_text(write)
-        undo = self.backend.describe(write.undo) if write.undo.values else "none"
-        # Write-ahead: the audit row exists (as unconfirmed) before Slurm is called, so a crash
-        # between the call and its record still leaves the attempt in the audit.
+    def _write_batch(self, writes: Sequence[PlannedWrite], now: float, cycle: int, timeout: float) -> list[WriteOutcome]:
+        """Write these through the backend in one call (`apply_many`), each audited ahead."""
+        # Write-ahead: the audit rows exist (as unconfirmed) before Slurm is called, so a crash
+        # between the call and their record still leaves every attempt in the audit.
         with self.store.transaction():
-            entry_id = self.store.audit(AuditEntry(
-                now, cycle, write.job_id, "update", change,
-                self.backend.describe(write.update) if write.update.values else "(none)", undo,
+            entry_ids = [self.store.audit(AuditEntry(
+                now, cycle, write.job_id, "update", change_text(write),
+                self.backend.describe(write.update) if write.update.values else "(none)",
+                self.backend.describe(write.undo) if write.undo.values else "none",
                 False, UNCONFIRMED, write.reason,
-            ))
-        if write.update.values:
-            outcome = self.backend.apply(write.update)
-        else:
-            outcome = WriteOutcome(True, "(none: Slurm already holds the original)")
+            )) for write in writes]
+        sent = iter(self.backend.apply_many([w.update for w in writes if w.update.values], timeout))
+        outcomes = [next(sent) if write.update.values else WriteOutcome(True, "(none: Slurm already holds the original)")
+                    for write in writes]
         with self.store.transaction():
-            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
-            if outcome.ok:
-                for key, value in write.update.values:
-                    if key not in write.restores:
-                        self.store.record_write(write.job_id, key, originals[key], value, now)
-                self.store.release(write.job_id, write.restores)
-            elif outcome.job_gone and write.kind == "placement" and not started(outcome):
-                # gone for good; a job that started keeps its constraints in Slurm (they apply again
-                # after a requeue), so the engine keeps them too and puts them back once it is pending
-                self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
-        log.info(
-            "job %s: %s (%s)%s", write.job_id, change, write.reason,
-            "" if outcome.ok else f" FAILED: {outcome.message}",
-            extra={"dike": log_fields(write) | {"ok": outcome.ok}},
-        )
-        return outcome
+            for entry_id, write, outcome in zip(entry_ids, writes, outcomes):
+                self._record(entry_id, write, outcome, now)
+        for write, outcome in zip(writes, outcomes):
+            log.info(
+                "job %s: %s (%s)%s", write.job_id, change_text(write), write.reason,
+                "" if outcome.ok else f" FAILED: {outcome.message}",
+                extra={"dike": log_fields(write) | {"ok": outcome.ok}},
+            )
+        return outcomes
+
+    def _record(self, entry_id: int, write: PlannedWrite, outcome: WriteOutcome, now: float) -> None:
+        """A write's audit row completed, and the fields the engine now owns (inside a transaction)."""
+        self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+        if outcome.ok:
+            originals = dict(write.originals)
+            for key, value in write.update.values:
+                if key not in write.restores:
+                    self.store.record_write(write.job_id, key, originals[key], value, now)
+            self.store.release(write.job_id, write.restores)
+        elif outcome.job_gone and write.kind == "placement" and not started(outcome):
+            # gone for good; a job that started keeps its constraints in Slurm (they apply again
+            # after a requeue), so the engine keeps them too and puts them back once it is pending
+            self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
 
     def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int], cycle: int,
                   rooms: Mapping[int, FreedRoom]) -> None:

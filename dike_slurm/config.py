@@ -42,7 +42,7 @@ class EngineSettings(_Section):
     priority_tolerance: float = Field(
         0.01, ge=0, lt=1, description="a value within this fraction of priority_span of what Slurm has is not rewritten"
     )
-    admin_comment: bool = Field(True, description="write `dike:level=N attained=X` to AdminComment")
+    admin_comment: bool = Field(True, description="write `dike:level=N,attained=X` to AdminComment")
     max_changes_per_cycle: int = Field(200, ge=0)
     breaker_change_fraction: float = Field(
         0.9, gt=0, le=1, description="stop writing if more than this fraction of managed jobs would change"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Union
@@ -193,6 +193,11 @@ class Backend(ABC):
     @abstractmethod
     def apply(self, update: JobUpdate) -> WriteOutcome:
         """Write the fields of one job in one call."""
+
+    def apply_many(self, updates: Sequence[JobUpdate], timeout: float | None = None) -> list[WriteOutcome]:
+        """Write several updates, each job's in the given order; one outcome per update, in order.
+        `timeout` bounds the whole call where the backend writes them together (the cycle deadline)."""
+        return [self.apply(update) for update in updates]
 
     @abstractmethod
     def signal(self, job_id: int, signal: str) -> WriteOutcome:

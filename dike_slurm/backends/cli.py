@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from dike_slurm.accounting import ReadResult, read_sacct_parsable2
-from dike_slurm.backends import squeue_format
+from dike_slurm.backends import scontrol_stdin, squeue_format
 from dike_slurm.backends.base import (
     Backend,
     ClusterState,
@@ -56,11 +56,12 @@ from dike_slurm.backends.base import (
     SwitchRequest,
     WriteOutcome,
 )
+from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
 from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
 from dike_slurm.model import Job, Node, Topology
-from dike_slurm.parsing.durations import format_duration, format_timestamp, parse_duration
+from dike_slurm.parsing.durations import format_timestamp, parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
@@ -87,8 +88,6 @@ SHOW_PARTITIONS_ARGV = ("show", "partition", "-o")
 SHOW_QOS_ARGV = ("-nP", "show", "qos", "format=Name,Priority")
 _FORMAT_REFUSED = "Invalid job format specification"  # squeue's words for a -O field it does not know
 
-# stderr of scontrol when the job ended or started meanwhile: not an engine failure
-_JOB_GONE = ("Invalid job id specified", "Job has already finished", "no longer pending")
 
 
 @dataclass(frozen=True)
@@ -108,36 +107,70 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
     wrapper that spawned children cannot keep the pipes (and so the engine) waiting. Output
     that is not UTF-8 (job names are bytes to Slurm) is decoded with replacement characters.
     """
+    result = _communicate(argv, env, None, timeout)
+    if result.killed_after is not None:
+        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:.3g}s")
+    return CommandResult(result.returncode, result.stdout, result.stderr)
+
+
+@dataclass(frozen=True)
+class FedResult:
+    """A command fed text on stdin: its exit code (None when killed), output, and after how many
+    seconds it was killed (None: it ended by itself)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    killed_after: float | None = None
+
+
+Feeder = Callable[[Sequence[str], Mapping[str, str], str, float], FedResult]
+
+
+def feed_command(argv: Sequence[str], env: Mapping[str, str], stdin: str, timeout: float) -> FedResult:
+    """Run argv without a shell with `stdin` on its standard input; killed (its whole process
+    group) after `timeout` seconds, keeping what it printed until then."""
+    return _communicate(argv, env, stdin, timeout)
+
+
+def _communicate(argv: Sequence[str], env: Mapping[str, str], stdin: str | None, timeout: float) -> FedResult:
+    timeout = min(timeout, 7 * 86400.0)  # subprocess cannot wait longer than a C long of milliseconds
     try:
         proc = subprocess.Popen(
             list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, start_new_session=True,
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: command not found (set slurm.bin_dir)") from None
     except OSError as exc:
         raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
+    data = None if stdin is None else stdin.encode("utf-8")
+    killed_after = None
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = proc.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
+        killed_after = timeout
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
         try:
-            proc.communicate(timeout=5)
+            stdout, stderr = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a child left the group and holds the pipes: give up on them
             proc.kill()
-        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:.3g}s") from None
+            stdout, stderr = b"", b""
     except BaseException:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         raise
-    return CommandResult(
-        proc.returncode,
-        stdout.decode("utf-8", errors="replace"),
-        stderr.decode("utf-8", errors="replace"),
+    return FedResult(
+        None if killed_after is not None else proc.returncode,
+        (stdout or b"").decode("utf-8", errors="replace"),
+        (stderr or b"").decode("utf-8", errors="replace"),
+        killed_after,
     )
+
+
+def _no_feeder(argv: Sequence[str], env: Mapping[str, str], stdin: str, timeout: float) -> FedResult:
+    raise AssertionError("a backend given its own runner and no feeder never feeds scontrol")
 
 
 def topology_from_scontrol(text: str) -> Topology:
@@ -175,15 +208,7 @@ def _reason(exc: Exception) -> str:
 
 def field_argument(key: JobField, value: FieldValue) -> str:
     """`Key=Value` for scontrol update; the value is one argv element, never shell text."""
-    if isinstance(value, SwitchRequest):
-        text = str(value.count)
-        if value.count and value.wait_s is not None:
-            text += "@" + format_duration(value.wait_s)
-    elif isinstance(value, tuple):
-        text = ",".join(value)
-    else:
-        text = str(value)
-    return f"{key.value}={text}"
+    return f"{key.value}={value_text(value)}"
 
 
 class _LeanRefused(Exception):
@@ -338,9 +363,12 @@ class SlurmCliBackend(Backend):
         environ: Mapping[str, str] | None = None,
         job_read: str = "lean",
         token: squeue_format.TokenSource = squeue_format.new_token,
+        feeder: Feeder | None = None,
     ) -> None:
         """`job_read`: "lean" (squeue -O, JSON when squeue refuses it) or "json" (always the JSON);
-        `token`: the source of the per-call field terminator of the lean read."""
+        `token`: the source of the per-call field terminator of the lean read; `feeder` runs the
+        one scontrol that `apply_many` feeds lines (by default the real one; a backend given its own
+        `runner` and no feeder writes one process per update through that runner)."""
         if job_read not in ("lean", "json"):
             raise ValueError(f"job_read must be 'lean' or 'json', not {job_read!r}")
         self.settings = settings
@@ -348,6 +376,7 @@ class SlurmCliBackend(Backend):
         self.token = token
         self.lean_refused: str | None = None  # why squeue refused the lean read (then the JSON is read)
         self.runner = runner
+        self.feeder = feeder if feeder is not None else feed_command if runner is run_command else None
         self.clock = clock
         env = dict(os.environ if environ is None else environ)
         env["TZ"] = "UTC"
@@ -608,7 +637,55 @@ class SlurmCliBackend(Backend):
         return " && ".join(shlex.join(argv) for argv in self.update_commands(update))
 
     def apply(self, update: JobUpdate) -> WriteOutcome:
+        why = refused(update)
+        if why is not None:
+            return WriteOutcome(False, self.describe(update), why)
         return self._write(self.update_commands(update))
+
+    def apply_many(self, updates: Sequence[JobUpdate], timeout: float | None = None) -> list[WriteOutcome]:
+        """One `scontrol` fed a line per update (backends/scontrol_stdin.py); the updates that
+        cannot be a line, a job's later updates and the lines whose outcome scontrol left unclear
+        go one process each. `timeout` bounds the fed scontrol (at least command_timeout_s)."""
+        results: list[WriteOutcome | None] = [None] * len(updates)
+        sendable = []
+        for i, update in enumerate(updates):
+            why = refused(update)
+            if why is not None:
+                results[i] = WriteOutcome(False, self.describe(update), why)
+            else:
+                sendable.append(i)
+        batch = scontrol_stdin.split([updates[i] for i in sendable])
+        fed = [sendable[i] for i in batch.fed]
+        alone = [sendable[i] for i in batch.alone]
+        if len(fed) > 1 and self.feeder is not None:
+            scontrol = self._command("scontrol")
+            limit = max(timeout or 0.0, self.settings.command_timeout_s)
+            self.calls += 1
+            try:
+                result = self.feeder((scontrol,), self.env, scontrol_stdin.stdin_text(batch.lines), limit)
+            except SlurmError as exc:  # scontrol could not be started: nothing was sent
+                return [r if r is not None else WriteOutcome(False, self.describe(updates[i]), str(exc))
+                        for i, r in enumerate(results)]
+            answers = scontrol_stdin.outcomes([updates[i].job_id for i in fed], batch.lines, scontrol,
+                                              result.returncode, result.stderr, result.killed_after)
+            unclear = []
+            for i, answer in zip(fed, answers):
+                results[i] = answer
+                if answer is None:
+                    unclear.append(i)
+            alone = sorted(unclear + alone)
+            if result.killed_after is not None:  # a hung controller: start no more processes this call
+                for i in alone:
+                    results[i] = WriteOutcome(False, self.describe(updates[i]), (
+                        f"not sent: the scontrol fed before it was killed after {result.killed_after:.3g}s"))
+                alone = []
+        else:
+            alone = sorted(fed + alone)
+        for i in alone:
+            results[i] = self.apply(updates[i])
+        done = [r for r in results if r is not None]
+        assert len(done) == len(updates)
+        return done
 
     def requeue(self, job_id: int) -> WriteOutcome:
         return self._write([[self._command("scontrol"), "requeue", str(job_id)]])
@@ -626,5 +703,5 @@ class SlurmCliBackend(Backend):
                 return WriteOutcome(False, text, str(exc))
             if result.returncode != 0:
                 message = " ".join(result.stderr.split()) or f"exit {result.returncode}"
-                return WriteOutcome(False, text, message, job_gone=any(m in message for m in _JOB_GONE))
+                return WriteOutcome(False, text, message, job_gone=any(m in message for m in JOB_GONE))
         return WriteOutcome(True, text)

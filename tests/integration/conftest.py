@@ -79,14 +79,17 @@ class SlurmLab:
                 f"{shlex.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
         return proc
 
-    def cluster(self) -> Any:
-        """The cluster as the engine's command-line backend reads it (jobs, nodes, admin comments),
-        whatever Slurm version the lab runs."""
+    def backend(self) -> Any:
+        """The engine's command-line backend on this lab, whatever Slurm version it runs."""
         from dike_slurm.backends.cli import SlurmCliBackend
         from dike_slurm.config import SlurmSettings
 
         settings = SlurmSettings(slurm_conf=self.slurm_conf, bin_dir=self.bin_dir)
-        return SlurmCliBackend(settings, environ=self.env).read_cluster()
+        return SlurmCliBackend(settings, environ=self.env)
+
+    def cluster(self) -> Any:
+        """The cluster as the engine's command-line backend reads it (jobs, nodes, admin comments)."""
+        return self.backend().read_cluster()
 
     def sacct_records(self, *argv: str) -> dict[int, list[Any]]:
         """`sacct --json ARGV` read by dike_slurm's own reader: job id -> its runs (AccountingRecord)."""

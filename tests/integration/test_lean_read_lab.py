@@ -58,7 +58,7 @@ def test_the_lean_and_json_reads_build_the_same_cluster_job_for_job(slurm_lab: S
     sweep = lab.sbatch("--array=0-2", "-N4", "--gres=gpu:8", "-J", "sweep", "--wrap", "sleep 60")
     lab.sbatch("-H", "--nice=100", "--gres=gpu:2", "-J", "niced", "--wrap", "sleep 60")
     favoured = lab.sbatch("--nice=-50", "-N4", "--gres=gpu:8", "-t", "90", "-J", "favoured", "--wrap", "sleep 60")
-    lab.run("scontrol", "update", f"JobId={placed}", "AdminComment=dike:level=1 attained=0.0gpuh")
+    lab.run("scontrol", "update", f"JobId={placed}", "AdminComment=dike:level=1,attained=0.0gpuh")
     with frozen(lab, [placed, sweep, favoured]):
         lean, json_read = reads(lab)
     theirs = {j.job_id: j for j in json_read.jobs}

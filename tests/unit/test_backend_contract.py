@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend
+from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, FedResult, SlurmCliBackend
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.model import JobState, Placement
@@ -36,7 +38,7 @@ SQUEUE_JSON = {
             "user_name": "dikeuser1",
         },
         {  # a pending array task with a hostile comment and name, Features and ExcNodeList set
-            "account": "teaching", "admin_comment": "dike:level=0 attained=0.0gpuh", "array_job_id": 60,
+            "account": "teaching", "admin_comment": "dike:level=0,attained=0.0gpuh", "array_job_id": 60,
             "array_task_id": 3, "comment": "$(rm -rf /); dike:comm=high", "cpus": 1,
             "eligible_time": 1796025920, "excluded_nodes": "n[3-4]", "features": "leaf_s1", "job_id": 63,
             "job_state": "PENDING", "name": "x`reboot`", "node_count": 1, "nodes": "", "nice": 4294966796,
@@ -86,7 +88,7 @@ LEAN_JOBS = squeue_format.join_records([
     ["63", "60", "3", "PENDING", "dikeuser2", "teaching", "gpu", "normal", "1796025920", "1796025920",
      "1796029520", "UNLIMITED", "1", "1", "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=2", "N/A", "gres:gpu:2",
      "leaf_s1", "", "", "1", "5:00", "11165", "-500", "1", "Priority", "x`reboot`", "$(rm -rf /); dike:comm=high",
-     "dike:level=0 attained=0.0gpuh"],
+     "dike:level=0,attained=0.0gpuh"],
     ["50", "50", "N/A", "COMPLETED", "root", "", "gpu", "normal", "1796025800", "N/A", "1796025800", "UNLIMITED",
      "1", "1", "cpu=1", "N/A", "N/A", "(null)", "", "", "0", "0:00", "0", "0", "0", "None", "done", "", ""],
 ], TOKEN)
@@ -175,7 +177,7 @@ def test_the_lean_read_and_the_json_read_build_the_same_cluster():
     lean = backend(Recorder(lean_reads()), "lean").read_cluster()
     json_read = backend(Recorder(reads()), "json").read_cluster()
     assert lean == json_read
-    assert [j.job_id for j in lean.jobs] == [53, 63] and lean.admin_comments[63] == "dike:level=0 attained=0.0gpuh"
+    assert [j.job_id for j in lean.jobs] == [53, 63] and lean.admin_comments[63] == "dike:level=0,attained=0.0gpuh"
 
 
 def test_read_cluster_makes_exactly_these_calls():
@@ -226,8 +228,8 @@ def test_accounting_always_passes_explicit_start_and_end():
 @pytest.mark.parametrize(
     ("values", "argvs"),
     [
-        ({JobField.SITE_FACTOR: 631297, JobField.ADMIN_COMMENT: "dike:level=1 attained=3.2gpuh"},
-         [["scontrol", "update", "JobId=63", "SiteFactor=631297", "AdminComment=dike:level=1 attained=3.2gpuh"]]),
+        ({JobField.SITE_FACTOR: 631297, JobField.ADMIN_COMMENT: "dike:level=1,attained=3.2gpuh"},
+         [["scontrol", "update", "JobId=63", "SiteFactor=631297", "AdminComment=dike:level=1,attained=3.2gpuh"]]),
         ({JobField.SWITCHES: SwitchRequest(1, 300), JobField.FEATURES: "leaf_s1",
           JobField.EXCLUDED_NODES: ("n3", "n4")},
          [["scontrol", "update", "JobId=63", "Switches=1@00:05:00", "Features=leaf_s1", "ExcNodeList=n3,n4"]]),
@@ -272,7 +274,7 @@ def test_squeue_json_becomes_the_domain_jobs_and_untrusted_text_stays_data():
     assert pending.placement == Placement(max_switches=1, switches_wait_s=300, features="leaf_s1",
                                           exclude_nodes=("n3", "n4"))
     assert state.site_factors == {63: 631297}
-    assert state.admin_comments == {53: "", 63: "dike:level=0 attained=0.0gpuh"}
+    assert state.admin_comments == {53: "", 63: "dike:level=0,attained=0.0gpuh"}
     n1, n3 = state.nodes
     assert (n1.gpus, n1.gpus_alloc, n1.features) == (8, 3, ("leaf_s1",))
     assert n3.state == "IDLE+DRAIN" and not n3.available
@@ -429,3 +431,194 @@ def test_unset_and_basic_settings_read_as_slurm_means_them():
 def test_a_priority_read_that_fails_names_its_command(failing, answer, message):
     with pytest.raises(SlurmError, match=message):
         backend(Recorder(priority_reads("22.05", **{failing: answer}))).priority_model()
+
+
+# ---------------------------------------------------------------- writes fed to one scontrol
+
+
+class Feeder:
+    """Stands in for the fed scontrol: remembers argv and stdin, answers with a canned result."""
+
+    def __init__(self, result: FedResult | None = None) -> None:
+        self.calls: list[tuple[list[str], str, float]] = []
+        self.result = result or FedResult(0, "", "")
+
+    def __call__(self, argv, env, stdin, timeout) -> FedResult:
+        self.calls.append((list(argv), stdin, timeout))
+        return self.result
+
+
+def fed_backend(recorder: Recorder, feeder, **settings) -> SlurmCliBackend:
+    return SlurmCliBackend(SlurmSettings(**settings), runner=recorder, feeder=feeder, environ={"PATH": "/usr/bin"})
+
+
+def site_factors(*pairs: tuple[int, int]) -> list[JobUpdate]:
+    return [JobUpdate.of(job, {JobField.SITE_FACTOR: value}) for job, value in pairs]
+
+
+def test_updates_go_as_lines_to_one_scontrol_with_an_audit_text_an_admin_can_run():
+    recorder, feeder = Recorder(), Feeder()
+    updates = [
+        JobUpdate.of(63, {JobField.SITE_FACTOR: 631297, JobField.ADMIN_COMMENT: "dike:level=1,attained=3.2gpuh"}),
+        JobUpdate.of(64, {JobField.SWITCHES: SwitchRequest(1, 300), JobField.EXCLUDED_NODES: ("n3", "n4")}),
+        JobUpdate.of(65, {JobField.FEATURES: "", JobField.EXCLUDED_NODES: ()}),
+    ]
+    results = fed_backend(recorder, feeder, command_timeout_s=30).apply_many(updates, timeout=12)
+    assert recorder.argvs == []  # no process per job
+    assert feeder.calls == [(["scontrol"], (
+        "update JobId=63 SiteFactor=631297 AdminComment=dike:level=1,attained=3.2gpuh\n"
+        "update JobId=64 Switches=1@00:05:00 ExcNodeList=n3,n4\n"
+        "update JobId=65 Features= ExcNodeList=\n"), 30)]  # at least the command timeout
+    assert all(r.ok for r in results)
+    assert results[1].command == "echo 'update JobId=64 Switches=1@00:05:00 ExcNodeList=n3,n4' | scontrol"
+
+
+@pytest.mark.parametrize("hostile", ["a b", "x\nupdate JobId=1 Priority=1", "x;y'z", 'say "hi"', "tab\there", "\x1b[31m",
+                                     "c" * 1100])
+def test_a_value_that_cannot_be_one_line_goes_as_its_own_process(hostile):
+    recorder, feeder = Recorder(), Feeder()
+    updates = site_factors((1, 10), (2, 20)) + [JobUpdate.of(3, {JobField.ADMIN_COMMENT: hostile})]
+    results = fed_backend(recorder, feeder).apply_many(updates)
+    assert [stdin for _, stdin, _ in feeder.calls] == ["update JobId=1 SiteFactor=10\nupdate JobId=2 SiteFactor=20\n"]
+    assert recorder.argvs == [["scontrol", "update", "JobId=3", f"AdminComment={hostile}"]]  # one argv word
+    assert all(r.ok for r in results)
+
+
+def test_a_job_s_second_update_and_a_priority_handed_back_go_alone_after_the_batch_in_order():
+    recorder, feeder = Recorder(), Feeder()
+    updates = [
+        JobUpdate.of(1, {JobField.SITE_FACTOR: 10}),
+        JobUpdate.of(2, {JobField.PRIORITY: None}),
+        JobUpdate.of(1, {JobField.FEATURES: "leaf_s1"}),
+        JobUpdate.of(3, {JobField.SITE_FACTOR: 30}),
+        JobUpdate.of(2, {JobField.SITE_FACTOR: 20}),
+    ]
+    fed_backend(recorder, feeder).apply_many(updates)
+    assert [stdin for _, stdin, _ in feeder.calls] == ["update JobId=1 SiteFactor=10\nupdate JobId=3 SiteFactor=30\n"]
+    assert recorder.argvs == [
+        ["scontrol", "hold", "2"], ["scontrol", "release", "2"],
+        ["scontrol", "update", "JobId=1", "Features=leaf_s1"],
+        ["scontrol", "update", "JobId=2", "SiteFactor=20"],
+    ]
+
+
+def test_each_line_gets_its_own_error_and_a_gone_job_is_not_an_engine_error():
+    stderr = ("Invalid job id specified for job 2\n"
+              "Job is no longer pending execution for job 3\n"
+              "Access/permission denied for job 4\n")
+    feeder = Feeder(FedResult(1, "", stderr))
+    recorder = Recorder()
+    results = fed_backend(recorder, feeder).apply_many(site_factors((1, 1), (2, 2), (3, 3), (4, 4), (5, 5)))
+    assert recorder.argvs == []
+    assert [(r.ok, r.job_gone, r.message) for r in results] == [
+        (True, False, ""),
+        (False, True, "Invalid job id specified for job 2"),
+        (False, True, "Job is no longer pending execution for job 3"),
+        (False, False, "Access/permission denied for job 4"),
+        (True, False, ""),
+    ]
+
+
+@pytest.mark.parametrize("result", [
+    FedResult(0, "", "slurm_update error: Socket timed out on send/recv operation\n"),  # a line nobody owns
+    FedResult(1, "", ""),  # an exit code no line explains
+    FedResult(1, "", "Invalid job id specified for job 99\n"),  # a job not in the batch
+])
+def test_an_outcome_scontrol_left_unclear_is_written_again_alone(result):
+    recorder = Recorder({("scontrol", "update", "JobId=2"): CommandResult(1, "", "Invalid job id specified for job 2\n")})
+    results = fed_backend(recorder, Feeder(result)).apply_many(site_factors((1, 1), (2, 2)))
+    assert recorder.argvs == [["scontrol", "update", "JobId=1", "SiteFactor=1"],
+                              ["scontrol", "update", "JobId=2", "SiteFactor=2"]]
+    assert [(r.ok, r.job_gone) for r in results] == [(True, False), (False, True)]
+    assert results[0].command == "scontrol update JobId=1 SiteFactor=1"
+
+
+def test_a_killed_scontrol_leaves_its_unanswered_lines_unconfirmed_and_starts_nothing_more():
+    feeder = Feeder(FedResult(None, "", "Invalid job id specified for job 1\n", killed_after=20.0))
+    recorder = Recorder()
+    updates = site_factors((1, 1), (2, 2), (3, 3)) + [JobUpdate.of(4, {JobField.ADMIN_COMMENT: "a b"})]
+    results = fed_backend(recorder, feeder).apply_many(updates, timeout=20)
+    assert recorder.argvs == []
+    assert [(r.ok, r.job_gone) for r in results] == [(False, True), (False, False), (False, False), (False, False)]
+    assert results[1].message == results[2].message == \
+        "unconfirmed: scontrol was killed after 20s with this line unanswered"
+    assert results[3].message.startswith("not sent: ")
+
+
+@pytest.mark.parametrize("value", ["abc", 1.5, True, "12"])
+def test_an_integer_field_that_is_not_an_integer_is_refused_before_anything_is_sent(value):
+    recorder, feeder = Recorder(), Feeder()
+    cli = fed_backend(recorder, feeder)
+    results = cli.apply_many(site_factors((1, 1), (3, 3)) + [JobUpdate.of(2, {JobField.SITE_FACTOR: value})])
+    single = cli.apply(JobUpdate.of(2, {JobField.NICE: value}))
+    assert [stdin for _, stdin, _ in feeder.calls] == ["update JobId=1 SiteFactor=1\nupdate JobId=3 SiteFactor=3\n"]
+    assert recorder.argvs == []
+    assert not results[2].ok and results[2].message.startswith("refused: SiteFactor=")
+    assert not single.ok and single.message.startswith("refused: Nice=")
+
+
+def test_a_backend_given_its_own_runner_writes_one_process_per_update():
+    recorder = Recorder()
+    SlurmCliBackend(SlurmSettings(), runner=recorder).apply_many(site_factors((1, 1), (2, 2)))
+    assert recorder.argvs == [["scontrol", "update", "JobId=1", "SiteFactor=1"],
+                              ["scontrol", "update", "JobId=2", "SiteFactor=2"]]
+
+
+class ScontrolModel:
+    """Slurm as scontrol shows it (lab facts, tests/integration/test_faults.py): jobs that are
+    gone or running refuse an update with `<message> for job N`; one process per command, or
+    lines on stdin, each line run whatever the lines before it did, exit 1 at the end if any failed.
+    The fed form splits words on whitespace and keeps quotes: it is only given lines that have none."""
+
+    def __init__(self, gone: set[int], running: set[int]) -> None:
+        self.gone, self.running = gone, running
+        self.held: dict[int, dict[str, str]] = {}
+
+    def command(self, words: list[str]) -> str:
+        verb, *rest = words
+        if verb in ("hold", "release"):
+            job = int(rest[0])
+        else:
+            assert verb == "update" and rest[0].startswith("JobId=")
+            job = int(rest[0].removeprefix("JobId="))
+        if job in self.gone:
+            return f"Invalid job id specified for job {job}"
+        if job in self.running and any(w.split("=")[0] in ("Features", "ExcNodeList", "Switches") for w in rest):
+            return f"Job is no longer pending execution for job {job}"
+        fields = self.held.setdefault(job, {})
+        if verb == "update":
+            for word in rest[1:]:
+                key, _, value = word.partition("=")
+                fields[key] = value
+        else:
+            fields["Priority"] = verb
+        return ""
+
+    def runner(self, argv, env, timeout) -> CommandResult:
+        error = self.command(list(argv[1:]))
+        return CommandResult(1 if error else 0, "", error + "\n" if error else "")
+
+    def feeder(self, argv, env, stdin, timeout) -> FedResult:
+        assert argv == ["scontrol"] or argv == ("scontrol",)
+        errors = [e for e in (self.command(line.split()) for line in stdin.splitlines()) if e]
+        return FedResult(1 if errors else 0, stdin, "".join(e + "\n" for e in errors))
+
+
+VALUES = st.one_of(st.integers(-10**6, 10**6), st.sampled_from(["", "leaf_s1", "a b", "x'y", "n1,n2"]))
+FIELDS = st.sampled_from([JobField.SITE_FACTOR, JobField.NICE, JobField.ADMIN_COMMENT, JobField.FEATURES,
+                          JobField.PRIORITY])
+UPDATES = st.lists(st.builds(
+    lambda job, values: JobUpdate.of(job, values),
+    st.integers(1, 6), st.dictionaries(FIELDS, st.one_of(VALUES, st.none()), min_size=1, max_size=3),
+), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(UPDATES, st.sets(st.integers(1, 6), max_size=2), st.sets(st.integers(1, 6), max_size=2))
+def test_a_batch_on_stdin_ends_exactly_as_one_process_per_write(updates, gone, running):
+    updates = [u for u in updates if all(v is not None or k is JobField.PRIORITY for k, v in u.values)]
+    fed, plain = ScontrolModel(gone, running), ScontrolModel(gone, running)
+    batched = SlurmCliBackend(SlurmSettings(), runner=fed.runner, feeder=fed.feeder).apply_many(updates)
+    one_by_one = [SlurmCliBackend(SlurmSettings(), runner=plain.runner).apply(u) for u in updates]
+    assert [(r.ok, r.job_gone, r.message) for r in batched] == [(r.ok, r.job_gone, r.message) for r in one_by_one]
+    assert fed.held == plain.held

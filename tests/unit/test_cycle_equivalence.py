@@ -340,8 +340,8 @@ PLACEMENTS = st.one_of(
         require_nodes=st.lists(st.sampled_from(NODES), unique=True, max_size=1).map(tuple),
     ),
 )
-COMMENTS = st.sampled_from(["", "dike:level=0 attained=0.0gpuh", "dike:level=1 attained=0.3gpuh",
-                            "dike:level=2 attained=1.0gpuh promoted", "an admin's note"])
+COMMENTS = st.sampled_from(["", "dike:level=0,attained=0.0gpuh", "dike:level=1,attained=0.3gpuh",
+                            "dike:level=2,attained=1.0gpuh,promoted", "an admin's note"])
 VALUES = {
     JobField.SITE_FACTOR: st.integers(0, 100), JobField.PRIORITY: st.one_of(st.none(), st.integers(0, 100)),
     JobField.NICE: st.integers(-100, 5), JobField.ADMIN_COMMENT: COMMENTS,

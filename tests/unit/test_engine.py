@@ -31,7 +31,7 @@ def test_first_cycle_writes_site_factor_and_comment_second_cycle_writes_nothing(
     written = {u.job_id: dict(u.values) for u in backend.applied}
     assert set(written) == {1, 2}
     assert all(JobField.SITE_FACTOR in v and JobField.ADMIN_COMMENT in v for v in written.values())
-    assert backend.admin_comments[1] == "dike:level=0 attained=0.0gpuh"
+    assert backend.admin_comments[1] == "dike:level=0,attained=0.0gpuh"
     calls = backend.calls
     second = engine(cfg, backend).cycle(apply=True)
     assert second.write_calls == 0 and second.plan.writes == ()
@@ -181,12 +181,12 @@ def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_facto
     assert [u.fields for u in backend.applied] == [(JobField.ADMIN_COMMENT,)]
     backend.time = NOW + 1800  # 4 GPU-hours later: past the 1 GPU-hour threshold
     engine(cfg, backend).cycle(apply=True)
-    assert backend.admin_comments[1].startswith("dike:level=1 ")
+    assert backend.admin_comments[1].startswith("dike:level=1,")
     first = backend.site_factors[1]
     assert 1_000_000 / 3 < first <= 1_000_000 * 2 / 3  # level 1 of 3 keeps its band, alone or not
     backend.time = NOW + 3 * 3600  # now past 8 GPU-hours too
     engine(cfg, backend).cycle(apply=True)
-    assert backend.admin_comments[1].startswith("dike:level=2 ")
+    assert backend.admin_comments[1].startswith("dike:level=2,")
     assert backend.site_factors[1] < first
 
 
@@ -240,8 +240,8 @@ def test_score_mapping_is_stable_and_ordered():
 
 
 def test_admin_comment_is_built_from_numbers_only():
-    assert admin_comment_text(1, 3.24 * 3600, False) == "dike:level=1 attained=3.2gpuh"
-    assert admin_comment_text(0, 0, True) == "dike:level=0 attained=0.0gpuh promoted"
+    assert admin_comment_text(1, 3.24 * 3600, False) == "dike:level=1,attained=3.2gpuh"
+    assert admin_comment_text(0, 0, True) == "dike:level=0,attained=0.0gpuh,promoted"
 
 
 def test_switch_request_wait_is_written_as_asked(tmp_path):

@@ -36,6 +36,7 @@ case "$(basename "$0") $1" in
     esac ;;
   "sacctmgr -nP") cat {fixtures}/sacctmgr-show-qos.txt ;;
   "scontrol update") exit 0 ;;
+  "scontrol ") rc=0; while read -r line; do "$0" $line || rc=1; done; exit $rc ;;  # lines fed on stdin
   *) echo "unexpected: $0 $*" >&2; exit 1 ;;
 esac
 """

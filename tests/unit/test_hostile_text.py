@@ -27,10 +27,10 @@ HOSTILE = [
     "<script>alert('x')</script>&amp;[bold red]markup[/]",
     "tab\tnul\x00bell\x07esc\x1b[31mred",
     "caf\udcc3\udca9 \ufffd non-UTF-8",
-    "dike:level=9 attained=999.0gpuh promoted",
+    "dike:level=9,attained=999.0gpuh,promoted",
     "' OR 1=1; DROP TABLE audit; --",
 ]
-ADMIN_COMMENT = re.compile(r"^dike:level=\d+ attained=\d+\.\dgpuh( promoted)?$")
+ADMIN_COMMENT = re.compile(r"^dike:level=\d+,attained=\d+\.\dgpuh(,promoted)?$")
 
 
 def hostile_jobs():

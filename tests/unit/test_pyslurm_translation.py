@@ -33,7 +33,7 @@ def pyslurm_job(**overrides):
         state="PENDING", priority=11165, nice=100, submit_time=1796025920, eligible_time=1796025920,
         start_time=None, time_limit=None, num_nodes=2, cpus=2, allocated_nodes=None,
         excluded_nodes="n[3-4]", required_nodes=None, constraints=["leaf_s1"], required_switches=1, max_wait_time_switches=300,
-        admin_comment="dike:level=0 attained=0.0gpuh", comment="$(reboot)", array_id=60, array_task_id=3,
+        admin_comment="dike:level=0,attained=0.0gpuh", comment="$(reboot)", array_id=60, array_task_id=3,
         is_requeueable=True, gres_per_node={"gpu": 8}, state_reason="Priority",
     )
     fields.update(overrides)
@@ -147,7 +147,7 @@ def test_read_cluster_and_accounting_through_the_module():
     cli = backend(fake)
     state = cli.read_cluster()
     assert [j.job_id for j in state.jobs] == [63]
-    assert state.admin_comments == {63: "dike:level=0 attained=0.0gpuh"} and state.site_factors == {}
+    assert state.admin_comments == {63: "dike:level=0,attained=0.0gpuh"} and state.site_factors == {}
     result = cli.accounting(1796025600.0, 1796026000.0)
     assert ("JobFilter", None, {"start_time": 1796025600, "end_time": 1796026000}) in fake.calls
     assert [r.job_id for r in result.records] == [53]
@@ -158,12 +158,12 @@ def test_writes_become_job_submit_descriptions():
     fake = FakePyslurm([], [], [])
     cli = backend(fake)
     update = JobUpdate.of(63, {
-        JobField.SITE_FACTOR: 5000, JobField.ADMIN_COMMENT: "dike:level=1 attained=3.2gpuh",
+        JobField.SITE_FACTOR: 5000, JobField.ADMIN_COMMENT: "dike:level=1,attained=3.2gpuh",
         JobField.SWITCHES: SwitchRequest(1, 300), JobField.FEATURES: "", JobField.EXCLUDED_NODES: ("n3",),
     })
     assert cli.apply(update).ok
     assert fake.calls == [("modify", 63, {
-        "site_factor": 5000, "admin_comment": "dike:level=1 attained=3.2gpuh",
+        "site_factor": 5000, "admin_comment": "dike:level=1,attained=3.2gpuh",
         "switches": {"count": 1, "max_wait_time": "00:05:00"}, "constraints": "", "excluded_nodes": ["n3"],
     })]
     fake.calls.clear()

@@ -19,7 +19,7 @@ import pytest
 from engine_fixtures import NOW, TOPOLOGY, nodes, pending
 from engine_fixtures import config as fixture_config
 
-from dike_slurm.apply import CycleReport
+from dike_slurm.apply import FIRST_BATCH, CycleReport
 from dike_slurm.backends.base import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
@@ -343,8 +343,9 @@ def fill(folder: Path) -> Path:
 
 
 class FaultMidCycle(FakeBackend):
-    """The in-memory cluster, whose third update first breaks the state file's file system and
-    then goes through (Slurm applied it; the engine cannot record that it did)."""
+    """The in-memory cluster, whose sixth update (in the cycle's second batch of writes, apply.py's
+    FIRST_BATCH being 4) first breaks the state file's file system and then goes through, as do the
+    batch's other updates (Slurm applied them; the engine cannot record that it did)."""
 
     def __init__(self, *args: Any, fault: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -353,7 +354,7 @@ class FaultMidCycle(FakeBackend):
 
     def apply(self, update):  # type: ignore[no-untyped-def]
         self.updates += 1
-        if self.updates == 3:
+        if self.updates == 6:
             self.fault()
         return super().apply(update)
 
@@ -379,7 +380,8 @@ def test_the_state_file_system_failing_mid_cycle_loses_nothing_and_the_next_cycl
     expected = ("database or disk is full (its file system is full" if fault == "full"
                 else "disk I/O error (its file system is read-only)")
     assert message.startswith(f"state store {cfg.engine.state_db}: {expected}") and "\n" not in message, message
-    assert backend.updates == 3  # the cycle stopped at the write it could not record
+    assert FIRST_BATCH == 4
+    assert backend.updates == 8  # the cycle stopped at the batch it could not record
     engine.store.close()
     if fault == "full":
         fillers[0].unlink()  # space returns
@@ -388,13 +390,14 @@ def test_the_state_file_system_failing_mid_cycle_loses_nothing_and_the_next_cycl
     store = StateStore(cfg.engine.state_db)
     assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     rows = store.audit_log()
-    assert [r.ok for r in rows] == [True, True, False] and rows[2].message.startswith("unconfirmed"), rows
-    assert set(store.owned()) == {rows[0].job_id, rows[1].job_id}  # exactly what was recorded as done
+    assert [r.ok for r in rows] == [True] * 4 + [False] * 4, rows
+    assert all(r.message.startswith("unconfirmed") for r in rows[4:]), rows
+    assert set(store.owned()) == {r.job_id for r in rows[:4]}  # exactly what was recorded as done
     assert store.cycles() == []  # the cycle did not finish
     report = run_cycle(Engine(cfg, backend, store), apply=True)  # the next cycle, space or file system back
     assert report.errors == 0
     assert all(backend.admin_comments.get(j.job_id, "").startswith("dike:level=") for j in jobs)
-    # the unconfirmed write reached Slurm: the next cycle finds its value there and has nothing to
-    # write, so that one job's fields are not owned (docs/reliability.md, "Not done")
-    assert set(store.owned()) == {j.job_id for j in jobs} - {rows[2].job_id} and len(store.cycles()) == 1
+    # the unconfirmed writes reached Slurm: the next cycle finds their values there and has nothing
+    # to write, so those jobs' fields are not owned (docs/reliability.md, "Not done")
+    assert set(store.owned()) == {j.job_id for j in jobs} - {r.job_id for r in rows[4:]} and len(store.cycles()) == 1
     store.close()
