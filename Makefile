@@ -96,6 +96,16 @@ eval: $(STAMP)
 fidelity: $(STAMP)
 	flock /tmp/dike-lab.lock $(BIN)/python bench/fidelity.py --no-lock --out out/fidelity
 
+# The engine's writes at scale on the real lab (issue 29; about 20 minutes, root): 5,000 pending
+# jobs on the lab of $(SLURM), each way of writing timed, the engine converging from an empty
+# state, a service watched against the idle controller, the audit checked against Slurm. The lab
+# comes up before and goes down after. Not part of `make test`. Results: out/lab-writes/lab_writes.json.
+.PHONY: lab-writes
+lab-writes: $(STAMP)
+	$(LAB) --slurm $(SLURM) up
+	$(BIN)/python bench/lab_writes.py --slurm $(SLURM) --pending 5000; status=$$?; \
+	    $(LAB) --slurm $(SLURM) down; exit $$status
+
 # make lab-up SLURM=24.11: the lab of that version (22.05, 24.11, 26.05)
 SLURM ?= 22.05
 lab-up:

@@ -37,8 +37,9 @@ FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the s
 LAST_SEEN_EVERY_S = 3600.0
 UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
 # Writes go to the backend in batches (one fed scontrol each, backends/scontrol_stdin.py): small
-# first, so that a cluster refusing every write costs a few writes, then doubling; never more
-# than the circuit breaker still allows to fail. The cycle deadline is checked between batches.
+# first, so that a cluster refusing every write costs a few writes, then doubling while no write
+# failed; the first batch and any after a failure hold no more writes than the circuit breaker
+# still allows to fail. The cycle deadline is checked between batches.
 FIRST_BATCH = 4
 MAX_BATCH = 512
 
@@ -130,10 +131,12 @@ class Applier:
                 notes.append(stopped)
                 self._audit_skipped(plan, cycle, writes[index:], stopped)
                 break
-            # no batch can fail more writes than the breaker allows
-            batch = writes[index:index + min(size, engine.breaker_max_errors - errors)]
+            # the first batch, and every batch after a failure, can fail no more writes than the
+            # breaker still allows; batches after clean ones double
+            room = size if errors == 0 and index > 0 else engine.breaker_max_errors - errors
+            batch = writes[index:index + min(size, room)]
             index += len(batch)
-            size = min(2 * size, MAX_BATCH)
+            size = min(2 * len(batch), MAX_BATCH)
             for write, outcome in zip(batch, self._write_batch(batch, plan.time, cycle, left)):
                 outcomes.append((write, outcome))
                 if outcome.ok:

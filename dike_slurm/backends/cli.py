@@ -18,8 +18,9 @@ configured. When squeue refuses a field of that format ("Invalid job format spec
 exits non-zero, the cycle reads the JSON instead (and fails with the JSON read's error if that
 fails too, e.g. slurmctld down): `squeue --json`, `squeue -O` (Switches, which the JSON of 22.05
 lacks), sprio, the nodes (`sinfo --json` on 22.05; `scontrol show nodes --json` from 23.11 on,
-where sinfo groups nodes). Writes: one `scontrol update JobId=N Key=Value...` per job and kind of
-change.
+where sinfo groups nodes). Writes: `update JobId=N Key=Value...` lines fed to one `scontrol` per
+batch (`apply_many`, backends/scontrol_stdin.py), or one `scontrol update` process for an update
+that cannot be a line.
 
 The JSON format (Slurm 22.05's v0.0.38, or the v0.0.40+ family of 23.11 to 26.05) is taken from
 the `meta` block of squeue's output every cycle; dike_slurm.slurm_formats adapts each family to
@@ -643,9 +644,10 @@ class SlurmCliBackend(Backend):
         return self._write(self.update_commands(update))
 
     def apply_many(self, updates: Sequence[JobUpdate], timeout: float | None = None) -> list[WriteOutcome]:
-        """One `scontrol` fed a line per update (backends/scontrol_stdin.py); the updates that
-        cannot be a line, a job's later updates and the lines whose outcome scontrol left unclear
-        go one process each. `timeout` bounds the fed scontrol (at least command_timeout_s)."""
+        """One `scontrol` fed a line per update (backends/scontrol_stdin.py), a round per job's
+        first, second, ... update; an update that cannot be a line, and a line whose outcome
+        scontrol left unclear, go one process each. `timeout` bounds each fed scontrol (at least
+        command_timeout_s); once one was killed, nothing more is sent."""
         results: list[WriteOutcome | None] = [None] * len(updates)
         sendable = []
         for i, update in enumerate(updates):
@@ -654,38 +656,39 @@ class SlurmCliBackend(Backend):
                 results[i] = WriteOutcome(False, self.describe(update), why)
             else:
                 sendable.append(i)
-        batch = scontrol_stdin.split([updates[i] for i in sendable])
-        fed = [sendable[i] for i in batch.fed]
-        alone = [sendable[i] for i in batch.alone]
-        if len(fed) > 1 and self.feeder is not None:
-            scontrol = self._command("scontrol")
-            limit = max(timeout or 0.0, self.settings.command_timeout_s)
-            self.calls += 1
-            try:
-                result = self.feeder((scontrol,), self.env, scontrol_stdin.stdin_text(batch.lines), limit)
-            except SlurmError as exc:  # scontrol could not be started: nothing was sent
-                return [r if r is not None else WriteOutcome(False, self.describe(updates[i]), str(exc))
-                        for i, r in enumerate(results)]
-            answers = scontrol_stdin.outcomes([updates[i].job_id for i in fed], batch.lines, scontrol,
-                                              result.returncode, result.stderr, result.killed_after)
-            unclear = []
-            for i, answer in zip(fed, answers):
-                results[i] = answer
-                if answer is None:
-                    unclear.append(i)
-            alone = sorted(unclear + alone)
-            if result.killed_after is not None:  # a hung controller: start no more processes this call
-                for i in alone:
-                    results[i] = WriteOutcome(False, self.describe(updates[i]), (
-                        f"not sent: the scontrol fed before it was killed after {result.killed_after:.3g}s"))
-                alone = []
-        else:
-            alone = sorted(fed + alone)
-        for i in alone:
-            results[i] = self.apply(updates[i])
+        killed = None
+        for part in scontrol_stdin.rounds([updates[i] for i in sendable]):
+            fed = [sendable[i] for i in part.fed]
+            alone = [sendable[i] for i in part.alone]
+            if killed is None and len(fed) > 1 and self.feeder is not None:
+                answers, killed = self._feed([updates[i] for i in fed], part.lines, timeout)
+                for i, answer in zip(fed, answers):
+                    results[i] = answer
+                alone = sorted(alone + [i for i, answer in zip(fed, answers) if answer is None])
+            else:
+                alone = sorted(alone + fed)
+            for i in alone:
+                results[i] = self.apply(updates[i]) if killed is None else WriteOutcome(
+                    False, self.describe(updates[i]), f"not sent: the scontrol fed before it was killed after {killed:.3g}s")
         done = [r for r in results if r is not None]
         assert len(done) == len(updates)
         return done
+
+    def _feed(self, updates: Sequence[JobUpdate], lines: Sequence[str],
+              timeout: float | None) -> tuple[list[WriteOutcome | None], float | None]:
+        """The lines fed to one scontrol: each update's outcome (None: unclear), and after how many
+        seconds scontrol was killed (None: it ended by itself)."""
+        assert self.feeder is not None
+        scontrol = self._command("scontrol")
+        self.calls += 1
+        try:
+            result = self.feeder((scontrol,), self.env, scontrol_stdin.stdin_text(lines),
+                                 max(timeout or 0.0, self.settings.command_timeout_s))
+        except SlurmError as exc:  # scontrol could not be started: nothing was sent
+            return [WriteOutcome(False, self.describe(u), str(exc)) for u in updates], None
+        answers = scontrol_stdin.outcomes([u.job_id for u in updates], lines, scontrol, result.returncode,
+                                          result.stderr, result.killed_after)
+        return answers, result.killed_after
 
     def requeue(self, job_id: int) -> WriteOutcome:
         return self._write([[self._command("scontrol"), "requeue", str(job_id)]])

@@ -116,8 +116,8 @@ def outcomes(
 
 
 @dataclass(frozen=True)
-class Batch:
-    """How `apply_many` splits updates: the lines fed to one scontrol (`fed`: indexes into the
+class Round:
+    """Part of `apply_many`'s updates: the lines fed to one scontrol (`fed`: indexes into the
     updates, each job once) and the updates written one process each after it, in order."""
 
     fed: tuple[int, ...]
@@ -125,20 +125,21 @@ class Batch:
     alone: tuple[int, ...]
 
 
-def split(updates: Sequence[JobUpdate]) -> Batch:
-    """A job's first update goes on stdin when it has a line; its later ones, and every update of
-    a job after one that went alone, go alone after the fed ones, so each job's updates keep
-    their order."""
-    fed: list[int] = []
-    lines: list[str] = []
-    alone: list[int] = []
-    seen: set[int] = set()
+def rounds(updates: Sequence[JobUpdate]) -> list[Round]:
+    """Round k holds each job's k-th update, so a job's updates are written in their order; in a
+    round, an update without a line goes alone, after the fed ones."""
+    occurrence: dict[int, int] = {}
+    parts: list[tuple[list[int], list[str], list[int]]] = []
     for i, update in enumerate(updates):
-        line = update_line(update) if update.job_id not in seen else None
-        seen.add(update.job_id)
+        k = occurrence.get(update.job_id, 0)
+        occurrence[update.job_id] = k + 1
+        if k == len(parts):
+            parts.append(([], [], []))
+        fed, lines, alone = parts[k]
+        line = update_line(update)
         if line is None:
             alone.append(i)
         else:
             fed.append(i)
             lines.append(line)
-    return Batch(tuple(fed), tuple(lines), tuple(alone))
+    return [Round(tuple(fed), tuple(lines), tuple(alone)) for fed, lines, alone in parts]

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dike_slurm.admin_comment import admin_comment_text
-from dike_slurm.backends.base import FakeBackend, JobField, SwitchRequest
+from dike_slurm.backends.base import FakeBackend, JobField, SwitchRequest, WriteOutcome
 from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
 from dike_slurm.engine import Engine
 from dike_slurm.errors import PolicyError
@@ -171,6 +171,42 @@ def test_failed_writes_stop_after_breaker_max_errors(tmp_path):
     report = engine(cfg, backend).cycle(apply=True)
     assert report.errors == 2 and len(report.outcomes) == 2
     assert any("circuit breaker" in n for n in report.notes)
+
+
+class Batches(FakeBackend):
+    """The in-memory cluster, remembering how many updates each apply_many call carried; the
+    n-th update (1-based, in the order written) fails when n is in `fail_at`."""
+
+    def __init__(self, *args, fail_at=frozenset(), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[int] = []
+        self.fail_at = fail_at
+        self.written = 0
+
+    def apply_many(self, updates, timeout=None):
+        self.batches.append(len(updates))
+        return super().apply_many(updates, timeout)
+
+    def apply(self, update):
+        self.written += 1
+        if self.written in self.fail_at:
+            return WriteOutcome(False, self.describe(update), "Socket timed out on send/recv operation")
+        return super().apply(update)
+
+
+@pytest.mark.parametrize(("fail_at", "breaker", "first", "errors"), [
+    (set(), 5, [4, 8, 16, 32, 40], 0),             # clean: 4, then doubling
+    (set(), 2, [2, 4, 8, 16, 32, 38], 0),          # the first batch no larger than the breaker
+    ({7, 9}, 5, [4, 8, 3, 3], 2),                  # after a failure: never more than the failures left
+    (set(range(1, 101)), 5, [4, 1], 5),            # a cluster refusing everything: 5 failed writes
+])
+def test_writes_go_in_batches_that_double_and_the_breaker_bounds_them(tmp_path, fail_at, breaker, first, errors):
+    backend = Batches([pending(i, f"u{i % 7}") for i in range(1, 101)], nodes(), TOPOLOGY, time=NOW, fail_at=fail_at)
+    cfg = config(tmp_path, engine={"breaker_max_errors": breaker, "max_changes_per_cycle": 1000})
+    report = engine(cfg, backend).cycle(apply=True)
+    assert backend.batches[:len(first)] == first and report.errors == errors
+    assert all(size <= breaker - errors for size in backend.batches[len(first):])
+    assert len(report.outcomes) == sum(backend.batches) == (100 if errors < breaker else sum(first))
 
 
 def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_factor_falls(tmp_path):
