@@ -225,6 +225,14 @@ def converge(engine: Engine, limit: int = 6) -> list[dict[str, Any]]:
     return cycles
 
 
+def counts(engine: Engine) -> tuple[int, int, int]:
+    """Cycles recorded, writes that succeeded, and the cycles' errors, so far."""
+    with sqlite3.connect(engine.state_db) as db:
+        cycles, errors = db.execute("SELECT COUNT(*), COALESCE(SUM(errors), 0) FROM cycles").fetchone()
+        writes = db.execute("SELECT COUNT(*) FROM audit WHERE action = 'update' AND ok = 1").fetchone()[0]
+    return cycles, writes, errors
+
+
 def audit_matches(lab: Lab, engine: Engine) -> dict[str, int]:
     """Every value the state store owns (wrote, and was told Slurm took) against what Slurm holds."""
     sys.path.insert(0, str(REPO))
@@ -285,15 +293,17 @@ def main() -> None:
                 print(f"cycle {number}: {cycle}", flush=True)
             service = engine.service()
             try:
-                before = sqlite3.connect(engine.state_db).execute(
-                    "SELECT COUNT(*) FROM audit WHERE action = 'update' AND ok = 1").fetchone()[0]
+                before = counts(engine)
                 result["service"] = watch(lab, args.watch)
-                after = sqlite3.connect(engine.state_db).execute(
-                    "SELECT COUNT(*) FROM audit WHERE action = 'update' AND ok = 1").fetchone()[0]
+                after = counts(engine)
+                if service.poll() is not None:
+                    raise RuntimeError(f"the service exited {service.returncode} during the watch")
             finally:
                 service.terminate()
                 service.wait(120)
-            result["service"]["writes_per_minute"] = (after - before) * 60 / result["service"]["seconds"]
+            result["service"]["cycles"] = after[0] - before[0]
+            result["service"]["cycle_errors"] = after[2] - before[2]
+            result["service"]["writes_per_minute"] = (after[1] - before[1]) * 60 / result["service"]["seconds"]
             result["service"]["added_core_percent"] = (result["service"]["slurmctld_core_percent"]
                                                        - result["idle"]["slurmctld_core_percent"])
             print(f"service: {result['service']}", flush=True)
