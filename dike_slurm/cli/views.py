@@ -78,7 +78,8 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
         "slurm_reason": job.slurm_reason,
         "reason": job_plan.reason,
         "last_decision": memory.reason if memory is not None else None,
-        "expected_gpu_hours": round(expected.gpu_s / 3600, 3) if expected is not None else None,
+        # 6 decimals: a few seconds on one GPU is 0.001 GPU-h, and 3 would print a short prior as 0
+        "expected_gpu_hours": round(expected.gpu_s / 3600, 6) if expected is not None else None,
         "expected_from": expected_source(expected) if expected is not None else None,
     }
 
