@@ -90,7 +90,6 @@ SHOW_QOS_ARGV = ("-nP", "show", "qos", "format=Name,Priority")
 _FORMAT_REFUSED = "Invalid job format specification"  # squeue's words for a -O field it does not know
 
 
-
 @dataclass(frozen=True)
 class CommandResult:
     returncode: int

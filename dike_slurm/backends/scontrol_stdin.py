@@ -88,13 +88,13 @@ def outcomes(
     """
     errors: dict[int, str] = {}
     stray = []
-    index = {job_id: i for i, job_id in enumerate(job_ids)}
+    batch = set(job_ids)
     for raw in stderr.splitlines():
         text = " ".join(raw.split())
         if not text:
             continue
         match = _FOR_JOB.match(text)
-        if match and int(match["job"]) in index and int(match["job"]) not in errors:
+        if match and int(match["job"]) in batch and int(match["job"]) not in errors:
             errors[int(match["job"])] = text  # as a process of its own reports it
         else:
             stray.append(text)

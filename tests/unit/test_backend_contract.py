@@ -251,8 +251,8 @@ def test_writes_make_exactly_these_calls(values, argvs):
 def test_an_update_lists_its_fields_in_field_order_whatever_order_they_came_in():
     fields = list(JobField)
     values = {field: "x" for field in fields}
-    for given in (fields, fields[::-1], fields[3:] + fields[:3]):
-        assert JobUpdate.of(1, {f: values[f] for f in given}).fields == tuple(fields)
+    for order in (fields, fields[::-1], fields[3:] + fields[:3]):
+        assert JobUpdate.of(1, {f: values[f] for f in order}).fields == tuple(fields)
 
 
 def test_requeue_is_one_call():
