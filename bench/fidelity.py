@@ -396,19 +396,26 @@ def lab_session(env: dict[str, str], log: Path):
                                stderr=subprocess.STDOUT, timeout=300)
 
 
-def lab_env() -> dict[str, str]:
-    """os.environ plus `scripts/slurm-lab env` (SLURM_CONF, ...), without the engine's DIKE_* settings."""
-    # the engine's own DIKE_SECTION__KEY variables and DIKE_CONFIG would change the runs' configuration
-    env = {k: v for k, v in os.environ.items() if not (k.startswith("DIKE_") and ("__" in k or k == "DIKE_CONFIG"))}
-    out = subprocess.run([str(LAB_SCRIPT), "--slurm", LAB_VERSION, "env"], capture_output=True, text=True,
-                         check=False, env=env)
+def lab_exports(version: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables `scripts/slurm-lab --slurm VERSION env` exports (SLURM_CONF, DIKE_CONFIG, ...)."""
+    out = subprocess.run([str(LAB_SCRIPT), "--slurm", version, "env"], capture_output=True, text=True,
+                         check=False, env=dict(env))
     if out.returncode != 0:
         raise FidelityError(f"scripts/slurm-lab env failed: {out.stderr.strip() or out.returncode}")
+    exports = {}
     for line in out.stdout.splitlines():
         words = shlex.split(line)
         if len(words) == 2 and words[0] == "export" and "=" in words[1]:
             key, value = words[1].split("=", 1)
-            env[key] = value
+            exports[key] = value
+    return exports
+
+
+def lab_env() -> dict[str, str]:
+    """os.environ plus `scripts/slurm-lab env` (SLURM_CONF, ...), without the engine's DIKE_* settings."""
+    # the engine's own DIKE_SECTION__KEY variables and DIKE_CONFIG would change the runs' configuration
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("DIKE_") and ("__" in k or k == "DIKE_CONFIG"))}
+    env.update(lab_exports(LAB_VERSION, env))
     env.pop("DIKE_CONFIG", None)
     return env
 

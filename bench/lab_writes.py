@@ -39,20 +39,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from fidelity import lab_exports  # noqa: E402
 USERS = ("dikeuser1", "dikeuser2")
-
-
-def lab_env(version: str) -> dict[str, str]:
-    """The lab's environment, as `scripts/slurm-lab env` prints it."""
-    text = subprocess.run([str(REPO / "scripts" / "slurm-lab"), "--slurm", version, "env"], capture_output=True,
-                          text=True, check=True).stdout
-    env = dict(os.environ)
-    for line in text.splitlines():
-        words = shlex.split(line)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            key, value = words[1].split("=", 1)
-            env[key] = value
-    return env
 
 
 def children_cpu() -> float:
@@ -63,7 +53,7 @@ def children_cpu() -> float:
 class Lab:
     def __init__(self, version: str) -> None:
         self.version = version
-        self.env = lab_env(version)
+        self.env = {**os.environ, **lab_exports(version, os.environ)}
         self.bin = Path(self.env.get("DIKE_LAB_BIN", "/usr/bin"))
         self.lab_dir = Path(self.env["SLURM_CONF"]).parents[1]
         self.chroot = version != "22.05"
@@ -235,7 +225,6 @@ def counts(engine: Engine) -> tuple[int, int, int]:
 
 def audit_matches(lab: Lab, engine: Engine) -> dict[str, int]:
     """Every value the state store owns (wrote, and was told Slurm took) against what Slurm holds."""
-    sys.path.insert(0, str(REPO))
     from dike_slurm.backends.cli import SlurmCliBackend
     from dike_slurm.config import SlurmSettings
 
