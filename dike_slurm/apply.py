@@ -257,22 +257,23 @@ class Applier:
         """Write these through the backend in one call (`apply_many`), each audited ahead."""
         # Write-ahead: the audit rows exist (as unconfirmed) before Slurm is called, so a crash
         # between the call and their record still leaves every attempt in the audit.
+        changes = [change_text(write) for write in writes]
         with self.store.transaction():
             entry_ids = [self.store.audit(AuditEntry(
-                now, cycle, write.job_id, "update", change_text(write),
+                now, cycle, write.job_id, "update", change,
                 self.backend.describe(write.update) if write.update.values else "(none)",
                 self.backend.describe(write.undo) if write.undo.values else "none",
                 False, UNCONFIRMED, write.reason,
-            )) for write in writes]
+            )) for write, change in zip(writes, changes)]
         sent = iter(self.backend.apply_many([w.update for w in writes if w.update.values], timeout))
         outcomes = [next(sent) if write.update.values else WriteOutcome(True, "(none: Slurm already holds the original)")
                     for write in writes]
         with self.store.transaction():
             for entry_id, write, outcome in zip(entry_ids, writes, outcomes):
                 self._record(entry_id, write, outcome, now)
-        for write, outcome in zip(writes, outcomes):
+        for write, change, outcome in zip(writes, changes, outcomes):
             log.info(
-                "job %s: %s (%s)%s", write.job_id, change_text(write), write.reason,
+                "job %s: %s (%s)%s", write.job_id, change, write.reason,
                 "" if outcome.ok else f" FAILED: {outcome.message}",
                 extra={"dike": log_fields(write) | {"ok": outcome.ok}},
             )
