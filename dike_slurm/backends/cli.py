@@ -222,7 +222,7 @@ def _sprio_factors(text: str) -> Mapping[int, int]:
         parts = line.split("|", 2)  # the job id and SiteFactor; the rest is not read
         if len(parts) >= 2:
             job_id, factor = parts[0].strip(), parts[1].strip()
-            if job_id.isdigit() and factor.lstrip("-").isdigit():
+            if job_id.isdigit() and factor.removeprefix("-").isdigit():  # one sign at most ("--0" is no number)
                 factors[int(job_id)] = int(factor)
     return MappingProxyType(factors)
 
