@@ -43,7 +43,21 @@ class EngineSettings(_Section):
         0.01, ge=0, lt=1, description="a value within this fraction of priority_span of what Slurm has is not rewritten"
     )
     admin_comment: bool = Field(True, description="write `dike:level=N,attained=X` to AdminComment")
-    max_changes_per_cycle: int = Field(200, ge=0)
+    max_changes_per_cycle: int = Field(
+        10_000, ge=0, description="safety cap on writes per cycle, first jobs first (write_budget_s is the usual limit)"
+    )
+    write_budget_s: float = Field(
+        20.0, gt=0, description="seconds of a cycle the writes may take: once used, the rest (the queue's tail) waits "
+        "for the next cycle"
+    )
+    head_window: int | None = Field(
+        None, ge=0, description="pending jobs per partition the engine orders, the policy's first ones; the rest keep "
+        "Slurm's own factors (SiteFactor back to its original); unset: head_window_margin x the jobs Slurm's "
+        "scheduler looks at (SchedulerParameters bf_max_job_test, bf_max_job_part, default_queue_depth); 0: every job"
+    )
+    head_window_margin: float = Field(
+        2.0, ge=1, description="the window over the scheduler's depth, for the jobs that start between two cycles"
+    )
     breaker_change_fraction: float = Field(
         0.9, gt=0, le=1, description="stop writing if more than this fraction of managed jobs would change"
     )
@@ -155,6 +169,11 @@ class ReplaySettings(_Section):
     )
     backfill_reservations: int = Field(
         16, ge=0, description="blocked jobs that get a backfill reservation per scheduling pass"
+    )
+    write_cost_s: float = Field(
+        0.001, ge=0, description="seconds one engine write takes (the lab's fed scontrol: 0.6-1.7 ms, "
+        "docs/benchmarks.md): the replay makes at most engine.write_budget_s / write_cost_s writes per cycle, as the "
+        "live engine would; 0: every write lands at once"
     )
     qos_priority: dict[str, int] = Field(
         default_factory=dict,

@@ -21,6 +21,7 @@ from dike_slurm.config import Config
 from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
+from dike_slurm.head_window import DEFAULT_DEPTH, window_size
 from dike_slurm.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.policies.base import Policy
@@ -146,6 +147,14 @@ class Engine:
                               model.source if model is not None else "", now, reserve)
         return self._span, (self._span if model is not None else None), None
 
+    def head_window(self) -> int:
+        """Pending jobs per partition the engine orders: `engine.head_window`, else its margin over the
+        depth Slurm's scheduler looks at (the site's SchedulerParameters; Slurm's defaults while the
+        site's settings are unread)."""
+        engine = self.config.engine
+        depth = self.site_priority.scheduler_depth if self.site_priority is not None else DEFAULT_DEPTH
+        return window_size(engine.head_window, engine.head_window_margin, depth)
+
     # ---------------------------------------------------------------- plan (reads only)
 
     def plan(self) -> CyclePlan:
@@ -195,9 +204,10 @@ class Engine:
             now,
             requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
         )
+        window = self.head_window()
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self._diff_memory, span=span.span, reserve=span.reserve,
+            self._diff_memory, span=span.span, reserve=span.reserve, window=window,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         if accounting_note:
@@ -227,6 +237,7 @@ class Engine:
             freed_rooms=tuple(rooms),
             room_outcomes=tuple(room_outcomes),
             expected=decisions.expected,
+            window=window,
         )
 
     def _read_accounting(self, now: float):

@@ -30,6 +30,7 @@ from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
+from dike_slurm.head_window import considered, policy_window
 from dike_slurm.service_prior import Prediction
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan
 from dike_slurm.usage import Run
@@ -75,6 +76,7 @@ class JobPlan:
     writes: tuple[PlannedWrite, ...]
     hands_off: tuple[JobField, ...] = ()
     hands_off_reason: str = ""
+    outside_window: bool = False  # pending beyond the head window: Slurm's own factors order it
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class CyclePlan:
     freed_rooms: tuple[FreedRoom, ...] = ()  # preemptions still followed after this cycle's look
     room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
     expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
+    window: int = 0  # pending jobs per partition the engine orders (head_window); 0: every one
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
@@ -126,6 +129,8 @@ class _JobContext:
     hands_off_reason: str
     needed: bool
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
+    outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
+    waiting: bool = False  # ... and Slurm does not consider it yet (held, a dependency, a begin time)
     basis: tuple = ()  # what `plan` was made of besides the job's side (see diff)
     plan: JobPlan | None = None
 
@@ -239,6 +244,7 @@ def diff(
     *,
     span: int | None = None,
     reserve: int = 0,
+    window: int = 0,
 ) -> tuple[list[JobPlan], list[str]]:
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
@@ -247,7 +253,9 @@ def diff(
     `span`: the largest value written (the engine's `priority_span()`: `engine.priority_span` under
     `engine.priority_mode` against the site's weights); None: `engine.priority_span`. The tolerance
     is a fraction of it. `reserve`: the top values kept for `decisions.protected` (the engine's
-    `slurm_priority.protection_reserve` of the site's model).
+    `slurm_priority.protection_reserve` of the site's model). `window`: the pending jobs per partition
+    the engine orders (head_window.head_window, the policy's first ones); a pending job beyond it gets
+    no write but its strategy field put back to its original; 0: every job is ordered.
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
@@ -267,6 +275,8 @@ def diff(
     priorities = {p.job_id: p for p in decisions.priorities}
     placements = {p.job_id: p for p in decisions.placements}
     site_factors, admin_comments = cluster.site_factors, cluster.admin_comments
+    inside = policy_window(ranked, priorities, {job.job_id: job for job in snapshot.jobs}, snapshot.time,
+                           window) if window else None
     last: dict[int, _JobContext] = {}
     if kept is not None:
         settings = (key, exempt_tag)
@@ -306,7 +316,9 @@ def diff(
             if negate:
                 wanted = -wanted
         context.wanted = wanted
-        context.needed = not context.exempt and priority_needed(
+        context.outside = inside is not None and job.state is JobState.PENDING and job_id not in inside
+        context.waiting = context.outside and not considered(job, snapshot.time)
+        context.needed = not context.exempt and not context.outside and priority_needed(
             key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
         contexts[job_id] = context
     keep_policy_order(policy_chain(contexts, ranked, key), key)
@@ -326,7 +338,7 @@ def diff(
         # side and the rank; the constraint decision's reason only goes into a write)
         basis = (context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
                  placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
-                 write_comment)
+                 write_comment, context.outside, context.waiting)
         plan = context.plan
         if plan is None or plan.writes or context.basis != basis:
             plan = _plan_one(context, level, reason, promoted, placement_decision, key, cluster, rank, unranked,
@@ -334,7 +346,8 @@ def diff(
             context.basis = basis
         elif plan.reason != reason:
             plan = _job_plan(plan.job, plan.managed, plan.note, level, reason, promoted, plan.value_now,
-                             plan.value_wanted, plan.placement_wanted, (), plan.hands_off, plan.hands_off_reason)
+                             plan.value_wanted, plan.placement_wanted, (), plan.hands_off, plan.hands_off_reason,
+                             plan.outside_window)
         context.plan = plan
         plans.append(plan)
     if kept is not None:
@@ -360,17 +373,23 @@ def _plan_one(context: _JobContext, level: int | None, reason: str, promoted: bo
     placement_wanted = placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
     if context.exempt:
         return _job_plan(job, False, exempt_note, level, reason, promoted, context.value_now, context.wanted,
-                         placement_wanted, (), (), "")
+                         placement_wanted, (), (), "", context.outside)
     writes: tuple[PlannedWrite, ...] = ()
-    written = priority_write(context, key, cluster, rank, write_comment)
+    if context.outside:  # no write but the strategy field handed back; constraints wait for the window
+        # (a job Slurm does not consider yet keeps what it has: it takes no place, and asks for nothing)
+        written = None if context.waiting else window_release(context, key, cluster, rank.get(job.job_id, unranked))
+    else:
+        written = priority_write(context, key, cluster, rank, write_comment)
     if written is not None:
         writes = (written,)
-    written = placement_write(job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, unranked))
-    if written is not None:
-        writes = (*writes, written)
+    if not context.outside:
+        written = placement_write(job, placement_decision, context.owned, context.hands_off,
+                                  rank.get(job.job_id, unranked))
+        if written is not None:
+            writes = (*writes, written)
     hands_off = tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else ()
     return _job_plan(job, True, context.hands_off_reason, level, reason, promoted, context.value_now,
-                     context.wanted, placement_wanted, writes, hands_off, context.hands_off_reason)
+                     context.wanted, placement_wanted, writes, hands_off, context.hands_off_reason, context.outside)
 
 
 # A JobPlan, a PlannedWrite and a JobUpdate filled in one step: their frozen __init__ sets one
@@ -381,12 +400,14 @@ _NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
 
 def _job_plan(job: Job, managed: bool, note: str, level: int | None, reason: str, promoted: bool,
               value_now: int | None, value_wanted: int | None, placement_wanted: Placement | None,
-              writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str) -> JobPlan:
+              writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str,
+              outside_window: bool) -> JobPlan:
     plan = object.__new__(JobPlan)
     object.__setattr__(plan, "__dict__", {
         "job": job, "managed": managed, "note": note, "level": level, "reason": reason, "promoted": promoted,
         "value_now": value_now, "value_wanted": value_wanted, "placement_wanted": placement_wanted,
         "writes": writes, "hands_off": hands_off, "hands_off_reason": hands_off_reason,
+        "outside_window": outside_window,
     })
     return plan
 
@@ -463,7 +484,8 @@ def policy_chain(contexts: Mapping[int, _JobContext], ranked: list[SetPriority],
     for decision in ranked:
         context = contexts.get(decision.job_id)
         if (context is not None and context.decision is decision and context.wanted is not None
-                and context.job.state is JobState.PENDING and not context.exempt and key not in context.hands_off):
+                and context.job.state is JobState.PENDING and not context.exempt and not context.outside
+                and key not in context.hands_off):
             chain.append(context)
     return chain
 
@@ -545,6 +567,20 @@ def priority_write(
                           decision.reason, rank.get(job_id, len(rank)), tuple(before), "priority")
 
 
+def window_release(context: _JobContext, key: JobField, cluster: ClusterState, rank: int) -> PlannedWrite | None:
+    """A job beyond the head window: the strategy field the engine wrote goes back to its original
+    (SiteFactor 0 unless the site set one), and the engine lets go of it; None when it owns none."""
+    if key not in context.owned or key in context.hands_off:
+        return None
+    job_id = context.job.job_id
+    value_before, original = strategy_now(key, context.job, cluster, context.owned)
+    undo = ((key, original),)
+    values = undo if value_before != original else ()
+    return _planned_write(job_id, _job_update(job_id, values), _job_update(job_id, undo), undo, (key,),
+                          "beyond the head window: Slurm's own factors order it", rank, ((key, value_before),),
+                          "priority")
+
+
 def placement_write(
     job: Job,
     decision: SetPlacement | ClearPlacement | None,
@@ -605,7 +641,9 @@ def guardrails(
     )
     notes = []
     previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, _NOTHING_OWNED)]
-    rewritten = [p for p in previously_written if p.writes and any(key in w.update.fields for w in p.writes)]
+    # a value handed back (a job leaving the head window) undoes the engine: not what the breaker guards against
+    rewritten = [p for p in previously_written
+                 if p.writes and any(key in w.update.fields and key not in w.restores for w in p.writes)]
     if (
         len(previously_written) >= engine.breaker_min_jobs
         and previously_written

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dike_slurm.errors import InputError
+from dike_slurm.head_window import DEFAULT_DEPTH, scheduler_depth, scheduler_parameters
 from dike_slurm.parsing.durations import parse_duration
 
 DEFAULT_MAX_AGE_S = 7 * 86400  # PriorityMaxAge=7-0
@@ -100,6 +101,8 @@ class SlurmPriorityModel:
     cluster_cpus: int
     partition_tres: Mapping[str, Mapping[str, int]]  # partition -> {"cpu", "node", "gres/gpu"} totals
     source: str = ""  # where the weights and QOS priorities came from, for reports
+    # pending jobs per partition Slurm's scheduler looks at (head_window.scheduler_depth of SchedulerParameters)
+    scheduler_depth: int = DEFAULT_DEPTH
 
     def tier(self, partition: str) -> int:
         entry = self.partitions.get(partition)
@@ -376,6 +379,7 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
     return SlurmPriorityModel(
         weights=weights_from_options(options, source), qos_priority=dict(qos_priority or {}),
         partitions=parts, node_count=node_count, cluster_cpus=cluster_cpus, partition_tres=tres, source=source,
+        scheduler_depth=scheduler_depth(scheduler_parameters(options.get("schedulerparameters", ""))),
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from dike_slurm.accounting import read_sacct_file
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
+from dike_slurm.head_window import DEFAULT_BF_MAX_JOB_TEST, scheduler_parameters
 from dike_slurm.model import Topology
 from dike_slurm.parsing.slurm_conf import ClusterConf, load_cluster
 from dike_slurm.policies.dike import DikeParams
@@ -28,7 +29,6 @@ from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protec
 # Slurm's defaults for the SchedulerParameters the simulator honours.
 DEFAULT_MAX_SWITCH_WAIT_S = 300
 DEFAULT_BF_WINDOW_MIN = 1440
-DEFAULT_BF_MAX_JOB_TEST = 500
 DEFAULT_BF_INTERVAL_S = 30
 DEFAULT_CRED_EXPIRE_S = 120  # AuthInfo cred_expire
 DEFAULT_SCHED_INTERVAL_S = 60
@@ -84,17 +84,6 @@ def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> Repl
                        read.has_comment)
 
 
-def scheduler_parameters(conf: ClusterConf) -> dict[str, str]:
-    """slurm.conf `SchedulerParameters=a=1,b,c=2` as a dict (flags map to "")."""
-    raw = conf.options.get("schedulerparameters", "")
-    parameters = {}
-    for item in raw.split(","):
-        key, _, value = item.strip().partition("=")
-        if key:
-            parameters[key.lower()] = value
-    return parameters
-
-
 def _int_parameter(parameters: dict[str, str], key: str, default: int, source: str) -> int:
     if key not in parameters:
         return default
@@ -114,7 +103,7 @@ def sim_settings(
     replay = config.replay
     chosen = replay.preemptible if preemptible is None else preemptible
     opt_in = config.engine.preemption_opt_in if chosen == "live" else None
-    parameters = scheduler_parameters(conf)
+    parameters = scheduler_parameters(conf.options.get("schedulerparameters", ""))
     max_switch_wait = replay.max_switch_wait_s
     if max_switch_wait is None:
         max_switch_wait = _int_parameter(parameters, "max_switch_wait", DEFAULT_MAX_SWITCH_WAIT_S, source)

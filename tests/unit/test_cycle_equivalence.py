@@ -69,6 +69,7 @@ def reference_diff(
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
+    The head window is `engine.head_window` jobs per partition (unset or 0: none).
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
@@ -80,6 +81,7 @@ def reference_diff(
     rank = {job_id: i for i, job_id in enumerate(decisions.order())}
     priorities = {p.job_id: p for p in decisions.priorities}
     placements = {p.job_id: p for p in decisions.placements}
+    inside = reference_window(snapshot, decisions, engine.head_window or 0)
     contexts = []
     for job in snapshot.jobs:
         decision = priorities.get(job.job_id)
@@ -98,12 +100,13 @@ def reference_diff(
         if changed:
             hands_off |= changed[0]
             hands_off_reason = changed[1]
+        outside = inside is not None and job.state is JobState.PENDING and job.job_id not in inside
         needed = (
-            not exempt
+            not exempt and not outside
             and priority_needed(key, job, decision, wanted, value_now, tolerance, owned, remembered, hands_off)
         )
         contexts.append(_JobContext(job, decision, owned, remembered, value_now, wanted, exempt, hands_off,
-                                    hands_off_reason, needed))
+                                    hands_off_reason, needed, outside=outside))
     reference_keep_policy_order(contexts, key)
     plans = []
     for context in contexts:
@@ -119,19 +122,26 @@ def reference_diff(
             placement_wanted=(
                 placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
             ),
+            outside_window=context.outside,
         )
         if context.exempt:
             plans.append(JobPlan(managed=False, note=f"exempt ({config.scope.exempt_tag} in comment)",
                                  writes=(), **common))
             continue
         writes = []
-        written = reference_priority_write(context, key, cluster, rank, engine.admin_comment)
+        if context.outside and not reference_considered(job, snapshot.time):
+            written = None  # Slurm does not look at it yet: it keeps what it has
+        elif context.outside:
+            written = reference_window_release(context, key, cluster, rank.get(job.job_id, len(rank)))
+        else:
+            written = reference_priority_write(context, key, cluster, rank, engine.admin_comment)
         if written is not None:
             writes.append(written)
-        written = reference_placement_write(
-            job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, len(rank))
-        )
-        if written is not None:
+        if not context.outside:
+            written = reference_placement_write(
+                job, placement_decision, context.owned, context.hands_off, rank.get(job.job_id, len(rank))
+            )
+        if written is not None and not context.outside:
             writes.append(written)
         plans.append(
             JobPlan(managed=True, note=context.hands_off_reason, writes=tuple(writes),
@@ -139,6 +149,47 @@ def reference_diff(
                     hands_off_reason=context.hands_off_reason, **common)
         )
     return plans, notes
+
+
+def reference_window(snapshot: Snapshot, decisions: Decisions, size: int) -> set[int] | None:
+    """The first `size` pending jobs of each partition in the policy's order that Slurm considers
+    (not held, not waiting on a dependency or a begin time); None: no window."""
+    if not size:
+        return None
+    jobs = {j.job_id: j for j in snapshot.jobs}
+    last = {p.job_id: p for p in decisions.priorities}
+    taken: dict[str, list[int]] = {}
+    inside = set()
+    for decision in decisions.ranked():
+        job = jobs.get(decision.job_id)
+        if job is None or last[job.job_id] is not decision or not reference_considered(job, snapshot.time):
+            continue
+        for partition in job.partition.split(","):
+            head = taken.setdefault(partition, [])
+            if len(head) < size:
+                head.append(job.job_id)
+                inside.add(job.job_id)
+    return inside
+
+
+def reference_considered(job: Job, now: float) -> bool:
+    """Pending, and Slurm's scheduler considers it: not held, no dependency, eligible by now."""
+    if job.state is not JobState.PENDING:
+        return False
+    if job.slurm_reason in ("Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin"):
+        return False
+    return job.eligible_time is None or job.eligible_time <= now
+
+
+def reference_window_release(context: _JobContext, key: JobField, cluster: ClusterState, rank: int) -> PlannedWrite | None:
+    """A job beyond the window: the strategy field it owns back to its original, and let go."""
+    if key not in context.owned or key in context.hands_off:
+        return None
+    job_id = context.job.job_id
+    before, original = strategy_now(key, context.job, cluster, context.owned)
+    return PlannedWrite(job_id, JobUpdate.of(job_id, {key: original} if before != original else {}),
+                        JobUpdate.of(job_id, {key: original}), ((key, original),), (key,),
+                        "beyond the head window: Slurm's own factors order it", rank, ((key, before),))
 
 
 def reference_keep_policy_order(contexts: list[_JobContext], key: JobField) -> None:
@@ -153,7 +204,7 @@ def reference_keep_policy_order(contexts: list[_JobContext], key: JobField) -> N
     chain = sorted(
         (c for c in contexts
          if c.job.state is JobState.PENDING and c.decision is not None and c.wanted is not None
-         and not c.exempt and key not in c.hands_off),
+         and not c.exempt and not c.outside and key not in c.hands_off),
         key=lambda c: (-c.decision.score, c.job.job_id),  # type: ignore[union-attr]
     )
 
@@ -364,6 +415,7 @@ def cycles(draw):
         "max_changes_per_cycle": draw(st.sampled_from([0, 3, 1000])),
         "breaker_min_jobs": draw(st.sampled_from([0, 1000])),
         "breaker_change_fraction": draw(st.sampled_from([0.5, 1.0])),
+        "head_window": draw(st.sampled_from([None, 0, 1, 2, 5])),
     }})
     ids = draw(st.lists(st.integers(1, 60), unique=True, max_size=25))
     jobs, owned, memory, site_factors, admin_comments = [], {}, {}, {}, {}
@@ -374,6 +426,9 @@ def cycles(draw):
             placement=draw(PLACEMENTS), comment=draw(st.sampled_from(["", "dike:exempt", "x"])),
             nice=draw(st.integers(-100, 5)), priority=draw(VALUES[JobField.PRIORITY]),
             attained_gpu_s=draw(st.sampled_from([0.0, 1080.0, 3600.0])),
+            partition=draw(st.sampled_from(["a", "a", "b", "a,b"])),
+            slurm_reason=draw(st.sampled_from(["", "", "", "Priority", "Dependency", "JobHeldUser"])),
+            eligible_time=draw(st.sampled_from([None, 0.0, 0.0, 60.0])),
         ))
         fields = draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=4))
         if fields:
@@ -412,11 +467,16 @@ def cycles(draw):
     return snapshot, Decisions(priorities, placements), cluster, memory, owned, config, ceiling
 
 
+def engine_diff(*cycle_and_memory):
+    """reconcile.diff with the window the engine sizes from the config (`engine.head_window`)."""
+    return reconcile.diff(*cycle_and_memory, window=cycle_and_memory[5].engine.head_window or 0)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cycles())
 def test_the_diff_equals_the_straightforward_diff(cycle):
     snapshot, decisions, cluster, memory, owned, config, ceiling = cycle
-    plans, notes = reconcile.diff(snapshot, decisions, cluster, memory, owned, config, ceiling)
+    plans, notes = engine_diff(snapshot, decisions, cluster, memory, owned, config, ceiling)
     expected, expected_notes = reference_diff(snapshot, decisions, cluster, memory, owned, config, ceiling)
     assert plans == expected and notes == expected_notes
     assert all(type(p) is JobPlan and type(w) is PlannedWrite for p in plans for w in p.writes)
@@ -493,7 +553,7 @@ def test_a_diff_that_keeps_its_memory_equals_the_straightforward_diff(cycle, dat
     after cycle, its plans, notes and the guardrails' verdict are the reference's."""
     memory = reconcile.DiffMemory()
     for _ in range(data.draw(st.integers(1, 4))):
-        plans, notes = reconcile.diff(*cycle, memory)
+        plans, notes = engine_diff(*cycle, memory)
         expected, expected_notes = reference_diff(*cycle)
         assert plans == expected and notes == expected_notes
         owned, config = cycle[4], cycle[5]
@@ -501,8 +561,8 @@ def test_a_diff_that_keeps_its_memory_equals_the_straightforward_diff(cycle, dat
         cycle = data.draw(next_cycle(cycle))
     # the memory is used: a quiet cycle takes every job's side from the last one, and a plan
     # without writes is the same object
-    before, _ = reconcile.diff(*cycle, memory)
-    quiet, _ = reconcile.diff(*again(cycle), memory)
+    before, _ = engine_diff(*cycle, memory)
+    quiet, _ = engine_diff(*again(cycle), memory)
     assert quiet == reference_diff(*again(cycle))[0]
     assert memory.carried == len(cycle[0].jobs)
     assert all(q is b for b, q in zip(before, quiet) if not b.writes)
@@ -596,7 +656,7 @@ def test_one_step_builders_equal_the_constructors():
     assert write.kind == PlannedWrite(*args).kind
     built = reconcile._job_update(1, update.values)
     assert built == update and built.__dict__ == update.__dict__ and hash(built) == hash(update)
-    values = (job, True, "note", 1, "why", False, 5, 6, None, (write,), (JobField.NICE,), "note")
+    values = (job, True, "note", 1, "why", False, 5, 6, None, (write,), (JobField.NICE,), "note", True)
     plan = reconcile._job_plan(*values)
     assert plan == JobPlan(*values) and plan.__dict__ == JobPlan(*values).__dict__
     assert hash(plan) == hash(JobPlan(*values))
