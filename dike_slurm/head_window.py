@@ -76,24 +76,27 @@ def considered(job: Job, now: float) -> bool:
     return job.eligible_time is None or job.eligible_time <= now
 
 
-def head_window(ranked: Iterable[tuple[int, str]], size: int) -> frozenset[int] | None:
+def head_window(ranked: Iterable[tuple[int, str, bool]], size: int) -> frozenset[int] | None:
     """The jobs inside the window: the first `size` of each partition, in the order given.
 
-    `ranked`: (job id, partition list as squeue prints it: "a,b") of the considered pending jobs,
-    the policy's first job first. A job of several partitions takes a place in each and is inside
-    when it is inside any. None when `size` is 0: no window, every job is ordered.
+    `ranked`: (job id, partition list as squeue prints it: "a,b", whether Slurm considers it) of the
+    pending jobs, the policy's first job first. A considered job takes a place in each of its
+    partitions and is inside when it took one; a job Slurm does not consider yet (held, a
+    dependency, a begin time: a requeued job's hold) takes no place, and is inside when a place
+    was left where it stands. None when `size` is 0: no window, every job is ordered.
     """
     if size <= 0:
         return None
     taken: dict[str, int] = {}
     inside = []
-    for job_id, partitions in ranked:
+    for job_id, partitions, counts in ranked:
         within = False
         for partition in partitions.split(","):
             count = taken.get(partition, 0)
             if count < size:
-                taken[partition] = count + 1
                 within = True
+                if counts:
+                    taken[partition] = count + 1
         if within:
             inside.append(job_id)
     return frozenset(inside)
@@ -101,13 +104,13 @@ def head_window(ranked: Iterable[tuple[int, str]], size: int) -> frozenset[int] 
 
 def policy_window(ranked: Sequence[SetPriority], latest: Mapping[int, SetPriority], jobs: Mapping[int, Job],
                   now: float, size: int) -> frozenset[int] | None:
-    """The window over the considered pending `jobs` in the policy's order (`ranked`:
-    Decisions.ranked(); a decision that is not `latest` for its job is passed over). None: no window."""
+    """The window over the pending `jobs` in the policy's order (`ranked`: Decisions.ranked(); a
+    decision that is not `latest` for its job is passed over). None: no window."""
     if size <= 0:
         return None
     heads = []
     for decision in ranked:
         job = jobs.get(decision.job_id)
-        if job is not None and latest[decision.job_id] is decision and considered(job, now):
-            heads.append((decision.job_id, job.partition))
+        if job is not None and latest[decision.job_id] is decision and job.state is JobState.PENDING:
+            heads.append((decision.job_id, job.partition, considered(job, now)))
     return head_window(heads, size)

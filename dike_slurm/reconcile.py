@@ -30,7 +30,7 @@ from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
-from dike_slurm.head_window import considered, policy_window
+from dike_slurm.head_window import policy_window
 from dike_slurm.service_prior import Prediction
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan
 from dike_slurm.usage import Run
@@ -130,7 +130,6 @@ class _JobContext:
     needed: bool
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
     outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
-    waiting: bool = False  # ... and Slurm does not consider it yet (held, a dependency, a begin time)
     basis: tuple = ()  # what `plan` was made of besides the job's side (see diff)
     plan: JobPlan | None = None
 
@@ -317,7 +316,6 @@ def diff(
                 wanted = -wanted
         context.wanted = wanted
         context.outside = inside is not None and job.state is JobState.PENDING and job_id not in inside
-        context.waiting = context.outside and not considered(job, snapshot.time)
         context.needed = not context.exempt and not context.outside and priority_needed(
             key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
         contexts[job_id] = context
@@ -338,7 +336,7 @@ def diff(
         # side and the rank; the constraint decision's reason only goes into a write)
         basis = (context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
                  placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
-                 write_comment, context.outside, context.waiting)
+                 write_comment, context.outside)
         plan = context.plan
         if plan is None or plan.writes or context.basis != basis:
             plan = _plan_one(context, level, reason, promoted, placement_decision, key, cluster, rank, unranked,
@@ -376,8 +374,7 @@ def _plan_one(context: _JobContext, level: int | None, reason: str, promoted: bo
                          placement_wanted, (), (), "", context.outside)
     writes: tuple[PlannedWrite, ...] = ()
     if context.outside:  # no write but the strategy field handed back; constraints wait for the window
-        # (a job Slurm does not consider yet keeps what it has: it takes no place, and asks for nothing)
-        written = None if context.waiting else window_release(context, key, cluster, rank.get(job.job_id, unranked))
+        written = window_release(context, key, cluster, rank.get(job.job_id, unranked))
     else:
         written = priority_write(context, key, cluster, rank, write_comment)
     if written is not None:

@@ -8,16 +8,21 @@ decayed with the site's PriorityDecayHalfLife, recalculated with the order at ev
 `engine_writes` turns a policy's decisions into the values the live engine writes with the same
 configuration: mapped onto [1, span - reserve] against the policy's ceiling (a protected job: span), left alone within the
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
-order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine's own functions).
+order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine's own functions);
+beyond the head window a value is handed back (dike_slurm/head_window.py). `within_budget` keeps
+the writes the engine's guardrails and write budget let through in one cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
+from typing import NamedTuple
 
 from dike_slurm.backends.base import JobField
 from dike_slurm.decisions import Decisions
+from dike_slurm.model import Job, JobState
 from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, score_ceiling, wanted_value
 from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
@@ -92,10 +97,41 @@ class _Write:
         self.decision, self.value_now, self.wanted, self.needed = decision, value_now, wanted, needed
 
 
+class SimWrite(NamedTuple):
+    """One write the live engine would make this cycle, in the order its guardrails and write
+    budget take them (rank, job id, kind); `counted`: False for handing back a value Slurm already
+    holds (no call to Slurm, never held back)."""
+
+    rank: int
+    job_id: int
+    kind: str  # "placement" or "priority", as PlannedWrite.kind
+    counted: bool
+    land: Callable[[], None]
+
+
+def within_budget(writes: list[SimWrite], limit: int | None) -> list[SimWrite]:
+    """The writes that land this cycle: the first `limit` counted ones in the engine's order (None:
+    all), and every uncounted one."""
+    writes.sort(key=lambda w: (w.rank, w.job_id, w.kind))
+    if limit is None:
+        return writes
+    kept, counted = [], 0
+    for write in writes:
+        if write.counted:
+            if counted >= limit:
+                continue
+            counted += 1
+        kept.append(write)
+    return kept
+
+
 def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_ceiling: float | None,
-                  settings: SimSettings) -> None:
-    """Set each job's `written` value as the live engine would write it for these decisions
-    (reconcile.diff with the same settings; user changes and guardrails aside)."""
+                  settings: SimSettings, views: Mapping[int, Job], inside: frozenset[int] | None,
+                  rank: Mapping[int, int]) -> list[SimWrite]:
+    """The priority writes the live engine would make for decisions taken on `views` (reconcile.diff
+    with the same settings; user changes aside), not yet landed: a job is pending or running as the
+    engine saw it. `inside`: the head window (None: none); a pending job beyond it has its value
+    handed back."""
     key = STRATEGY_FIELD[settings.priority_strategy]
     span = settings.priority_span
     tolerance = settings.priority_tolerance * span
@@ -103,16 +139,27 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
     negate = key is JobField.NICE
     protected, reserve = frozenset(decisions.protected), settings.priority_reserve
     writes: dict[int, tuple[_Write, SimJob]] = {}
+    released: list[SimWrite] = []
+    unranked = len(rank)
+    pending: dict[int, bool] = {}
     for decision in decisions.priorities:
-        job = jobs.get(decision.job_id)
+        job, view = jobs.get(decision.job_id), views.get(decision.job_id)
         if job is None:
+            continue
+        seen_pending = pending[decision.job_id] = (
+            view.state is JobState.PENDING if view is not None else job.state == PENDING)
+        if inside is not None and seen_pending and decision.job_id not in inside:
+            if job.owned:
+                released.append(SimWrite(rank.get(decision.job_id, unranked), decision.job_id, "priority",
+                                         job.written != 0, partial(_release, job)))
+            writes.pop(decision.job_id, None)  # a later decision for the same job replaces an earlier one
             continue
         wanted = wanted_value(decision, protected, ceiling, span, reserve)
         if negate:
             wanted = -wanted
         value_now = job.written
         written_level = job.written_level if job.owned else None
-        if job.state == PENDING:
+        if seen_pending:
             needed = abs(wanted - value_now) > tolerance or (job.owned and written_level != decision.level)
         else:  # running: its value only matters once requeued; follow level changes only
             needed = (written_level if written_level is not None else 0) != decision.level
@@ -120,9 +167,30 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
     chain = []
     for decision in decisions.ranked():
         entry = writes.get(decision.job_id)
-        if entry is not None and entry[0].decision is decision and entry[1].state == PENDING:
+        if entry is not None and entry[0].decision is decision and pending[decision.job_id]:
             chain.append(entry[0])
     keep_policy_order(chain, key)  # type: ignore[arg-type]
-    for write, job in writes.values():
-        if write.needed:
-            job.written, job.written_level, job.owned = write.wanted, write.decision.level, True
+    comments = settings.admin_comment
+    landing = []
+    for job_id, (write, job) in writes.items():
+        level = write.decision.level
+        comment = comments and job.comment_level != level  # the AdminComment follows the level
+        if write.needed or comment:
+            # a call to Slurm when the value moves or the comment does (reconcile.priority_write)
+            counted = (write.needed and write.wanted != write.value_now) or comment
+            landing.append(SimWrite(rank.get(job_id, unranked), job_id, "priority", counted,
+                                    partial(_land, write, job, comments)))
+    return released + landing
+
+
+def _land(write: _Write, job: SimJob, comments: bool) -> None:
+    if write.needed:
+        job.written, job.written_level, job.owned = write.wanted, write.decision.level, True
+    if comments:
+        job.comment_level = write.decision.level
+
+
+def _release(job: SimJob) -> None:
+    """The engine hands the value back: SiteFactor/Nice 0 (the trace's jobs carry none of their
+    own), Priority back to Slurm's factors."""
+    job.written, job.written_level, job.owned = 0, None, False

@@ -52,6 +52,11 @@ class SimSettings:
     priority_span: int = 1_000_000
     priority_reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
     priority_tolerance: float = 0.01
+    # What the engine writes per cycle (dike_slurm/head_window.py, engine.write_budget_s): the
+    # pending jobs per partition it orders (0: every one), and the writes one cycle makes (None: all).
+    head_window: int = 0
+    writes_per_cycle: int | None = None
+    admin_comment: bool = True  # engine.admin_comment: a level change is a write of its own
 
     @property
     def preemptible_choice(self) -> float | str:

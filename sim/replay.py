@@ -14,7 +14,7 @@ from pathlib import Path
 from dike_slurm.accounting import read_sacct_file
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
-from dike_slurm.head_window import DEFAULT_BF_MAX_JOB_TEST, scheduler_parameters
+from dike_slurm.head_window import DEFAULT_BF_MAX_JOB_TEST, scheduler_depth, scheduler_parameters, window_size
 from dike_slurm.model import Topology
 from dike_slurm.parsing.slurm_conf import ClusterConf, load_cluster
 from dike_slurm.policies.dike import DikeParams
@@ -141,7 +141,18 @@ def sim_settings(
         priority_span=effective_span(engine.priority_mode, engine.priority_span, model),
         priority_reserve=protection_reserve(model),
         priority_tolerance=engine.priority_tolerance,
+        head_window=window_size(engine.head_window, engine.head_window_margin, scheduler_depth(parameters)),
+        writes_per_cycle=writes_per_cycle(engine.max_changes_per_cycle, engine.write_budget_s, replay.write_cost_s),
+        admin_comment=engine.admin_comment,
     )
+
+
+def writes_per_cycle(cap: int, budget_s: float, cost_s: float) -> int | None:
+    """The writes the live engine makes in one cycle: its cap, and as many as its write budget
+    holds at `cost_s` each (0: writes take no time, only the cap holds them back)."""
+    if cost_s <= 0:
+        return cap
+    return min(cap, int(budget_s / cost_s))
 
 
 def slurm_priority_model(config: Config, conf: ClusterConf, source: str) -> SlurmPriorityModel:

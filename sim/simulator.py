@@ -28,13 +28,14 @@ from operator import attrgetter
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, service_forgiven
 from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
+from dike_slurm.head_window import policy_window
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.service_prior import FinishedJob, PriorLearner
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import SortedBlocks
-from dike_slurm.sim.priority import SlurmOrder, engine_writes
+from dike_slurm.sim.priority import SimWrite, SlurmOrder, engine_writes, within_budget
 from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
 from dike_slurm.sim.records import JobResult, SimSettings, SimStats, Timeline
 from dike_slurm.sim.scheduler import Shape, SlurmScheduler, next_tick
@@ -629,8 +630,11 @@ class Simulator:
                 attained = view.attained_gpu_s if view is not None else job.attained
                 job.promoted_at = service_forgiven(job.promoted_at, decision.promoted, attained)
                 job.pending_view = None
+        held: set[int] = set()  # jobs whose constraints the engine does not write this cycle
         if written is None:
-            engine_writes(decisions, active, self.declared_ceiling, self.settings)
+            landing, held = self._engine_writes(decisions, views, decided_at)
+            for write in landing:
+                write.land()
         else:
             for job_id, job in active.items():
                 value = written.get(job_id)
@@ -641,7 +645,7 @@ class Simulator:
             running = {job_id: view for job_id, view in views.items() if view.state is JobState.RUNNING}
             decisions, refused = guard_requeues(decisions, running, decided_at, self.requeue_limits)
             self.stats.requeues_refused += len(refused)
-        self._apply_placements(decisions)
+        self._apply_placements(decisions, held)
         for requeue in decisions.requeues:
             job = active.get(requeue.job_id)
             if job is not None and job.state == RUNNING:
@@ -649,8 +653,46 @@ class Simulator:
                 self._freed_for(requeue.for_job, decisions)
         self.timeline.add_levels(now, Counter(map(attrgetter("level"), decisions.priorities)))
 
-    def _apply_placements(self, decisions: Decisions) -> None:
-        """The cycle's placements are the wanted constraints: one not re-asserted is removed."""
+    def _engine_writes(self, decisions: Decisions, views: Mapping[int, Job],
+                       decided_at: float) -> tuple[list[SimWrite], set[int]]:
+        """The priority writes the live engine would land for decisions made on the views of
+        `decided_at` (inside the head window, within the guardrails' cap and the write budget, first
+        jobs first), and the jobs whose constraint it would not write this cycle."""
+        settings = self.settings
+        ranked = decisions.ranked()
+        rank = {decision.job_id: index for index, decision in enumerate(ranked)}
+        latest = {decision.job_id: decision for decision in decisions.priorities}
+        inside = policy_window(ranked, latest, views, decided_at, settings.head_window)
+        writes = engine_writes(decisions, self.active, self.declared_ceiling, settings, views, inside, rank)
+        unranked, held = len(rank), set()
+        for job_id, placement in self._wanted_placements(decisions).items():
+            job = self.active.get(job_id)
+            if job is None or job.state != PENDING:
+                continue
+            if inside is not None and job_id not in inside:
+                held.add(job_id)  # beyond the window: its constraint waits until it comes near the head
+            elif placement != job.placement:
+                writes.append(SimWrite(rank.get(job_id, unranked), job_id, "placement", True, _no_op))
+        kept = within_budget(writes, settings.writes_per_cycle)
+        held |= {w.job_id for w in writes if w.kind == "placement"} - {w.job_id for w in kept if w.kind == "placement"}
+        return [w for w in kept if w.kind == "priority"], held
+
+    def _wanted_placements(self, decisions: Decisions) -> dict[int, Placement]:
+        """The constraint each job should carry after the cycle: the policy's, none where it asks to
+        clear one, none for a job the engine constrained that the cycle does not name again."""
+        wanted: dict[int, Placement] = {}
+        for decision in decisions.placements:
+            if isinstance(decision, SetPlacement):
+                wanted[decision.job_id] = decision.placement
+            elif isinstance(decision, ClearPlacement):
+                wanted[decision.job_id] = NO_PLACEMENT
+        for job_id in self.engine_placed:
+            wanted.setdefault(job_id, NO_PLACEMENT)
+        return wanted
+
+    def _apply_placements(self, decisions: Decisions, held: set[int]) -> None:
+        """The cycle's placements are the wanted constraints: one not re-asserted is removed.
+        `held`: jobs whose constraint the engine does not write this cycle (they keep theirs)."""
         wanted: dict[int, Placement] = {}
         for decision in decisions.placements:
             if isinstance(decision, SetPlacement):
@@ -659,6 +701,8 @@ class Simulator:
                 wanted[decision.job_id] = NO_PLACEMENT
         active = self.active
         for job_id, placement in wanted.items():
+            if job_id in held:
+                continue
             job = active.get(job_id)
             if job is not None and job.state == PENDING:
                 self._set_placement(job, placement)
@@ -670,7 +714,7 @@ class Simulator:
             job = active.get(job_id)
             if job is None:
                 self.engine_placed.discard(job_id)
-            elif job.state == PENDING:
+            elif job.state == PENDING and job_id not in held:
                 self._set_placement(job, NO_PLACEMENT)
                 self.engine_placed.discard(job_id)
 
@@ -680,3 +724,7 @@ class Simulator:
         job.pending_view = None
         job.running_base = None
         self.scheduler.constrain(job, placement, self.now)
+
+
+def _no_op() -> None:
+    """A constraint write lands in _apply_placements (after the queue order, as it always did)."""

@@ -129,9 +129,7 @@ def reference_diff(
                                  writes=(), **common))
             continue
         writes = []
-        if context.outside and not reference_considered(job, snapshot.time):
-            written = None  # Slurm does not look at it yet: it keeps what it has
-        elif context.outside:
+        if context.outside:
             written = reference_window_release(context, key, cluster, rank.get(job.job_id, len(rank)))
         else:
             written = reference_priority_write(context, key, cluster, rank, engine.admin_comment)
@@ -153,7 +151,8 @@ def reference_diff(
 
 def reference_window(snapshot: Snapshot, decisions: Decisions, size: int) -> set[int] | None:
     """The first `size` pending jobs of each partition in the policy's order that Slurm considers
-    (not held, not waiting on a dependency or a begin time); None: no window."""
+    (not held, not waiting on a dependency or a begin time), and the jobs it does not consider that
+    stand where a place was left; None: no window."""
     if not size:
         return None
     jobs = {j.job_id: j for j in snapshot.jobs}
@@ -162,13 +161,14 @@ def reference_window(snapshot: Snapshot, decisions: Decisions, size: int) -> set
     inside = set()
     for decision in decisions.ranked():
         job = jobs.get(decision.job_id)
-        if job is None or last[job.job_id] is not decision or not reference_considered(job, snapshot.time):
+        if job is None or last[job.job_id] is not decision or job.state is not JobState.PENDING:
             continue
         for partition in job.partition.split(","):
             head = taken.setdefault(partition, [])
             if len(head) < size:
-                head.append(job.job_id)
                 inside.add(job.job_id)
+                if reference_considered(job, snapshot.time):
+                    head.append(job.job_id)
     return inside
 
 

@@ -199,3 +199,27 @@ def test_a_quiet_cycle_rewrites_no_memory_and_remembers_what_rewriting_every_job
         assert all(kept[j].last_seen >= now - FORGET_AFTER_S - LAST_SEEN_EVERY_S for j in set(kept) - set(truth))
     assert backend.finished() and backend.summary() == reference_backend.summary()
     assert skipped > 0, "no quiet cycle skipped a memory"
+
+
+@pytest.mark.parametrize("hold_nodes", ["never", "blocked"])
+def test_the_engine_reproduces_the_replay_with_a_head_window_and_a_write_cap(busy_trace, tmp_path, hold_nodes):
+    """A window of 3 pending jobs per partition and 4 writes per cycle, both binding on the busy
+    trace: the engine hands back the values of jobs that fall beyond the window, holds back the
+    queue's tail, and the replay (sim/priority.py: engine_writes, within_budget) lands the same."""
+    cfg = config(busy_trace, tmp_path / "state.sqlite")
+    cfg = cfg.model_copy(update={
+        "engine": cfg.engine.model_copy(update={"head_window": 3, "max_changes_per_cycle": 4}),
+        "policies": {"dike": {**cfg.policies["dike"], "hold_nodes": hold_nodes, "preemption": False}},
+    })
+    backend, reports, _ = run_to_the_end(cfg, apply=True)
+    replay_input = load_input(busy_trace / "sacct.txt", busy_trace / "slurm.conf", None)
+    settings = sim_settings(cfg, replay_input.conf)
+    assert (settings.head_window, settings.writes_per_cycle) == (3, 4)
+    replayed = run_policy("dike", replay_input, cfg, settings)
+    assert backend.summary() == replayed.metrics.summary
+    released = [w for r in reports for w, o in r.outcomes if o.ok and JobField.SITE_FACTOR in w.restores]
+    assert released and all("beyond the head window" in w.reason for w in released)
+    assert any(r.plan.held_back for r in reports)
+    outside = [p for r in reports for p in r.plan.jobs if p.outside_window]
+    assert outside and not any(w.update.values and JobField.SITE_FACTOR not in w.restores
+                               for p in outside for w in p.writes)
