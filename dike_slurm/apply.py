@@ -39,7 +39,8 @@ UNCONFIRMED = "unconfirmed: the engine stopped before Slurm answered"
 # Writes go to the backend in batches (one fed scontrol each, backends/scontrol_stdin.py): small
 # first, so that a cluster refusing every write costs a few writes, then doubling while no write
 # failed; the first batch and any after a failure hold no more writes than the circuit breaker
-# still allows to fail. The cycle deadline is checked between batches.
+# still allows to fail. The cycle deadline and the write budget (engine.write_budget_s) are checked
+# between batches.
 FIRST_BATCH = 4
 MAX_BATCH = 512
 
@@ -59,6 +60,7 @@ class CycleReport:
     notes: tuple[str, ...] = ()
     denied: str = ""  # Slurm refused a write for lack of rights: what to grant (the cycle stopped writing)
     preemption_totals: Mapping[str, int] = field(default_factory=dict)  # landed, wasted, gone since the store began
+    budget_held: int = 0  # planned writes the write budget left for the next cycle
 
 
 def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
@@ -120,8 +122,18 @@ class Applier:
             self._audit_skipped(plan, cycle, plan.writes, stopped)
         index, size = 0, FIRST_BATCH
         writes = () if stopped else plan.writes
+        writing_since = self.clock()
+        budget_held = 0
         while index < len(writes):
             left = engine.cycle_deadline_s - (self.clock() - started)
+            spent = self.clock() - writing_since
+            if spent >= engine.write_budget_s and errors < engine.breaker_max_errors and left >= 0:
+                # the queue's tail waits for the next cycle, which plans it again (not audited one
+                # by one: at a big site that would be thousands of rows a cycle)
+                budget_held = len(writes) - index
+                notes.append(f"write budget {engine.write_budget_s:g}s used ({spent:.1f}s, {index} write(s)): "
+                             f"{budget_held} write(s) further down the queue wait for the next cycle")
+                break
             if errors >= engine.breaker_max_errors:
                 stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
                 self._trip(f"{errors} failed writes in cycle {cycle}")
@@ -190,6 +202,7 @@ class Applier:
         report = CycleReport(
             plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
             plan.read_calls + write_calls, write_calls, tuple(notes), denied, self.store.preemption_totals(),
+            budget_held,
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))

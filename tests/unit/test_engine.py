@@ -209,6 +209,36 @@ def test_writes_go_in_batches_that_double_and_the_breaker_bounds_them(tmp_path, 
     assert len(report.outcomes) == sum(backend.batches) == (100 if errors < breaker else sum(first))
 
 
+class SlowBatches(Batches):
+    """Each fed batch takes 0.6 s of the engine's clock."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def apply_many(self, updates, timeout=None):
+        self.now += 0.6
+        return super().apply_many(updates, timeout)
+
+
+def test_the_write_budget_writes_the_head_of_the_queue_and_leaves_the_tail_for_the_next_cycle(tmp_path):
+    backend = SlowBatches([pending(i, f"u{i % 7}") for i in range(1, 101)], nodes(), TOPOLOGY, time=NOW)
+    cfg = config(tmp_path, engine={"write_budget_s": 1.0})
+    first = Engine(cfg, backend, StateStore(cfg.engine.state_db), clock=backend.clock).cycle(apply=True)
+    # 4 writes by 0.6 s, 8 more by 1.2 s: the budget is spent, 88 wait (counted, noted, not audited)
+    assert backend.batches == [4, 8] and first.budget_held == 88
+    assert any("write budget 1s used" in n and "88 write(s)" in n for n in first.notes)
+    order = [w.job_id for w in first.plan.writes]
+    assert [w.job_id for w, o in first.outcomes if o.ok] == order[:12]
+    assert len(list(StateStore(cfg.engine.state_db).iter_audit())) == 12
+    backend.time = NOW + 60
+    second = Engine(cfg, backend, StateStore(cfg.engine.state_db), clock=backend.clock).cycle(apply=True)
+    assert [w.job_id for w, o in second.outcomes][:12] == order[12:24]  # the tail, from where it stopped
+
+
 def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_factor_falls(tmp_path):
     cfg = config(tmp_path)
     backend = cluster(running(1, gpus=8, ran=60), alloc={"n1": 8})
