@@ -49,6 +49,8 @@ QUICK_REPLAY_SIZES = (10_000, 100_000)  # at communication penalty 0: the cluste
 MILLION_POLICIES = ("fifo",)  # --full: every replay policy
 CONGESTED_PENALTY = 1.0  # the configuration's default: the 100k trace's queue grows to thousands
 NLOGN_SLACK = 1.2  # n log n over 1k..50k has a log-log slope of about 1.1
+WRITE_COST_S = Config().replay.write_cost_s  # one write on the lab (docs/benchmarks.md, "Writes on the real lab")
+WRITE_BUDGET_S = Config().engine.write_budget_s
 
 
 class Timed:
@@ -304,6 +306,18 @@ def targets(cycle_rows: list[dict], replay_rows: list[dict], console: Console) -
                 lines.append(f"cycle at {big['size']}, {name}, {kind} (lean read): {p['cycle_s']:.2f} s (target < 1 s: "
                              f"{'met' if p['cycle_s'] < 1 else 'MISSED'}), {p['ratio_to_floor']:.1f}x floor "
                              f"(target <= 3x: {'met' if p['ratio_to_floor'] <= 3 else 'MISSED'})")
+            # issue 28 (write what matters): what the writes grow with, and what they cost
+            minute, pending = first["minute_later"], big["pending"]
+            lines.append(f"writes at {big['size']}, {name}: a quiet minute later {minute['writes']} "
+                         f"({minute['writes'] / pending:.2%} of the pending jobs; target <= 1%: "
+                         f"{'met' if minute['writes'] <= 0.01 * pending else 'MISSED'}), its apply "
+                         f"{minute['apply_s']:.2f} s of engine CPU (target <= 1 s: "
+                         f"{'met' if minute['apply_s'] <= 1 else 'MISSED'}); a running engine's quiet plan "
+                         f"{first['steady_running']['cycle_s']:.2f} s (target <= 1 s: "
+                         f"{'met' if first['steady_running']['cycle_s'] <= 1 else 'MISSED'}); a first cycle's "
+                         f"{first['writes']} writes take {first['writes'] * WRITE_COST_S:.1f} s at "
+                         f"{WRITE_COST_S * 1000:g} ms each (the lab's fed scontrol; target <= the "
+                         f"{WRITE_BUDGET_S:g} s write budget: {'met' if first['writes'] * WRITE_COST_S <= WRITE_BUDGET_S else 'MISSED'})")
     for row in replay_rows:
         if row["size"] == 100_000:
             seconds = row.get("replay_s")

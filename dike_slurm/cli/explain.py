@@ -41,6 +41,8 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "next_writes": [", ".join(f"{k.value}={_value(v)}" for k, v in w.update.values) or "(release)"
                             for w in found.writes],
             "write_reasons": [w.reason for w in found.writes],
+            "beyond_head_window": found.outside_window,
+            "head_window": plan.window or None,
         }}
     elif outside is not None:
         job_id = outside.job_id
@@ -95,14 +97,24 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
                            if k not in ("comm_rules",))
         lines.append(f"  policy {document['policy']}: {params}")
         planned = job["priority_planned"]
-        lines.append(f"  {job['priority_field']}: now {job['priority_now']}, "
-                     f"planned {planned if planned is not None else 'nothing (a running job keeps its value)'}")
+        if job["beyond_head_window"]:
+            lines += [
+                f"  beyond the head window: the engine orders the first {job['head_window']} pending jobs of each "
+                "partition in the policy's order (what Slurm's scheduler looks at, SchedulerParameters "
+                "bf_max_job_test, with a margin: engine.head_window);",
+                f"  this job stands further down, so Slurm's own factors order it ({job['priority_field']} back to "
+                "what it was before the engine). That changes nothing Slurm does now: its passes reach this "
+                "far only once the jobs ahead start, and the engine orders it as soon as it comes within the window.",
+            ]
+        else:
+            lines.append(f"  {job['priority_field']}: now {job['priority_now']}, "
+                         f"planned {planned if planned is not None else 'nothing (a running job keeps its value)'}")
         lines.append(f"  constraint now: {job['placement_now']}; wanted: {job['placement_planned'] or 'none'}")
         if job["left_to_user"]:
             lines.append(f"  left to the user: {job['left_to_user']}")
         for change, reason in zip(job["next_writes"], job["write_reasons"]):
             lines.append(f"  next cycle writes: {change} ({reason})")
-        if job["managed"] and not job["next_writes"]:
+        if job["managed"] and not job["next_writes"] and not job["beyond_head_window"]:
             lines.append("  next cycle writes nothing: Slurm already holds what the policy wants")
     for owned in document["owned"]:
         lines.append(f"  engine owns {owned['field']}: wrote {owned['written']}, original {owned['original']}")

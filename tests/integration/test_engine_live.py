@@ -357,3 +357,31 @@ def test_the_other_priority_strategies_write_and_revert(slurm_lab, engine, strat
     restored = sprio_lists(lab, heavy_user, light_user)  # a released job is eligible again a moment later
     for job in (heavy_user, light_user):
         assert abs(restored[job][1] - before[job][1]) < 1000  # Slurm's own priority again (age may add a little)
+
+
+def test_beyond_the_head_window_slurms_own_factors_order_the_queue(slurm_lab, engine):
+    """The window's size comes from the lab's own `scontrol show config` (no bf_max_job_test in
+    its SchedulerParameters: Slurm's 500, times the margin 2). Narrowed to 2 jobs, the engine hands
+    the others their SiteFactor back (0 in sprio), says why in explain, and then writes nothing."""
+    import json
+
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    jobs = [lab.sbatch("--gres=gpu:1", "--wrap", "sleep 5", user=user) for user in ("dikeuser1", "dikeuser2") * 3]
+    sprio_lists(lab, *jobs)
+    assert engine.cycle(**QUIET)["errors"] == 0
+    document = json.loads(engine("explain", str(jobs[0]), "--json", **QUIET).stdout)
+    assert document["job"]["head_window"] == 1000 and document["job"]["beyond_head_window"] is False
+    assert all(site_factors(lab)[job][0] > 0 for job in jobs)
+    narrow = {**QUIET, "DIKE_ENGINE__HEAD_WINDOW": "2"}
+    counts = engine.cycle(**narrow)
+    assert counts["errors"] == 0 and counts["written"] == 4
+    factors = site_factors(lab)
+    inside = [job for job in jobs if factors[job][0] > 0]
+    beyond = [job for job in jobs if factors[job][0] == 0]
+    assert len(inside) == 2 and len(beyond) == 4
+    assert min(factors[job][1] for job in inside) > max(factors[job][1] for job in beyond)
+    text = engine("explain", str(beyond[0]), **narrow).stdout
+    assert "beyond the head window: the engine orders the first 2 pending jobs of each partition" in text, text
+    again = engine.cycle(**narrow)
+    assert again["writes"] == 0 and again["written"] == 0, engine("explain", str(beyond[0]), **narrow).stdout

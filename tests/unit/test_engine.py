@@ -391,3 +391,27 @@ def test_a_cycle_bounds_its_reads_by_the_cycle_deadline_and_lifts_the_bound_afte
     spy = Spy([pending(1, "alice")], nodes(), TOPOLOGY, time=NOW)
     engine(config(tmp_path, engine={"cycle_deadline_s": 7.0}), spy).cycle(apply=True)
     assert spy.limits == [7.0, None]
+
+
+def test_a_job_beyond_the_head_window_gets_its_site_factor_back_and_explain_says_why(tmp_path):
+    from dike_slurm.cli.explain import explain, explain_lines
+
+    backend = cluster(pending(1, "alice"), pending(2, "bob"), pending(3, "carol"))
+    engine(config(tmp_path), backend).cycle(apply=True)
+    assert set(backend.site_factors) == {1, 2, 3} and all(backend.site_factors.values())
+    narrow = config(tmp_path, engine={"head_window": 1})
+    report = engine(narrow, backend).cycle(apply=True)
+    (head,) = [p.job.job_id for p in report.plan.jobs if not p.outside_window]
+    assert report.plan.window == 1 and head == max(report.plan.jobs, key=lambda p: p.value_wanted).job.job_id
+    released = sorted(w.job_id for w, o in report.outcomes if o.ok)
+    assert released == sorted({1, 2, 3} - {head})
+    assert all(backend.site_factors[j] == 0 for j in released) and backend.site_factors[head] > 0
+    assert not any(JobField.SITE_FACTOR in StateStore(narrow.engine.state_db).owned().get(j, {}) for j in released)
+    again = engine(narrow, backend).cycle(apply=True)
+    assert again.outcomes == ()  # beyond the window nothing more is written
+    document = explain(engine(narrow, backend, read_only=True), (released[0], None), str(released[0]))
+    assert document["job"]["beyond_head_window"] is True and document["job"]["head_window"] == 1
+    assert document["job"]["next_writes"] == []
+    text = "\n".join(explain_lines(document))
+    assert "beyond the head window: the engine orders the first 1 pending jobs of each partition" in text
+    assert "next cycle writes nothing" not in text
