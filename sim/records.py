@@ -140,5 +140,10 @@ class SimStats:
     landed_preemptions: int = 0
     wasted_preemptions: int = 0
     reservations: int = 0
+    # the engine's writes the replay worked out (sim/priority.py; not when the live engine drives it):
+    # landed, and left for a later cycle by the cap and the write budget
+    engine_writes: int = 0
+    writes_held: int = 0
+    most_pending: int = 0  # the longest the queue got, at a policy cycle
     first_submit: float = math.inf
     last_end: float = -math.inf

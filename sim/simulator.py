@@ -458,6 +458,7 @@ class Simulator:
             self.cycle_armed = False
             return
         self.stats.cycles += 1
+        self.stats.most_pending = max(self.stats.most_pending, self.pending_count)
         if self.freed_rooms:
             self._expire_freed_rooms()
         self._check_not_stuck(now)
@@ -674,6 +675,9 @@ class Simulator:
             elif placement != job.placement:
                 writes.append(SimWrite(rank.get(job_id, unranked), job_id, "placement", True, _no_op))
         kept = within_budget(writes, settings.writes_per_cycle)
+        landed = sum(1 for w in kept if w.counted)
+        self.stats.engine_writes += landed
+        self.stats.writes_held += sum(1 for w in writes if w.counted) - landed
         held |= {w.job_id for w in writes if w.kind == "placement"} - {w.job_id for w in kept if w.kind == "placement"}
         return [w for w in kept if w.kind == "priority"], held
 
