@@ -41,7 +41,6 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "next_writes": [", ".join(f"{k.value}={_value(v)}" for k, v in w.update.values) or "(release)"
                             for w in found.writes],
             "write_reasons": [w.reason for w in found.writes],
-            "beyond_head_window": found.outside_window,
             "head_window": plan.window or None,
         }}
     elif outside is not None:

@@ -55,6 +55,8 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
     pending = job.state is JobState.PENDING
     # A running job's priority is rewritten only when its level changes: otherwise nothing is planned.
     planned = job_plan.value_wanted if pending or _strategy_writes(job_plan, field_name) else None
+    if job_plan.outside_window:
+        planned = None  # beyond the head window: the engine hands the value back and writes nothing
     return {
         "job": job.display_id,
         "job_id": job.job_id,
@@ -71,6 +73,7 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
         "priority_field": field_name,
         "priority_now": job_plan.value_now,
         "priority_planned": planned,
+        "beyond_head_window": job_plan.outside_window,
         "placement_now": placement_text(job.placement),
         "placement_planned": placement_text(job_plan.placement_wanted) if pending else None,
         "managed": job_plan.managed,
@@ -97,7 +100,8 @@ def outside_row(job: Job, field_name: str) -> dict[str, Any]:
         "job": job.display_id, "job_id": job.job_id, "name": job.name, "user": job.user, "account": job.account,
         "partition": job.partition, "state": job.state.value, "gpus": job.gpus, "nodes": job.num_nodes,
         "level": None, "attained_gpu_hours": None, "counted_gpu_hours": None, "priority_field": field_name,
-        "priority_now": None, "priority_planned": None, "placement_now": placement_text(job.placement),
+        "priority_now": None, "priority_planned": None, "beyond_head_window": False,
+        "placement_now": placement_text(job.placement),
         "placement_planned": None, "managed": False, "note": "outside the engine's scope",
         "slurm_reason": job.slurm_reason, "reason": "",
         "last_decision": None, "expected_gpu_hours": None, "expected_from": None,
