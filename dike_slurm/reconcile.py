@@ -2,8 +2,9 @@
 
 Pure functions, no I/O: only values that differ from what Slurm already holds (or, where Slurm
 does not show a value, from what the engine remembers writing) become writes; values within the
-tolerance are kept unless that would put pending jobs out of the policy's order; fields a user
-took over are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
+tolerance are kept unless that would put pending jobs out of the policy's order; pending jobs
+beyond the head window (dike_slurm/head_window.py) only get back what the engine wrote; fields a
+user took over are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
 """
 
 from __future__ import annotations
