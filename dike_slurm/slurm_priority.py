@@ -372,6 +372,10 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
                 node_count: int, cluster_cpus: int, qos_priority: Mapping[str, int] | None,
                 source: str) -> SlurmPriorityModel:
     """A model from global options, (partition, priorities, TRES totals) and the QOS table."""
+    try:
+        depth = scheduler_depth(scheduler_parameters(options.get("schedulerparameters", "")))
+    except InputError as exc:
+        raise InputError(str(exc), source=source) from None
     parts, tres = {}, {}
     for name, priority, totals in partitions:
         parts[name] = priority
@@ -379,7 +383,7 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
     return SlurmPriorityModel(
         weights=weights_from_options(options, source), qos_priority=dict(qos_priority or {}),
         partitions=parts, node_count=node_count, cluster_cpus=cluster_cpus, partition_tres=tres, source=source,
-        scheduler_depth=scheduler_depth(scheduler_parameters(options.get("schedulerparameters", ""))),
+        scheduler_depth=depth,
     )
 
 

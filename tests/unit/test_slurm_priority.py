@@ -167,3 +167,18 @@ def test_priority_strategy_pins_and_nice_subtracts():
     base = nice.priority(other, 1000.0)
     other.written, other.owned = -300, True  # the engine writes a negative Nice
     assert nice.priority(other, 1000.0) == base + 300
+
+
+def test_the_scheduler_depth_comes_from_schedulerparameters_and_a_bad_value_names_its_source():
+    from dike_slurm.errors import InputError
+    from dike_slurm.head_window import scheduler_depth, scheduler_parameters
+    from dike_slurm.slurm_priority import build_model
+
+    assert scheduler_depth({}) == 500  # Slurm's bf_max_job_test default
+    assert scheduler_depth(scheduler_parameters("bf_continue,bf_max_job_test=1000,bf_max_job_part=300")) == 300
+    assert scheduler_depth(scheduler_parameters("bf_max_job_test=50,default_queue_depth=80")) == 80
+    model = build_model({"schedulerparameters": "bf_max_job_test=2000"}, (), 1, 1, {}, "scontrol show config")
+    assert model.scheduler_depth == 2000
+    with pytest.raises(InputError, match="bf_max_job_part='x' is not a whole number") as caught:
+        build_model({"schedulerparameters": "bf_max_job_part=x"}, (), 1, 1, {}, "site/slurm.conf")
+    assert caught.value.source == "site/slurm.conf"
