@@ -684,12 +684,7 @@ class Simulator:
     def _wanted_placements(self, decisions: Decisions) -> dict[int, Placement]:
         """The constraint each job should carry after the cycle: the policy's, none where it asks to
         clear one, none for a job the engine constrained that the cycle does not name again."""
-        wanted: dict[int, Placement] = {}
-        for decision in decisions.placements:
-            if isinstance(decision, SetPlacement):
-                wanted[decision.job_id] = decision.placement
-            elif isinstance(decision, ClearPlacement):
-                wanted[decision.job_id] = NO_PLACEMENT
+        wanted = _policy_placements(decisions)
         for job_id in self.engine_placed:
             wanted.setdefault(job_id, NO_PLACEMENT)
         return wanted
@@ -697,12 +692,7 @@ class Simulator:
     def _apply_placements(self, decisions: Decisions, held: set[int]) -> None:
         """The cycle's placements are the wanted constraints: one not re-asserted is removed.
         `held`: jobs whose constraint the engine does not write this cycle (they keep theirs)."""
-        wanted: dict[int, Placement] = {}
-        for decision in decisions.placements:
-            if isinstance(decision, SetPlacement):
-                wanted[decision.job_id] = decision.placement
-            elif isinstance(decision, ClearPlacement):
-                wanted[decision.job_id] = NO_PLACEMENT
+        wanted = _policy_placements(decisions)
         active = self.active
         for job_id, placement in wanted.items():
             if job_id in held:
@@ -732,3 +722,14 @@ class Simulator:
 
 def _no_op() -> None:
     """A constraint write lands in _apply_placements (after the queue order, as it always did)."""
+
+
+def _policy_placements(decisions: Decisions) -> dict[int, Placement]:
+    """The constraint the cycle's decisions ask of each job they name (none to clear one)."""
+    wanted: dict[int, Placement] = {}
+    for decision in decisions.placements:
+        if isinstance(decision, SetPlacement):
+            wanted[decision.job_id] = decision.placement
+        elif isinstance(decision, ClearPlacement):
+            wanted[decision.job_id] = NO_PLACEMENT
+    return wanted
