@@ -265,7 +265,7 @@ def diff(
     ceiling = score_ceiling(decisions, declared_ceiling)
     negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does
     exempt_tag = config.scope.exempt_tag
-    known = {j.job_id for j in snapshot.jobs}
+    known = {j.job_id: j for j in snapshot.jobs}
     if len(known) != len(snapshot.jobs):  # the backends' reads list each job once
         raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
     notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
@@ -275,8 +275,7 @@ def diff(
     priorities = {p.job_id: p for p in decisions.priorities}
     placements = {p.job_id: p for p in decisions.placements}
     site_factors, admin_comments = cluster.site_factors, cluster.admin_comments
-    inside = policy_window(ranked, priorities, {job.job_id: job for job in snapshot.jobs}, snapshot.time,
-                           window) if window else None
+    inside = policy_window(ranked, priorities, known, snapshot.time, window) if window else None
     last: dict[int, _JobContext] = {}
     if kept is not None:
         settings = (key, exempt_tag)

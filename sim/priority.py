@@ -21,7 +21,7 @@ from functools import partial
 from typing import NamedTuple
 
 from dike_slurm.backends.base import JobField
-from dike_slurm.decisions import Decisions
+from dike_slurm.decisions import Decisions, SetPriority
 from dike_slurm.model import Job, JobState
 from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, score_ceiling, wanted_value
 from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
@@ -127,11 +127,11 @@ def within_budget(writes: list[SimWrite], limit: int | None) -> list[SimWrite]:
 
 def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_ceiling: float | None,
                   settings: SimSettings, views: Mapping[int, Job], inside: frozenset[int] | None,
-                  rank: Mapping[int, int]) -> list[SimWrite]:
+                  ranked: list[SetPriority], rank: Mapping[int, int]) -> list[SimWrite]:
     """The priority writes the live engine would make for decisions taken on `views` (reconcile.diff
     with the same settings; user changes aside), not yet landed: a job is pending or running as the
     engine saw it. `inside`: the head window (None: none); a pending job beyond it has its value
-    handed back."""
+    handed back. `ranked` and `rank`: Decisions.ranked() and each job's place in it."""
     key = STRATEGY_FIELD[settings.priority_strategy]
     span = settings.priority_span
     tolerance = settings.priority_tolerance * span
@@ -165,7 +165,7 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
             needed = (written_level if written_level is not None else 0) != decision.level
         writes[decision.job_id] = (_Write(decision, value_now, wanted, needed), job)
     chain = []
-    for decision in decisions.ranked():
+    for decision in ranked:
         entry = writes.get(decision.job_id)
         if entry is not None and entry[0].decision is decision and pending[decision.job_id]:
             chain.append(entry[0])

@@ -664,7 +664,7 @@ class Simulator:
         rank = {decision.job_id: index for index, decision in enumerate(ranked)}
         latest = {decision.job_id: decision for decision in decisions.priorities}
         inside = policy_window(ranked, latest, views, decided_at, settings.head_window)
-        writes = engine_writes(decisions, self.active, self.declared_ceiling, settings, views, inside, rank)
+        writes = engine_writes(decisions, self.active, self.declared_ceiling, settings, views, inside, ranked, rank)
         unranked, held = len(rank), set()
         for job_id, placement in self._wanted_placements(decisions).items():
             job = self.active.get(job_id)
