@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LAB := scripts/slurm-lab
 SAMPLE := examples/sample
 
-.PHONY: demo test unit bench lab-up lab-down clean chromium
+.PHONY: demo test unit bench lab-up lab-down clean chromium systemd-analyze
 
 $(STAMP): setup.cfg pyproject.toml scripts/bootstrap-venv
 	VENV=$(VENV) scripts/bootstrap-venv
@@ -30,7 +30,7 @@ demo: $(STAMP)
 # when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
 SLURM_VERSIONS_IF_BUILDS ?= 26.05
-test: $(STAMP) chromium
+test: $(STAMP) chromium systemd-analyze
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
 	    $(BIN)/pytest; \
@@ -65,6 +65,19 @@ chromium:
 	        || echo "==== chromium did not install: the browser test will be SKIPPED" >&2; \
 	else \
 	    echo "==== chromium not found and not root with apt-get: the browser test will be SKIPPED" >&2; \
+	fi
+
+# systemd-analyze (Debian's systemd package) for tests/unit/test_render.py, which verifies the rendered
+# units and scores their hardening: installed when missing and make runs as root with apt-get;
+# otherwise those tests skip and say why.
+systemd-analyze:
+	@if command -v systemd-analyze >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "==== installing systemd (Debian package) for systemd-analyze"; \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q systemd >/dev/null; } \
+	        || echo "==== systemd did not install: the unit hardening tests will be SKIPPED" >&2; \
+	else \
+	    echo "==== systemd-analyze not found and not root with apt-get: the unit hardening tests will be SKIPPED" >&2; \
 	fi
 
 unit: $(STAMP)

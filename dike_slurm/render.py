@@ -190,6 +190,48 @@ _SPELLING = {name.lower(): name for name in (
     "PrioritySiteFactorParameters")}
 
 
+def console_script() -> Path:
+    """The `dike-slurm` script of the environment this Python runs in (what pip installed)."""
+    script = Path(sys.prefix) / "bin" / "dike-slurm"
+    if not script.is_file():
+        raise InputError(f"no dike-slurm script in {sys.prefix}/bin: install the project (pip install) into the "
+                         "environment the service will run, and render from there")
+    return script
+
+
+def source_checkout() -> Path | None:
+    """The source tree this environment runs dike_slurm from (an editable install), None for an
+    installed release: a unit should run a release, not a working copy someone edits."""
+    package = Path(__file__).resolve().parent
+    if package.is_relative_to(Path(sys.prefix).resolve()):
+        return None
+    return package.parent
+
+
+def _folders(config: Config, user: str, lock_file: Path) -> dict[str, Any]:
+    """What the unit opens for writing: the state folder (systemd's StateDirectory when it is a
+    folder of /var/lib), the lock file's folder and the metrics file's own folder, and the commands
+    that prepare the folders systemd does not create."""
+    state_folder = config.engine.state_db.parent
+    metrics_file = config.engine.metrics_file
+    state_directory = str(state_folder.relative_to("/var/lib")) if state_folder.parent == Path("/var/lib") else ""
+    writable, prepare = [], []
+    for folder, what, mode in ((state_folder, "state_db folder", "0750"), (lock_file.parent, "lock_file folder", "0750"),
+                               (metrics_file.parent if metrics_file else None, "metrics_file folder", "0755")):
+        if folder is None or (folder == state_folder and state_directory):
+            continue
+        path = _plain(folder, what)
+        if path not in writable:
+            writable.append(path)
+            prepare.append(f"install -d -o {user} -g {user} -m {mode} {path}")
+    if metrics_file is not None and metrics_file.parent == state_folder:
+        raise InputError(f"engine.metrics_file {metrics_file} is in the state folder, which is private to the service: "
+                         "give the metrics a folder of their own, that node-exporter reads")
+    return {"state_directory": state_directory, "writable": writable, "prepare": prepare,
+            "metrics_file": _plain(metrics_file, "metrics_file") if metrics_file else "",
+            "metrics_folder": bool(metrics_file)}
+
+
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
     """The text of one deployment file for this configuration."""
     if kind not in _TEMPLATE_OF:
@@ -198,9 +240,7 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         raise InputError(f"not a plain user name: {user!r}")
     state_db = config.engine.state_db
     lock_file = config.engine.lock_file or Path(f"{state_db}.lock")
-    writable = sorted({_plain(state_db.parent, "state_db folder"), _plain(lock_file.parent, "lock_file folder")}
-                      | ({_plain(config.engine.metrics_file.parent, "metrics_file folder")}
-                         if config.engine.metrics_file is not None else set()))
+    folders = _folders(config, user, lock_file)
     policy, params = _policy(config)
     prefix = policy.leaf_feature_prefix(params)
     interval_s = int(round(config.engine.interval_s))
@@ -211,8 +251,9 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "oneshot": oneshot,
         "unit_name": "dike-slurm-cycle" if oneshot else "dike-slurm",
         "config_path": _plain(config_path, "config path"),
-        "executable": f"{_plain(sys.executable, 'python')} -m dike_slurm",
-        "writable": writable,
+        "executable": _plain(console_script(), "console script"),
+        "source_checkout": source_checkout() or "",
+        **folders,
         "interval_s": interval_s,
         "minutes": minutes,
         "schedule": "* * * * *" if minutes == 1 else f"*/{minutes} * * * *",

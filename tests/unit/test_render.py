@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import configparser
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,9 @@ def make_config(tmp_path, slurm_conf: str = "NodeName=n[1-4] Gres=gpu:8\n", repl
 
 
 def parse_unit(text: str) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    # not strict: systemd lets a key repeat (SystemCallFilter= an allow list, then ~ what it removes);
+    # the last value is the one read here
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # systemd keys are case-sensitive
     parser.read_string(text)
     return parser
@@ -43,9 +47,51 @@ def test_service_runs_as_a_dedicated_user_and_restarts_on_failure(tmp_path):
     service = unit["Service"]
     assert service["User"] == "dikesvc" and service["Restart"] == "on-failure"
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP re-reads the configuration
-    assert service["ExecStart"] == f"{sys.executable} -m dike_slurm run --apply --config {tmp_path / 'dike.toml'}"
-    assert str(tmp_path / "lib") in service["ReadWritePaths"]
+    # the console script of the environment the project is installed in
+    assert service["ExecStart"] == f"{sys.prefix}/bin/dike-slurm run --apply --config {tmp_path / 'dike.toml'}"
+    assert service["ReadWritePaths"] == str(tmp_path / "lib")  # not under /var/lib: no StateDirectory
+    assert "StateDirectory" not in service
+    assert f"install -d -o dikesvc -g dikesvc -m 0750 {tmp_path / 'lib'}" in unit_text(config, user="dikesvc")
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def unit_text(config: Config, **options) -> str:
+    return render("systemd", config, Path("/etc/dike-slurm/dike.toml"), **options)
+
+
+def test_the_state_folder_is_systemds_and_the_metrics_have_a_folder_of_their_own(tmp_path):
+    config = make_config(tmp_path, state_db="/var/lib/dike-slurm/state.sqlite",
+                         metrics_file="/var/lib/dike-slurm-metrics/dike_slurm.prom")
+    text = unit_text(config)
+    service = parse_unit(text)["Service"]
+    assert (service["StateDirectory"], service["StateDirectoryMode"]) == ("dike-slurm", "0750")
+    assert service["ReadWritePaths"] == "/var/lib/dike-slurm-metrics"  # only the metrics folder besides the state
+    assert "install -d -o dike-slurm -g dike-slurm -m 0755 /var/lib/dike-slurm-metrics" in text
+    # node-exporter reads the engine's file; the engine never writes node-exporter's folder
+    assert "ln -s /var/lib/dike-slurm-metrics/dike_slurm.prom /var/lib/prometheus/node-exporter/" in text
+    assert "ReadWritePaths=/var/lib/prometheus" not in text
+    assert "munge.service" in parse_unit(text)["Unit"]["After"].split()
+    private = make_config(tmp_path, state_db="/var/lib/dike-slurm/state.sqlite",
+                          metrics_file="/var/lib/dike-slurm/dike_slurm.prom")
+    with pytest.raises(InputError, match="metrics_file .* is in the state folder"):
+        unit_text(private)
+
+
+def test_a_unit_rendered_from_a_source_checkout_says_so(tmp_path, monkeypatch):
+    import dike_slurm.render as rendering
+
+    tree = Path(rendering.__file__).resolve().parent.parent
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # an environment the package is not installed in
+    assert rendering.source_checkout() == tree
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dike-slurm").write_text("#!/bin/sh\n")
+    text = unit_text(make_config(tmp_path))
+    assert f"# WARNING: this environment runs dike_slurm from the source tree {tree}" in text
+    assert f"ExecStart={tmp_path}/bin/dike-slurm run" in text
+    monkeypatch.setattr(sys, "prefix", str(tree.parent))  # the package lies under the environment
+    assert rendering.source_checkout() is None
+    with pytest.raises(InputError, match="no dike-slurm script in"):
+        unit_text(make_config(tmp_path))
 
 
 def test_timer_and_its_oneshot_service(tmp_path):
@@ -145,10 +191,23 @@ def test_paths_a_unit_would_misread_are_refused(tmp_path):
         render("systemd", make_config(tmp_path), tmp_path / "dike.toml", user="root; rm")
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
-def test_systemd_analyze_verify_accepts_the_units(tmp_path):
-    config = make_config(tmp_path)
-    service = tmp_path / "dike-slurm.service"
-    service.write_text(render("systemd", config, tmp_path / "dike.toml", user="root"))
-    result = subprocess.run(["systemd-analyze", "verify", str(service)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+NO_SYSTEMD_ANALYZE = "systemd-analyze is not installed here (make test installs Debian's systemd as root)"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason=NO_SYSTEMD_ANALYZE)
+@pytest.mark.parametrize("oneshot", [False, True])
+def test_systemd_analyze_verifies_the_units_and_scores_them_3_or_lower(tmp_path, oneshot):
+    """`verify` with ExecStart at this test's own environment; `security --offline` scores what the
+    unit exposes (0 to 10; systemd calls 3.0 or lower OK)."""
+    config = make_config(tmp_path, state_db="/var/lib/dike-slurm/state.sqlite",
+                         metrics_file="/var/lib/dike-slurm-metrics/dike_slurm.prom")
+    service = tmp_path / ("dike-slurm-cycle.service" if oneshot else "dike-slurm.service")
+    service.write_text(render("systemd", config, tmp_path / "dike.toml", oneshot=oneshot))
+    verified = subprocess.run(["systemd-analyze", "verify", str(service)], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
+    scored = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(service)],
+                            capture_output=True, text=True)
+    assert scored.returncode == 0, scored.stderr
+    level = re.search(rf"Overall exposure level for {service.name}: (\d+\.\d+)", scored.stdout)
+    assert level is not None, scored.stdout[-500:]
+    assert float(level.group(1)) <= 3.0, scored.stdout
