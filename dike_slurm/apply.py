@@ -61,6 +61,10 @@ class CycleReport:
     denied: str = ""  # Slurm refused a write for lack of rights: what to grant (the cycle stopped writing)
     preemption_totals: Mapping[str, int] = field(default_factory=dict)  # landed, wasted, gone since the store began
     budget_held: int = 0  # planned writes the write budget left for the next cycle
+    signals: int = 0  # grace signals sent to preemption victims (engine.preempt_signal)
+    paused: bool = False  # an operator's pause stopped the writes (`dike-slurm pause`)
+    breaker_latched: bool = False  # the circuit breaker is latched after this cycle
+    write_seconds: float = 0.0  # the writes, requeues and the memory of the cycle
 
 
 def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
@@ -123,6 +127,8 @@ class Applier:
         index, size = 0, FIRST_BATCH
         writes = () if stopped else plan.writes
         writing_since = self.clock()
+        phase_started = time.perf_counter()
+        signals = 0
         budget_held = 0
         while index < len(writes):
             left = engine.cycle_deadline_s - (self.clock() - started)
@@ -184,6 +190,7 @@ class Applier:
             if engine.preempt_signal is not None:
                 waiting = self._grace(group, running_jobs, plan.time, cycle)
                 errors += sum(1 for o in waiting.values() if o is not None and not o.ok and not o.job_gone)
+                signals += sum(1 for o in waiting.values() if o is not None and o.ok)
                 if waiting:
                     notes.append(
                         f"job(s) {', '.join(map(str, waiting))} signalled {engine.preempt_signal}: requeued once "
@@ -202,7 +209,8 @@ class Applier:
         report = CycleReport(
             plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
             plan.read_calls + write_calls, write_calls, tuple(notes), denied, self.store.preemption_totals(),
-            budget_held,
+            budget_held, signals, paused is not None, self.store.breaker() is not None,
+            time.perf_counter() - phase_started,
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))

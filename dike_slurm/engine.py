@@ -29,13 +29,15 @@ from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrit
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
-from dike_slurm.service_prior import ServicePrior
+from dike_slurm.service_prior import Prediction, ServicePrior
 from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
     JobService,
     completed_service,
+    Run,
     finished_jobs,
+    finished_totals,
     current_runs,
     decayed_usage,
     job_service,
@@ -103,6 +105,9 @@ class Engine:
         # for the engine's life (a reload makes a new engine, which reads them again).
         self.site_priority: SlurmPriorityModel | None = None
         self._span: SiteSpan | None = None
+        # The service prior's last prediction (GPU-s) of each job seen, and when it was last seen
+        # active: judged against the job's service once its final run is in accounting.
+        self._predicted: dict[int, tuple[float, float]] = {}
 
     # ---------------------------------------------------------------- the span written
 
@@ -163,6 +168,7 @@ class Engine:
             return self._plan()
 
     def _plan(self) -> CyclePlan:
+        phase_started = time.perf_counter()  # phase times are measured, whatever clock the engine is given
         calls_before = self.backend.calls
         cluster = self.backend.read_cluster()
         started = self.backend.calls
@@ -173,6 +179,7 @@ class Engine:
         memory = self.store.jobs()
         owned = self.store.owned()
         new_runs, skipped, accounting_note = self._read_accounting(now)
+        read_s = time.perf_counter() - phase_started
         rooms, room_outcomes = follow_rooms(self.store.freed_rooms(), {job.job_id: job for job in cluster.jobs})
         active_in_scope, outside = [], []
         for job in cluster.jobs:
@@ -204,12 +211,16 @@ class Engine:
             now,
             requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
         )
+        decided = time.perf_counter()
         window = self.head_window()
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
             self._diff_memory, span=span.span, reserve=span.reserve, window=window,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
+        prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
+        phase_seconds = {"read": read_s, "decide": decided - phase_started - read_s,
+                         "diff": time.perf_counter() - decided}
         if accounting_note:
             notes.insert(0, accounting_note)
         if span_note:
@@ -238,7 +249,37 @@ class Engine:
             room_outcomes=tuple(room_outcomes),
             expected=decisions.expected,
             window=window,
+            phase_seconds=phase_seconds,
+            prior_judged=prior_judged,
         )
+
+    def _judge_prior(self, expected: Mapping[int, Prediction], active: Collection[Job], runs: Collection[Run],
+                     now: float) -> tuple[tuple[float, float], ...]:
+        """(predicted, attained) GPU-seconds of each job that left the queue since the last cycle and
+        whose final run is in accounting; the prediction is the prior's last while the job was pending.
+        A job whose final run has not landed after SACCT_OVERLAP_S (cancelled while pending, or
+        accounting down) is dropped unjudged."""
+        judged = []
+        active_ids = {job.job_id: job for job in active}
+        if self._predicted:
+            totals = finished_totals(runs, now)
+            for job_id, (predicted, seen) in list(self._predicted.items()):
+                if job_id in active_ids:
+                    self._predicted[job_id] = (predicted, now)
+                    continue
+                total = totals.get(job_id)
+                if total is not None:
+                    judged.append((predicted, total[0]))
+                if total is not None or now - seen > SACCT_OVERLAP_S:
+                    del self._predicted[job_id]
+        for job_id, prediction in expected.items():
+            job = active_ids.get(job_id)
+            if job is None:
+                continue
+            known = self._predicted.get(job_id)
+            predicted = prediction.gpu_s if job.state is JobState.PENDING or known is None else known[0]
+            self._predicted[job_id] = (predicted, now)
+        return tuple(judged)
 
     def _read_accounting(self, now: float):
         lookback_start = now - self.config.accounting.lookback_days * 86400.0

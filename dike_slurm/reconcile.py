@@ -104,6 +104,11 @@ class CyclePlan:
     room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
     expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
     window: int = 0  # pending jobs per partition the engine orders (head_window); 0: every one
+    # seconds of each phase (read, decide, diff) of the plan; the metrics export them
+    phase_seconds: Mapping[str, float] = field(default_factory=dict, compare=False)
+    # (predicted, attained) GPU-seconds of the jobs that finished since the last cycle, their
+    # prediction being the service prior's last one while they were pending (the metrics export it)
+    prior_judged: tuple[tuple[float, float], ...] = field(default=(), compare=False)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)

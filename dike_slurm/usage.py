@@ -113,7 +113,7 @@ def decayed_usage(
     return usage
 
 
-def _finished_totals(runs: Iterable[Run], now: float) -> dict[int, tuple[float, Run]]:
+def finished_totals(runs: Iterable[Run], now: float) -> dict[int, tuple[float, Run]]:
     """Every job whose last run ended it: its GPU service over all its runs, and that final run."""
     total: dict[int, float] = {}
     final: dict[int, Run] = {}
@@ -126,7 +126,7 @@ def _finished_totals(runs: Iterable[Run], now: float) -> dict[int, tuple[float, 
 
 def completed_service(runs: Iterable[Run], now: float) -> tuple[float, ...]:
     """Sorted total GPU service of every job whose last run ended it (for derived thresholds)."""
-    return tuple(sorted(service for service, _ in _finished_totals(runs, now).values()))
+    return tuple(sorted(service for service, _ in finished_totals(runs, now).values()))
 
 
 def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
@@ -134,6 +134,6 @@ def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
     all its runs, per GPU of its final run."""
     return [
         FinishedJob(run.user, run.name, run.gpus, service / run.gpus, run.end)  # type: ignore[arg-type]
-        for service, run in _finished_totals(runs, now).values()
+        for service, run in finished_totals(runs, now).values()
         if run.gpus > 0
     ]
