@@ -25,7 +25,7 @@ from dike_slurm.config import Config, RetentionSettings
 from dike_slurm.engine import Engine
 from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import requeues_by_outcome
-from dike_slurm.metrics import write_metrics
+from dike_slurm.metrics import MetricsWatch, write_metrics
 from dike_slurm.state import Pruned, StateError, StateStore
 
 log = logging.getLogger("dike_slurm.run")
@@ -113,26 +113,39 @@ def storage_hint(path: Path) -> str:
     return ""
 
 
-def run_cycle(engine: Engine, *, apply: bool) -> CycleReport:
+def run_cycle(engine: Engine, *, apply: bool, watch: MetricsWatch | None = None,
+              wall_clock: Callable[[], float] = time.time) -> CycleReport:
     """One cycle, then (applied only: a dry run writes nothing anywhere) the retention pass and the
     metrics file; a state store failure (disk full, read-only, file removed) raises a StateError,
-    one line rather than a traceback."""
+    one line rather than a traceback. A failed applied cycle still rewrites the metrics file, with
+    the failure counted in `watch` (the running service's; a fresh one for a single cycle)."""
+    watch = MetricsWatch() if watch is None else watch
+    metrics_file = engine.config.engine.metrics_file if apply else None
     try:
-        report = engine.cycle(apply=apply)
-        retention = keep_history(engine.store, engine.config.retention, report.plan.time) if apply else Retention()
-    except sqlite3.Error as exc:
-        path = engine.config.engine.state_db
-        raise StateError(f"state store {path}: {exc}{storage_hint(path)}") from None
+        try:
+            report = engine.cycle(apply=apply)
+            retention = keep_history(engine.store, engine.config.retention, report.plan.time) if apply else Retention()
+        except sqlite3.Error as exc:
+            path = engine.config.engine.state_db
+            raise StateError(f"state store {path}: {exc}{storage_hint(path)}") from None
+    except DikeError:
+        if metrics_file is not None:
+            watch.failed(wall_clock())
+            try:
+                write_metrics(watch, metrics_file)
+            except OSError as exc:  # the cycle's own error is the one to report
+                log.error("cannot write engine.metrics_file %s: %s", metrics_file, exc.strerror or exc)
+        raise
     if retention.error:
         report = replace(report, notes=(*report.notes, retention.line()))
     elif retention.line():
         log.info(retention.line())
-    if apply and engine.config.engine.metrics_file is not None:
+    if metrics_file is not None:
+        watch.cycled(report)
         try:
-            write_metrics(report, engine.config.engine.metrics_file)
+            write_metrics(watch, metrics_file)
         except OSError as exc:
-            raise DikeError(f"cannot write engine.metrics_file {engine.config.engine.metrics_file}: "
-                            f"{exc.strerror or exc}") from None
+            raise DikeError(f"cannot write engine.metrics_file {metrics_file}: {exc.strerror or exc}") from None
     return report
 
 
@@ -182,6 +195,7 @@ class Service:
         self.sleep = sleep
         self.engine = make_engine(config, store)
         self.failures = 0  # failed cycles in a row
+        self.metrics = MetricsWatch()  # kept across cycles and reloads: counters, failures, held writes
 
     def run(self) -> bool:
         """Cycle until a signal stops the loop (False) or the cluster finishes (True: a simulated
@@ -189,7 +203,7 @@ class Service:
         while True:
             started = self.clock()
             try:
-                report = run_cycle(self.engine, apply=self.apply)
+                report = run_cycle(self.engine, apply=self.apply, watch=self.metrics)
             except DikeError as exc:
                 self.failures += 1
                 log.error("cycle failed: %s", exc)
