@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dike_slurm.alerting import ALERTING_KINDS
 from dike_slurm.errors import InputError
 
 if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is rendered, not with the CLI
@@ -17,7 +18,7 @@ if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is re
     from dike_slurm.config import Config
     from dike_slurm.policies.base import Policy, PolicyParams
 
-RENDER_KINDS = ("systemd", "timer", "cron", "slurm-conf")
+RENDER_KINDS = ("systemd", "timer", "cron", "slurm-conf", *ALERTING_KINDS)
 _TEMPLATE_OF = {
     "systemd": "dike-slurm.service.j2",
     "timer": "dike-slurm.timer.j2",
@@ -234,6 +235,10 @@ def _folders(config: Config, user: str, lock_file: Path) -> dict[str, Any]:
 
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
     """The text of one deployment file for this configuration."""
+    if kind in ALERTING_KINDS:
+        from dike_slurm import alerting
+
+        return alerting.render(kind, config, config_path)
     if kind not in _TEMPLATE_OF:
         raise InputError(f"unknown render kind {kind!r} (known: {', '.join(RENDER_KINDS)})")
     if not _USER_NAME.match(user):

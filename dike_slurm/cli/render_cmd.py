@@ -1,4 +1,5 @@
-"""`dike-slurm render`: deployment files (systemd, timer, cron, slurm.conf lines) from the configuration."""
+"""`dike-slurm render`: deployment files (systemd, timer, cron, slurm.conf lines, Prometheus alert rules, a
+Grafana dashboard) from the configuration."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def render_command(
     user: str = typer.Option("dike-slurm", "--user", help="the dedicated account the service runs as"),
     oneshot: bool = typer.Option(False, "--oneshot", help="systemd: the one-cycle service a timer starts"),
 ) -> None:
-    """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines.
+    """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines, Prometheus
+    alert rules (prometheus-rules) and a Grafana dashboard (grafana) over the engine's metrics.
 
     The file names the configuration the deployed engine reads: --config, else $DIKE_CONFIG.
     """
