@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LAB := scripts/slurm-lab
 SAMPLE := examples/sample
 
-.PHONY: demo test unit bench lab-up lab-down clean chromium systemd-analyze
+.PHONY: demo test unit bench lab-up lab-down clean chromium systemd-analyze prometheus
 
 $(STAMP): setup.cfg pyproject.toml scripts/bootstrap-venv
 	VENV=$(VENV) scripts/bootstrap-venv
@@ -30,7 +30,7 @@ demo: $(STAMP)
 # when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
 SLURM_VERSIONS_IF_BUILDS ?= 26.05
-test: $(STAMP) chromium systemd-analyze
+test: $(STAMP) chromium systemd-analyze prometheus
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
 	    $(BIN)/pytest; \
@@ -78,6 +78,21 @@ systemd-analyze:
 	        || echo "==== systemd did not install: the unit hardening tests will be SKIPPED" >&2; \
 	else \
 	    echo "==== systemd-analyze not found and not root with apt-get: the unit hardening tests will be SKIPPED" >&2; \
+	fi
+
+# Debian's prometheus (promtool) and prometheus-node-exporter for tests/unit/test_alert_rules.py and
+# tests/integration/test_prometheus_scrape.py, which start their own instances on free ports of
+# 127.0.0.1 (never the packages' services; on a host booted with systemd, Debian's packaging
+# starts those): installed when missing and make runs as root with apt-get; otherwise those
+# tests skip and say why.
+prometheus:
+	@if command -v promtool >/dev/null 2>&1 && command -v prometheus-node-exporter >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "==== installing prometheus and prometheus-node-exporter (Debian packages) for the metrics tests"; \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-node-exporter >/dev/null; } \
+	        || echo "==== prometheus did not install: the alert rule and scrape tests will be SKIPPED" >&2; \
+	else \
+	    echo "==== promtool or prometheus-node-exporter not found and not root with apt-get: the alert rule and scrape tests will be SKIPPED" >&2; \
 	fi
 
 unit: $(STAMP)
