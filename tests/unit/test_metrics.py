@@ -3,6 +3,7 @@ writes and their age, the service prior's error, and labels that never name a jo
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from dike_slurm.backends.base import FakeBackend
 from dike_slurm.errors import SlurmError
 from dike_slurm.metrics import MetricsWatch, exported_names, quantile
 from dike_slurm.model import JobState
-from dike_slurm.service import run_cycle
+from dike_slurm.service import Service, Signals, run_cycle
 
 BOUNDED_LABELS = {"level", "partition", "quantile", "phase", "outcome", "reason", "policy", "strategy"}
 
@@ -163,3 +164,33 @@ def test_the_prior_is_judged_on_jobs_that_finished_since_the_last_cycle(tmp_path
 def test_quantiles_are_nearest_rank():
     values = [float(v) for v in range(1, 21)]
     assert quantile(values, 0.5) == 10 and quantile(values, 0.95) == 19 and quantile([7.0], 0.95) == 7
+
+
+def test_the_service_keeps_its_counters_across_cycles_and_a_failure(tmp_path, monkeypatch):
+    cfg, backend, eng = setup(tmp_path, [pending(1)])
+    failing = [False, True, False]  # the second of three cycles fails
+    read = backend.read_cluster
+    reads = []
+
+    def read_or_fail():
+        reads.append(1)
+        if failing[len(reads) - 1]:
+            raise SlurmError("squeue: timed out after 30 s")
+        return read()
+
+    monkeypatch.setattr(backend, "read_cluster", read_or_fail)
+    clock = [0.0]
+    signals = Signals()
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+        if len(reads) == len(failing):
+            signals.stop = signal.SIGTERM
+
+    service = Service(cfg, eng.store, lambda: cfg, apply=True, signals=signals, make_engine=lambda c, s: eng,
+                      clock=lambda: clock[0], sleep=sleep)
+    assert service.run() is False
+    got = samples(cfg.engine.metrics_file)
+    assert value(got, "dike_slurm_cycles_total") == 2 and value(got, "dike_slurm_cycle_failures_total") == 1
+    assert value(got, "dike_slurm_cycle_failures_in_a_row") == 0
+    assert value(got, "dike_slurm_last_failure_timestamp_seconds") > 0
