@@ -2,15 +2,18 @@
 
 Read-only: `scontrol --version`, `squeue --json` (its format), `scontrol show config`, `scontrol
 show partition -o` and `sacctmgr -nP show qos format=Name,Priority` (the site's own priority, as
-the engine reads it), and `sacctmgr show user` (AdminLevel), through the configured slurm.bin_dir
-and slurm_conf.
+the engine reads it, and the names the scope may use), `sacctmgr -nP show account format=Account`
+(slurmdbd answers; the accounts) and `sacctmgr show user` (AdminLevel), through the configured
+slurm.bin_dir and slurm_conf. The engine's own files are checked for the user running doctor.
 """
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import math
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,8 +27,9 @@ if TYPE_CHECKING:  # the model loads when doctor runs, not with the CLI
     from dike_slurm.slurm_priority import SlurmPriorityModel
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-GRANT_ADVICE = ("run as root or SlurmUser, or: sacctmgr -i modify user USER set AdminLevel=Admin "
+GRANT_ADVICE = ("run as root or SlurmUser, or: sacctmgr -i modify user {user} set AdminLevel=Admin "
                 "(AdminLevel=Operator is enough with engine.admin_comment = false; docs/deployment.md)")
+SHOW_ACCOUNTS_ARGV = ("-nP", "show", "account", "format=Account")
 
 
 @dataclass(frozen=True)
@@ -69,18 +73,38 @@ def diagnose(
     priority_error: str = "",
     priority_mode: str = "tiers",
     priority_span: int = 1_000_000,
+    user: str = "dike-slurm",
+    slurmdbd_error: str = "",
 ) -> list[Check]:
     """Every check, from what Slurm printed (pure: unit-tested on recorded output).
 
     `priority_model`: the site's own priority as the engine reads it (None with `priority_error`
-    when it could not be read); `priority_mode` and `priority_span` are the engine's settings.
+    when it could not be read); `priority_mode` and `priority_span` are the engine's settings;
+    `user` runs the engine; `slurmdbd_error`: what sacctmgr said when slurmdbd did not answer.
     """
     checks = [Check("Slurm version", version or "unknown", OK if version else FAIL,
                     "" if version else "scontrol --version printed nothing: is this Slurm?"), json_format]
-    if is_root or admin_level == "Administrator" or (admin_level == "Operator" and not admin_comment):
-        checks.append(Check("privileges", "root" if is_root else f"AdminLevel={admin_level}", OK))
+    if slurmdbd_error:
+        checks.append(Check("slurmdbd", f"not answering: {slurmdbd_error}", FAIL,
+                            "start slurmdbd and check AccountingStorageHost (the engine reads usage and finished "
+                            "jobs with sacct, and the QOS and users with sacctmgr)"))
     else:
-        checks.append(Check("privileges", f"AdminLevel={admin_level or 'None'}", FAIL, GRANT_ADVICE))
+        checks.append(Check("slurmdbd", "answers", OK))
+    if is_root or admin_level == "Administrator" or (admin_level == "Operator" and not admin_comment):
+        checks.append(Check("privileges", f"root ({user})" if is_root else f"{user}: AdminLevel={admin_level}", OK))
+    elif slurmdbd_error:
+        checks.append(Check("privileges", f"{user}: unknown (slurmdbd did not answer)", WARN,
+                            GRANT_ADVICE.format(user=user)))
+    else:
+        checks.append(Check("privileges", f"{user}: AdminLevel={admin_level or 'None'}", FAIL,
+                            GRANT_ADVICE.format(user=user)))
+    tracked = [tres.strip() for tres in config.get("AccountingStorageTRES", "").split(",") if tres.strip()]
+    if "gres/gpu" in tracked:
+        checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))
+    else:
+        checks.append(Check("AccountingStorageTRES", ",".join(tracked) or "unset", FAIL,
+                            f"AccountingStorageTRES={','.join([*tracked, 'gres/gpu'])} (without gres/gpu, sacct "
+                            "shows finished runs with 0 GPUs and every job's attained service is 0)"))
     priority = config.get("PriorityType", "")
     if strategy in ("site_factor", "nice") and priority != "priority/multifactor":
         field = "SiteFactor" if strategy == "site_factor" else "Nice"
@@ -121,6 +145,77 @@ def diagnose(
                             "JobRequeue=1, or jobs must opt in with --requeue (preemption requeues only those)"))
     else:
         checks.append(Check("JobRequeue", requeue or "unset", OK))
+    return checks
+
+
+def scope_checks(scope, known: dict[str, list[str] | None], unknown_why: dict[str, str]) -> list[Check]:
+    """Each scope list (partitions, accounts, QOS) against the names the cluster has: a name it
+    lacks matches no job, so the engine quietly manages nothing there. `known[kind]` is None when it
+    could not be read (`unknown_why[kind]` says why)."""
+    checks = []
+    for kind, names in (("partitions", scope.partitions), ("accounts", scope.accounts), ("qos", scope.qos)):
+        name = f"scope.{kind}"
+        if not names:
+            checks.append(Check(name, "all (empty list)", OK))
+            continue
+        cluster = known.get(kind)
+        if cluster is None:
+            checks.append(Check(name, f"{', '.join(names)}: cannot check ({unknown_why.get(kind, 'not read')})", WARN))
+            continue
+        missing = [n for n in names if n not in cluster]
+        if not missing:
+            checks.append(Check(name, ", ".join(names), OK))
+            continue
+        hints = []
+        for wrong in missing:
+            close = difflib.get_close_matches(wrong, cluster, n=1, cutoff=0.6)
+            hints.append(f"{wrong!r}: did you mean {close[0]!r}?" if close else f"{wrong!r}: no close name")
+        checks.append(Check(name, f"{', '.join(map(repr, missing))} not in this cluster (it has: "
+                                  f"{', '.join(sorted(cluster)) or 'none'})", FAIL,
+                            "; ".join(hints) + " (a name the cluster lacks matches no job)"))
+    return checks
+
+
+def _writable(path: Path) -> tuple[bool, str]:
+    """Whether this user can write `path` (and its folder, where files are replaced and journals
+    kept), or create it: the nearest folder that exists must then be writable."""
+    try:
+        return _writable_or_raise(path)
+    except OSError as exc:  # a folder on the way this user may not search
+        return False, f"cannot be reached: {exc.strerror} ({exc.filename})"
+
+
+def _writable_or_raise(path: Path) -> tuple[bool, str]:
+    folder = path.parent
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            return False, f"{path} is not writable"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return False, f"its folder {folder} is not writable (new files and journals go there)"
+        return True, "writable"
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return False, f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return False, f"cannot be created: {existing} is not writable"
+    return True, "can be created" if existing != folder else "can be created in its folder"
+
+
+def path_checks(config, user: str) -> list[Check]:
+    """The files the engine writes (state, lock, metrics), for `user`, who runs this check."""
+    engine = config.engine
+    files = [("engine.state_db", engine.state_db),
+             ("engine.lock_file", engine.lock_file or Path(f"{engine.state_db}.lock"))]
+    if engine.metrics_file is not None:
+        files.append(("engine.metrics_file", engine.metrics_file))
+    checks = []
+    for name, path in files:
+        ok, why = _writable(path)
+        checks.append(Check(name, f"{path}: {why} by {user}", OK if ok else FAIL,
+                            "" if ok else f"install -d -o {user} -g {user} {path.parent} (as root), and run doctor as "
+                                          f"the user the service runs as (sudo -u SERVICE_USER dike-slurm doctor)"))
     return checks
 
 
@@ -228,13 +323,19 @@ def priority_checks(model: SlurmPriorityModel | None, error: str, mode: str, con
     return checks
 
 
+def failure(argv: list[str], returncode: int, stderr: str) -> DikeError:
+    """A failed command as one line: its last two messages, without the `NAME: error:` prefix
+    (sacctmgr names the host and port first, then what it was doing)."""
+    lines = [re.sub(r"^\S+: error: ", "", line.strip()) for line in stderr.splitlines() if line.strip()]
+    return DikeError(f"{shlex.join(argv)} failed: {'; '.join(lines[-2:]) or f'exit {returncode}'}")
+
+
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> str:
     from dike_slurm.backends.cli import run_command
 
     result = run_command(argv, env, timeout)
     if result.returncode != 0:
-        detail = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
-        raise DikeError(f"{shlex.join(argv)} failed: {detail}")
+        raise failure(argv, result.returncode, result.stderr)
     return result.stdout
 
 
@@ -275,25 +376,49 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
             priority_model = read_priority_model(lambda argv: runner(list(argv), env, timeout), command, config_text)
         except DikeError as exc:
             priority_error = str(exc)
-    admin_level = None
+    known: dict[str, list[str] | None] = {}
+    unknown_why: dict[str, str] = {}
     try:
-        rows = runner([command("sacctmgr"), "-n", "-P", "show", "user", user, "format=user,adminlevel"], env, timeout)
-        admin_level = next((line.split("|")[1] for line in rows.splitlines() if "|" in line), None)
-    except DikeError:
-        admin_level = None
+        partitions = runner([command("scontrol"), "show", "partition", "-o"], env, timeout)
+        known["partitions"] = re.findall(r"^PartitionName=(\S+)", partitions, re.MULTILINE)
+    except DikeError as exc:
+        unknown_why["partitions"] = str(exc)
+    slurmdbd_error = ""
+    try:
+        accounts = runner([command("sacctmgr"), *SHOW_ACCOUNTS_ARGV], env, timeout)
+        known["accounts"] = [line.strip() for line in accounts.splitlines() if line.strip()]
+    except DikeError as exc:
+        slurmdbd_error = str(exc)
+        unknown_why["accounts"] = unknown_why["qos"] = "slurmdbd did not answer"
+    if not slurmdbd_error:
+        try:
+            qos = runner([command("sacctmgr"), "-nP", "show", "qos", "format=Name,Priority"], env, timeout)
+            known["qos"] = [line.split("|")[0].strip() for line in qos.splitlines() if line.strip()]
+        except DikeError as exc:
+            unknown_why["qos"] = str(exc)
+    admin_level = None
+    if not slurmdbd_error:
+        try:
+            rows = runner([command("sacctmgr"), "-n", "-P", "show", "user", user, "format=user,adminlevel"], env,
+                          timeout)
+            admin_level = next((line.split("|")[1] for line in rows.splitlines() if "|" in line), None)
+        except DikeError:
+            admin_level = None
     from dike_slurm.registry import default_registry
 
     policy = default_registry().create(config.engine.policy)
     params = config.policy_params(policy.name)
     wait = policy.switch_wait_s(params)
-    return diagnose(
+    checks = diagnose(
         version=version, json_format=json_check, config=show_config, admin_level=admin_level,
         is_root=os.geteuid() == 0, strategy=config.engine.priority_strategy,
         max_consolidation_wait_s=float(wait) if wait is not None else None,
         preemption=policy.requeue_min_run_s(params) is not None,  # the hook a preemptive policy declares
         admin_comment=config.engine.admin_comment, priority_model=priority_model, priority_error=priority_error,
-        priority_mode=config.engine.priority_mode, priority_span=config.engine.priority_span,
+        priority_mode=config.engine.priority_mode, priority_span=config.engine.priority_span, user=user,
+        slurmdbd_error=slurmdbd_error,
     )
+    return checks + scope_checks(config.scope, known, unknown_why) + path_checks(config, user)
 
 
 @app.command("doctor")

@@ -9,6 +9,7 @@ lab is left up whatever happens. Wrappers around Slurm commands live in a privat
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -325,6 +326,18 @@ def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, en
     proc = engine("run", "--once", "--apply")
     assert proc.returncode == 0 and "accounting unavailable" not in proc.stderr, proc.stderr
     print(f"FIGURES dbd down: level kept {level_before}, dbd restart {figures['restart_s']:.1f}s")
+
+
+def test_doctor_says_slurmdbd_does_not_answer(slurm_lab: SlurmLab, engine: Engine) -> None:
+    """Issue 32: doctor with the lab's slurmdbd stopped names the command and what it said."""
+    with daemon_down(slurm_lab, "slurmdbd"):
+        proc = engine("doctor", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    slurmdbd = checks["slurmdbd"]
+    assert slurmdbd["verdict"] == "FAIL" and "sacctmgr -nP show account format=Account failed" in slurmdbd["found"]
+    assert "Connection refused" in slurmdbd["found"] and "start slurmdbd" in slurmdbd["advice"]
+    assert checks["scope.accounts"]["verdict"] == "ok"  # the lab's engine manages every account: nothing to check
 
 
 # ---------------------------------------------------------------- (d) hanging commands

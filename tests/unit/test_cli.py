@@ -37,6 +37,16 @@ def test_config_check_rejects_with_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_config_check_fails_a_state_file_the_engine_cannot_create(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    config = tmp_path / "dike.toml"
+    config.write_text(f'[engine]\nstate_db = "{tmp_path}/a-file/state.sqlite"\n')
+    result = run("config", "check", str(config))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"engine.state_db: {tmp_path}/a-file/state.sqlite: {tmp_path}/a-file is a file, not a folder" in result.stdout
+    assert "the engine could not write engine.state_db, engine.lock_file" in result.stderr
+
+
 def test_unknown_command_is_a_usage_error():
     result = run("frobnicate")
     assert result.returncode == 2

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, diagnose, gather, parse_show_config
+from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, Check, diagnose, failure, gather, parse_show_config
 from dike_slurm.config import load_config
 from dike_slurm.errors import DikeError
 
@@ -24,6 +24,7 @@ def answers(version: str, **changes: str):
         ("scontrol", "show", "config"): "scontrol-show-config.txt",
         ("scontrol", "show", "partition", "-o"): "scontrol-show-partition.txt",
         ("sacctmgr", "-nP", "show", "qos", "format=Name,Priority"): "sacctmgr-show-qos.txt",
+        ("sacctmgr", "-nP", "show", "account", "format=Account"): "sacctmgr-show-account.txt",
         ("sacctmgr", "-n", "-P", "show", "user"): "sacctmgr-show-user.txt",
     }
     calls = []
@@ -55,8 +56,13 @@ def test_the_lab_of_each_version_passes(version, tmp_path):
     assert f"({family}, Slurm {version}." in checks["JSON format"].found
     # the lab keeps Slurm's 300 s max_switch_wait: a 1800 s consolidation wait would be cut short
     assert checks["max_switch_wait"].verdict == WARN and "max_switch_wait=1800" in checks["max_switch_wait"].advice
-    assert [argv[:2] for argv in calls] == [["scontrol", "--version"], ["squeue", "--json"], ["scontrol", "show"],
-                                            ["scontrol", "show"], ["sacctmgr", "-nP"], ["sacctmgr", "-n"]]
+    assert [argv[:4] for argv in calls] == [
+        ["scontrol", "--version"], ["squeue", "--json"], ["scontrol", "show", "config"],
+        ["scontrol", "show", "partition", "-o"], ["sacctmgr", "-nP", "show", "qos"],  # the site's priority
+        ["scontrol", "show", "partition", "-o"], ["sacctmgr", "-nP", "show", "account"],  # slurmdbd, scope names
+        ["sacctmgr", "-nP", "show", "qos"], ["sacctmgr", "-n", "-P", "show"]]
+    assert checks["slurmdbd"].verdict == OK and checks["AccountingStorageTRES"].verdict == OK
+    assert checks["privileges"].found == "root (root)"
     assert checks["QOS tiers kept"].verdict == OK  # the lab's tiers hold with the default mode
 
 
@@ -166,7 +172,8 @@ def test_priority_basic_is_an_error_and_nothing_more_is_read():
     checks, calls = site(**{"scontrol-show-config.txt": config})
     assert checks["PriorityType"].verdict == FAIL and "has no effect" in checks["PriorityType"].advice
     assert "PriorityWeightAge" not in checks and "Dike's span" not in checks
-    assert ["scontrol", "show", "partition", "-o"] not in calls
+    # the partitions are read once, for the scope's names only
+    assert calls.count(["scontrol", "show", "partition", "-o"]) == 1
 
 
 @pytest.mark.parametrize("mode, verdict", [("tiers", FAIL), ("over", WARN)])
@@ -174,3 +181,73 @@ def test_an_unreadable_qos_table_names_the_command(mode, verdict):
     down = DikeError("sacctmgr -nP show qos format=Name,Priority failed: Connection refused")
     check = site(mode, **{"sacctmgr-show-qos.txt": down})[0]["site priority"]
     assert check.verdict == verdict and check.advice.startswith("sacctmgr -nP show qos format=Name,Priority failed")
+
+
+# ---------------------------------------------------------------- what breaks a site (issue 32)
+
+
+def test_scope_names_the_cluster_lacks_fail_with_the_closest_name(tmp_path):
+    runner, _ = answers("22.05")
+    config = load_config(None, environ={"DIKE_SCOPE__PARTITIONS": '["gpuu"]', "DIKE_SCOPE__ACCOUNTS": '["Research"]',
+                                        "DIKE_SCOPE__QOS": '["urgent"]'})
+    checks = {c.name: c for c in gather(config, "root", runner)}
+    partitions, accounts = checks["scope.partitions"], checks["scope.accounts"]
+    assert partitions.verdict == FAIL and "'gpuu' not in this cluster (it has: gpu)" in partitions.found
+    assert "'gpuu': did you mean 'gpu'?" in partitions.advice
+    assert accounts.verdict == FAIL and "'Research': did you mean 'research'?" in accounts.advice
+    assert checks["scope.qos"].verdict == OK and checks["scope.qos"].found == "urgent"
+
+
+def test_slurmdbd_not_answering_fails_with_what_sacctmgr_said():
+    argv = ["sacctmgr", "-nP", "show", "account", "format=Account"]
+    stderr = (FIXTURES / "slurm-22.05" / "sacctmgr-show-account-slurmdbd-down.err").read_text(encoding="utf-8")
+    runner, calls = answers("22.05", **{"sacctmgr-show-account.txt": failure(argv, 1, stderr)})
+    config = load_config(None, environ={"DIKE_SCOPE__ACCOUNTS": '["research"]'})
+    checks = {c.name: c for c in gather(config, "alice", runner)}
+    slurmdbd = checks["slurmdbd"]
+    assert slurmdbd.verdict == FAIL and "start slurmdbd" in slurmdbd.advice
+    assert slurmdbd.found == ("not answering: sacctmgr -nP show account format=Account failed: slurm_persist_conn_open_"
+                              "without_init: failed to open persistent connection to host:localhost:6819: Connection "
+                              "refused; Sending PersistInit msg: Connection refused")
+    # what needs slurmdbd is not asked again, and says why it is unknown
+    assert checks["scope.accounts"].verdict == WARN and "slurmdbd did not answer" in checks["scope.accounts"].found
+    assert ["sacctmgr", "-n", "-P", "show", "user", "alice", "format=user,adminlevel"] not in calls
+    privileges = {c.name: c for c in not_root(admin_level=None, slurmdbd_error="refused")}["privileges"]
+    assert privileges.verdict == WARN and privileges.found == "alice: unknown (slurmdbd did not answer)"
+
+
+def not_root(**changes):
+    """diagnose for alice, who is not root (the tests run as root, so gather would say root)."""
+    fields = dict(version="slurm 22.05.8", json_format=Check("JSON format", "v0.0.38", OK), config=parse_show_config(CONFIG_22), admin_level="None",
+                  is_root=False, strategy="site_factor", max_consolidation_wait_s=None, preemption=True, user="alice")
+    return diagnose(**{**fields, **changes})
+
+
+def test_gpus_not_tracked_in_accounting_fail_with_the_line_to_add():
+    config = CONFIG_22.replace("AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu",
+                               "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages")
+    assert config != CONFIG_22
+    check = site(**{"scontrol-show-config.txt": config})[0]["AccountingStorageTRES"]
+    assert check.verdict == FAIL
+    assert check.advice.startswith("AccountingStorageTRES=cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu ")
+
+
+def test_the_advice_names_the_user_who_runs_the_engine():
+    privileges = {c.name: c for c in not_root()}["privileges"]
+    assert privileges.verdict == FAIL and privileges.found == "alice: AdminLevel=None"
+    assert "sacctmgr -i modify user alice set AdminLevel=Admin" in privileges.advice and "USER" not in privileges.advice
+    assert {c.name: c for c in not_root(admin_level="Administrator")}["privileges"].verdict == OK
+
+
+def test_files_the_engine_cannot_create_fail_with_the_folder_to_make(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    config = load_config(None, environ={"DIKE_ENGINE__STATE_DB": str(tmp_path / "a-file" / "state.sqlite"),
+                                        "DIKE_ENGINE__METRICS_FILE": str(tmp_path / "metrics" / "dike.prom")})
+    runner, _ = answers("22.05")
+    checks = {c.name: c for c in gather(config, "alice", runner)}
+    state = checks["engine.state_db"]
+    assert state.verdict == FAIL and f"{tmp_path / 'a-file'} is a file, not a folder" in state.found
+    assert state.advice.startswith(f"install -d -o alice -g alice {tmp_path / 'a-file'}")
+    assert checks["engine.lock_file"].verdict == FAIL  # beside the state file
+    assert checks["engine.metrics_file"].verdict == OK and checks["engine.metrics_file"].found.endswith(
+        "can be created by alice")
