@@ -9,6 +9,7 @@ are remembered.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ log = logging.getLogger("dike_slurm.engine")
 # scontrol's words when the engine's user lacks the Slurm rights for a write (docs/deployment.md)
 _DENIED = ("Access/permission denied", "Invalid user id")
 PRIVILEGE_HINT = ("Slurm refused the write for lack of rights ({message}): grant the engine's user "
-                  "AdminLevel=Admin (sacctmgr -i modify user USER set adminlevel=Admin; Operator is enough "
+                  "AdminLevel=Admin (sacctmgr -i modify user {user} set adminlevel=Admin; Operator is enough "
                   "with engine.admin_comment = false), see docs/deployment.md")
 FORGET_AFTER_S = 86400.0  # jobs not active for this long are dropped from the state (not the audit)
 # A job whose memory did not change is rewritten only to keep its last_seen within this of the
@@ -162,7 +163,7 @@ class Applier:
                 elif not outcome.job_gone:
                     errors += 1
                     if not denied and any(words in outcome.message for words in _DENIED):
-                        denied = PRIVILEGE_HINT.format(message=outcome.message.strip())
+                        denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
             if denied:  # every other write would fail alike
                 stopped = denied
                 notes.append(stopped)

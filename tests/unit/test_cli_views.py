@@ -7,6 +7,7 @@ array task 60_3 (job id 63, dikeuser2) is pending.
 
 from __future__ import annotations
 
+import getpass
 import json
 import subprocess
 import sys
@@ -167,6 +168,7 @@ def test_missing_privileges_are_one_line_that_says_what_to_grant(slurm_stubs):  
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: Slurm refused the write for lack of rights") and "AdminLevel=Admin" in last
     assert "docs/deployment.md" in last
+    assert f"sacctmgr -i modify user {getpass.getuser()} set adminlevel=Admin" in last  # the user, not USER
     updates = [c for c in calls(slurm_stubs) if c.startswith("scontrol update")]
     assert len(updates) == 1  # the other writes would fail alike: not tried
 
