@@ -100,6 +100,7 @@ class Applier:
         self.store = store
         self.clock = clock
         self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
+        self._owners: dict[int, str] = {}  # job id -> user, of the cycle being applied (the audit's user column)
 
     def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:
         """Write the plan, audit every write, remember levels, runs and promotions."""
@@ -107,6 +108,7 @@ class Applier:
         engine = self.config.engine
         calls_before = self.backend.calls
         cycle = self.store.next_cycle()
+        self._owners = {p.job.job_id: p.job.user for p in plan.jobs}
         outcomes: list[tuple[PlannedWrite, WriteOutcome]] = []
         requeued: list[tuple[Requeue, WriteOutcome]] = []
         notes: list[str] = []
@@ -122,9 +124,10 @@ class Applier:
         elif tripped is not None:
             stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
                        f"`dike-slurm breaker reset`")
+        stopped_before = bool(stopped)
         if stopped:
             notes.append(stopped)
-            self._audit_skipped(plan, cycle, plan.writes, stopped)
+            self._audit_stopped_cycle(plan, cycle, stopped)
         index, size = 0, FIRST_BATCH
         writes = () if stopped else plan.writes
         writing_since = self.clock()
@@ -180,12 +183,14 @@ class Applier:
                 "error limit or cycle deadline reached"
                 if errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s
                 else f"job {beneficiary}'s pin and priority were not written" if beneficiary in unwritten else "")
+            if why and stopped_before:  # the cycle's one row says it
+                continue
             if why:
                 with self.store.transaction():
                     for requeue in group:
                         self.store.audit(AuditEntry(
                             plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
-                            "none", False, why, requeue.reason,
+                            "none", False, why, requeue.reason, user=self._owners.get(requeue.job_id, ""),
                         ))
                 continue
             if engine.preempt_signal is not None:
@@ -223,6 +228,7 @@ class Applier:
             entry_id = self.store.audit(AuditEntry(
                 now, cycle, requeue.job_id, "requeue", "requeued", f"requeue {requeue.job_id}",
                 "none: a requeue cannot be undone", False, UNCONFIRMED, requeue.reason,
+                user=self._owners.get(requeue.job_id, ""),
             ))
         outcome = self.backend.requeue(requeue.job_id)
         with self.store.transaction():
@@ -253,6 +259,7 @@ class Applier:
                 entry_id = self.store.audit(AuditEntry(
                     now, cycle, requeue.job_id, "signal", f"signal {signal} before requeue", f"signal {requeue.job_id}",
                     "none: a signal cannot be undone", False, UNCONFIRMED, requeue.reason,
+                    user=self._owners.get(requeue.job_id, ""),
                 ))
             outcome = self.backend.signal(requeue.job_id, signal)
             with self.store.transaction():
@@ -266,13 +273,23 @@ class Applier:
         log.error("circuit breaker tripped: %s", reason)
         return reason
 
+    def _audit_stopped_cycle(self, plan: CyclePlan, cycle: int, why: str) -> None:
+        """A cycle paused or with the breaker latched: one row (job 0) for everything it planned,
+        not a row per write every cycle."""
+        planned = f"{len(plan.writes)} planned write(s) and {len(plan.requeues)} requeue(s) not made"
+        jobs = sorted({w.job_id for w in plan.writes} | {r.job_id for r in plan.requeues})
+        with self.store.transaction():
+            self.store.audit(AuditEntry(plan.time, cycle, 0, "skipped", planned, "(not run)", "none", False, why,
+                                        f"jobs {', '.join(map(str, jobs[:20]))}" + (", ..." if len(jobs) > 20 else "")
+                                        if jobs else "nothing planned", user=getpass.getuser()))
+
     def _audit_skipped(self, plan: CyclePlan, cycle: int, writes, why: str) -> None:
         """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""
         with self.store.transaction():
             for write in writes:
                 self.store.audit(AuditEntry(
                     plan.time, cycle, write.job_id, "skipped", change_text(write), "(not run)",
-                    "none", False, why, write.reason,
+                    "none", False, why, write.reason, user=self._owners.get(write.job_id, ""),
                 ))
 
     def _write_batch(self, writes: Sequence[PlannedWrite], now: float, cycle: int, timeout: float) -> list[WriteOutcome]:
@@ -285,7 +302,7 @@ class Applier:
                 now, cycle, write.job_id, "update", change,
                 self.backend.describe(write.update) if write.update.values else "(none)",
                 self.backend.describe(write.undo) if write.undo.values else "none",
-                False, UNCONFIRMED, write.reason,
+                False, UNCONFIRMED, write.reason, user=self._owners.get(write.job_id, ""),
             )) for write, change in zip(writes, changes)]
         sent = iter(self.backend.apply_many([w.update for w in writes if w.update.values], timeout))
         outcomes = [next(sent) if write.update.values else WriteOutcome(True, "(none: Slurm already holds the original)")
@@ -369,7 +386,7 @@ class Applier:
                     plan.time, cycle, room.job_id, "preemption", settled.outcome, "(none)", "none",
                     settled.outcome != WASTED, settled.why,
                     f"requeued {', '.join(map(str, room.victims))} at {format_timestamp(room.requeued_at)} "
-                    f"to free {','.join(room.nodes)}",
+                    f"to free {','.join(room.nodes)}", user=self._owners.get(room.job_id, ""),
                 ))
             self.store.add_preemption_outcomes(requeues_by_outcome(plan.room_outcomes))
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])

@@ -25,7 +25,7 @@ from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.usage import Run
 
-SCHEMA_VERSION = 2  # 2: runs.name (the service prior's groups)
+SCHEMA_VERSION = 3  # 2: runs.name (the service prior's groups); 3: audit.user
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS owned (
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, cycle INTEGER NOT NULL,
     job_id INTEGER NOT NULL, action TEXT NOT NULL, change TEXT NOT NULL, command TEXT NOT NULL,
-    undo TEXT NOT NULL, ok INTEGER NOT NULL, message TEXT NOT NULL, reason TEXT NOT NULL);
+    undo TEXT NOT NULL, ok INTEGER NOT NULL, message TEXT NOT NULL, reason TEXT NOT NULL,
+    user TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS audit_job ON audit (job_id);
 CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
 CREATE TABLE IF NOT EXISTS cycles (
@@ -118,6 +119,7 @@ class AuditEntry:
     message: str = ""
     reason: str = ""
     id: int | None = None
+    user: str = ""  # the job's owner; for engine-wide rows (job 0), who ran the command
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,8 @@ class StateStore:
                 columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
                 if "name" not in columns:  # a schema-1 file
                     self._db.execute("ALTER TABLE runs ADD COLUMN name TEXT NOT NULL DEFAULT ''")
+                if "user" not in {row["name"] for row in self._db.execute("PRAGMA table_info(audit)")}:
+                    self._db.execute("ALTER TABLE audit ADD COLUMN user TEXT NOT NULL DEFAULT ''")  # schema 1-2
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -446,10 +450,10 @@ class StateStore:
     def audit(self, entry: AuditEntry) -> int:
         """Add an entry; its id (for finish_audit)."""
         cursor = self._db.execute(
-            "INSERT INTO audit (at, cycle, job_id, action, change, command, undo, ok, message, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO audit (at, cycle, job_id, action, change, command, undo, ok, message, reason, user)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.at, entry.cycle, entry.job_id, entry.action, entry.change, entry.command, entry.undo,
-             int(entry.ok), entry.message, entry.reason),
+             int(entry.ok), entry.message, entry.reason, entry.user),
         )
         return int(cursor.lastrowid or 0)
 
@@ -593,8 +597,9 @@ def audit_json_line(entry: AuditEntry) -> str:
     ASCII: any text, lone surrogates included, is escaped."""
     return json.dumps({
         "id": entry.id, "at": entry.at, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.at)),
-        "cycle": entry.cycle, "job_id": entry.job_id, "action": entry.action, "change": entry.change,
-        "command": entry.command, "undo": entry.undo, "ok": entry.ok, "message": entry.message, "reason": entry.reason,
+        "cycle": entry.cycle, "job_id": entry.job_id, "user": entry.user, "action": entry.action,
+        "change": entry.change, "command": entry.command, "undo": entry.undo, "ok": entry.ok, "message": entry.message,
+        "reason": entry.reason,
     }) + "\n"
 
 
@@ -650,7 +655,8 @@ def export_audit(entries: Iterable[AuditEntry], path: Path) -> int:
 
 def _audit_entry(row: sqlite3.Row) -> AuditEntry:
     return AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
-                      row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"])
+                      row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"],
+                      row["user"] if "user" in row.keys() else "")  # a file before schema 3, opened read-only
 
 
 _JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attained_at_promotion_gpu_s, promotions,"

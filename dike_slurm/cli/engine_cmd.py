@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import sys
@@ -245,7 +246,8 @@ def breaker_command(
                 with store.transaction():
                     store.reset_breaker()
                     store.audit(AuditEntry(time.time(), store.next_cycle(), 0, "breaker-reset", f"cleared: {reason}",
-                                           "dike-slurm breaker reset", "none", True, "", "operator"))
+                                           "dike-slurm breaker reset", "none", True, "", "operator",
+                                           user=getpass.getuser()))
     if as_json:
         emit_json("breaker", source, _latch_document(config, "tripped", None, reset=reason is not None,
                                                      was=reason))
@@ -275,7 +277,7 @@ def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -
                     change = f"paused: {reason}"
                 undo = "dike-slurm " + ("pause" if reason is None else "resume")
                 store.audit(AuditEntry(time.time(), store.next_cycle(), 0, command, change, f"dike-slurm {command}",
-                                       undo, True, "", "operator"))
+                                       undo, True, "", "operator", user=getpass.getuser()))
         now = store.paused()
     if as_json:
         emit_json(command, source, _latch_document(config, "paused", now, changed=now != before))

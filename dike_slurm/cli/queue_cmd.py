@@ -246,12 +246,14 @@ def audit_command(
         emit_json("audit", source, {"state_file": str(config.engine.state_db), "entries": rows})
         return
     console.print(safe(state_file_text(config)), highlight=False)
-    result = table("dike-slurm audit (newest last)", ["time (UTC)", "cycle", "job", "action", "change", "result",
-                                                       "command", "undo"], no_wrap=("time (UTC)",))
+    result = table("dike-slurm audit (newest last)", ["time (UTC)", "cycle", "job", "user", "action", "change",
+                                                       "result", "reason", "command", "undo"],
+                   no_wrap=("time (UTC)",))
     for row in rows:
         outcome = "ok" if row["ok"] else f"FAILED: {row['message']}" if row["action"] != "skipped" else row["message"]
-        result.add_row(*(safe(v) for v in (row["time"], row["cycle"], row["job_id"], row["action"], row["change"],
-                                            outcome, row["command"], row["undo"])))
+        job = row["job_id"] or "-"  # job 0: the engine's own rows (pause, breaker, a stopped cycle)
+        result.add_row(*(safe(v) for v in (row["time"], row["cycle"], job, row["user"], row["action"], row["change"],
+                                            outcome, row["reason"], row["command"], row["undo"])))
     console.print(result)
 
 

@@ -141,7 +141,7 @@ def queue_rows(
 def audit_row(entry: AuditEntry) -> dict[str, Any]:
     return {
         "id": entry.id, "at": entry.at, "time": utc(entry.at), "cycle": entry.cycle, "job_id": entry.job_id,
-        "action": entry.action, "change": entry.change, "command": entry.command, "undo": entry.undo,
+        "user": entry.user, "action": entry.action, "change": entry.change, "command": entry.command, "undo": entry.undo,
         "ok": entry.ok, "message": entry.message, "reason": entry.reason,
     }
 

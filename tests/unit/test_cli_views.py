@@ -106,8 +106,19 @@ def test_pause_stops_the_writes_until_resume_and_both_are_audited(slurm_stubs): 
     assert as_json("resume", config=slurm_stubs)["paused"] is False
     assert dike("run", "--once", "--apply", config=slurm_stubs).returncode == 0
     assert any(c.startswith("scontrol update") for c in calls(slurm_stubs))
-    actions = [e["action"] for e in as_json("audit", config=slurm_stubs)["entries"]]
+    entries = as_json("audit", config=slurm_stubs)["entries"]
+    actions = [e["action"] for e in entries]
     assert actions.index("pause") < actions.index("skipped") < actions.index("resume") < actions.index("update")
+    # the paused cycle is one row for all it planned, not a row per write
+    (skipped,) = [e for e in entries if e["action"] == "skipped"]
+    planned = sum(1 for e in entries if e["action"] == "update")  # the same plan, written after resume
+    assert skipped["job_id"] == 0 and skipped["change"] == f"{planned} planned write(s) and 0 requeue(s) not made"
+    assert skipped["message"].startswith("paused (maintenance)") and skipped["reason"] == "jobs 53, 63"
+    assert skipped["user"] == getpass.getuser()  # an engine-wide row: who ran the cycle
+    assert {e["job_id"]: e["user"] for e in entries if e["action"] == "update"}[63] == "dikeuser2"  # the job's owner
+    table = dike("audit", config=slurm_stubs).stdout
+    header = next(line for line in table.splitlines() if "cycle" in line and "job" in line)
+    assert [word for word in ("user", "reason") if word in header] == ["user", "reason"]
 
 
 def test_revert_jobid_restores_that_job_only(slurm_stubs):  # noqa: F811

@@ -172,7 +172,7 @@ def test_exported_rows_are_in_the_file_before_they_leave_the_store(tmp_path):
     assert store.prune_audit(10.0, 2, export).exported == 1
     assert exported_ids(export) == ids[:3]
     line = json.loads(export.read_text().splitlines()[0])
-    assert line == {"id": ids[0], "at": 1.0, "time": "1970-01-01T00:00:01Z", "cycle": 1, "job_id": 7,
+    assert line == {"id": ids[0], "at": 1.0, "time": "1970-01-01T00:00:01Z", "cycle": 1, "job_id": 7, "user": "",
                     "action": "update", "change": "change at 1", "command": "cmd", "undo": "undo", "ok": True,
                     "message": "", "reason": ""}
     assert [e.id for e in store.audit_log()] == ids[3:]
@@ -272,9 +272,10 @@ def test_an_exported_line_is_one_ascii_line_whatever_the_text(tmp_path):
     assert surrogate.isascii() and json.loads(surrogate)["change"] == "\ud800"
 
 
-def test_a_schema_1_state_file_gains_the_runs_job_name(tmp_path):
-    """A state file from before the service prior (schema 1: runs without the job's name) is read
-    as it is, read-only, and migrated in place by a writer; nothing it held is lost."""
+def test_a_schema_1_state_file_gains_the_runs_job_name_and_the_audits_user(tmp_path):
+    """A state file from before the service prior (schema 1: runs without the job's name, an audit
+    without its user) is read as it is, read-only, and migrated in place by a writer; nothing it
+    held is lost."""
     path = tmp_path / "state.sqlite"
     db = sqlite3.connect(path)
     db.executescript(
@@ -283,13 +284,22 @@ def test_a_schema_1_state_file_gains_the_runs_job_name(tmp_path):
         "CREATE TABLE runs (job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,"
         " user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL, PRIMARY KEY (job_id, start));"
         "INSERT INTO runs VALUES (5, 100.0, 700.0, 8, 'alice', 'research', 1);"
+        "CREATE TABLE audit (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, cycle INTEGER NOT NULL,"
+        " job_id INTEGER NOT NULL, action TEXT NOT NULL, change TEXT NOT NULL, command TEXT NOT NULL,"
+        " undo TEXT NOT NULL, ok INTEGER NOT NULL, message TEXT NOT NULL, reason TEXT NOT NULL);"
+        "INSERT INTO audit VALUES (1, 50.0, 1, 5, 'update', 'SiteFactor 0 -> 9', 'cmd', 'undo', 1, '', 'why');"
     )
     db.commit()
     db.close()
     assert StateStore(path, read_only=True).runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True)]
+    old_row = AuditEntry(50.0, 1, 5, "update", "SiteFactor 0 -> 9", "cmd", "undo", True, "", "why", 1)
+    assert StateStore(path, read_only=True).audit_log() == [old_row]  # user "": unknown
     store = StateStore(path)
     store.add_runs([Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh")])
     assert store.runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True, ""),
                             Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh")]
     schema = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-    assert schema == "2"
+    assert schema == "3"
+    store.audit(AuditEntry(60.0, 2, 6, "update", "SiteFactor 0 -> 8", "cmd", "undo", True, user="bob"))
+    store._db.commit()
+    assert [(e.job_id, e.user) for e in StateStore(path, read_only=True).audit_log()] == [(5, ""), (6, "bob")]
