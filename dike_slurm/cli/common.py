@@ -79,4 +79,8 @@ def lock(config: Config):
 def state_file_text(config: Config) -> str:
     """The state file a command read, as it says so: the path, or that there is none yet."""
     path = config.engine.state_db
-    return f"state file: {path}" + ("" if path.exists() else " (not created yet: no cycle has been applied)")
+    try:
+        exists = path.exists()
+    except PermissionError:  # a private state folder (the unit's StateDirectoryMode=0750) seen by a user
+        return f"state file: {path} (not readable by this user)"
+    return f"state file: {path}" + ("" if exists else " (not created yet: no cycle has been applied)")
