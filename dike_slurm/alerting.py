@@ -110,7 +110,9 @@ _PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
                                                   ("dike_slurm_breaker_latched", "breaker"))),
     ("Failed cycles in a row", "stat", "short", (("dike_slurm_cycle_failures_in_a_row", "in a row"),)),
     ("Oldest held-back write", "stat", "s", (("dike_slurm_oldest_held_write_age_seconds", "age"),)),
-    ("Pending jobs per level", "timeseries", "short", (("sum by (level) (dike_slurm_pending_jobs)", "level {{level}}"),)),
+    ("Pending jobs per level", "timeseries", "short", (
+        ("sum by (level) (dike_slurm_pending_jobs)", "level {{level}}"),
+        ("dike_slurm_pending_jobs_beyond_head_window", "beyond the head window"))),
     ("Pending wait per level: median and p95", "timeseries", "s",
      (("dike_slurm_pending_wait_seconds", "level {{level}} q{{quantile}}"),)),
     ("Pending jobs per partition", "timeseries", "short",

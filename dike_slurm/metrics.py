@@ -144,6 +144,8 @@ def registry_of(watch: MetricsWatch) -> CollectorRegistry:
     held_age = gauge("oldest_held_write_age_seconds", "how long the longest-waiting held-back write has waited, "
                      "over consecutive cycles of this process (0: none)")
     window = gauge("head_window_jobs", "pending jobs per partition the engine orders (0: every one)")
+    beyond = gauge("pending_jobs_beyond_head_window", "managed pending jobs beyond the head window: Slurm's own "
+                   "factors order them, the engine writes them nothing new")
     phase = gauge("cycle_phase_seconds", "wall time of each phase of the last cycle", ("phase",))
     requeued = gauge("requeues_last_cycle", "jobs requeued by the last cycle")
     signalled = gauge("grace_signals_last_cycle", "grace signals sent by the last cycle")
@@ -183,6 +185,7 @@ def registry_of(watch: MetricsWatch) -> CollectorRegistry:
     held.labels(reason="breaker").set(len(plan.held_back) if plan.breaker else 0)
     skipped.set(max(0, len(plan.writes) - len(report.outcomes) - report.budget_held))
     window.set(plan.window)
+    beyond.set(sum(1 for p in plan.jobs if p.managed and p.outside_window))
     for name in PHASES:
         seconds = report.write_seconds if name == "write" else plan.phase_seconds.get(name)
         if seconds is not None:

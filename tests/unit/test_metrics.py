@@ -194,3 +194,12 @@ def test_the_service_keeps_its_counters_across_cycles_and_a_failure(tmp_path, mo
     assert value(got, "dike_slurm_cycles_total") == 2 and value(got, "dike_slurm_cycle_failures_total") == 1
     assert value(got, "dike_slurm_cycle_failures_in_a_row") == 0
     assert value(got, "dike_slurm_last_failure_timestamp_seconds") > 0
+
+
+def test_pending_jobs_beyond_the_head_window_are_counted(tmp_path):
+    cfg, _backend, eng = setup(tmp_path, [pending(i, waited=60.0 * i) for i in range(1, 4)], head_window=1)
+    run_cycle(eng, apply=True)
+    got = samples(cfg.engine.metrics_file)
+    assert value(got, "dike_slurm_head_window_jobs") == 1
+    assert value(got, "dike_slurm_pending_jobs_beyond_head_window") == 2
+    assert value(got, "dike_slurm_pending_jobs", level="0", partition="gpu") == 3
