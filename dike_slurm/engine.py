@@ -105,9 +105,10 @@ class Engine:
         # for the engine's life (a reload makes a new engine, which reads them again).
         self.site_priority: SlurmPriorityModel | None = None
         self._span: SiteSpan | None = None
-        # The service prior's last prediction (GPU-s) of each job seen, and when it was last seen
-        # active: judged against the job's service once its final run is in accounting.
-        self._predicted: dict[int, tuple[float, float]] = {}
+        # The service prior's last prediction (GPU-s) of each active job, and (prediction, when it
+        # left the queue) of the jobs that left and whose final run is not in accounting yet.
+        self._predicted: dict[int, float] = {}
+        self._left: dict[int, tuple[float, float]] = {}
 
     # ---------------------------------------------------------------- the span written
 
@@ -256,29 +257,27 @@ class Engine:
     def _judge_prior(self, expected: Mapping[int, Prediction], active: Collection[Job], runs: Collection[Run],
                      now: float) -> tuple[tuple[float, float], ...]:
         """(predicted, attained) GPU-seconds of each job that left the queue since the last cycle and
-        whose final run is in accounting; the prediction is the prior's last while the job was pending.
-        A job whose final run has not landed after SACCT_OVERLAP_S (cancelled while pending, or
-        accounting down) is dropped unjudged."""
-        judged = []
+        whose final run is in accounting; the prediction is the prior's last while the job was pending
+        (or, for a job never seen pending, the first made). A job whose final run has not landed
+        SACCT_OVERLAP_S after it left (cancelled while pending, or accounting down) is dropped unjudged."""
         active_ids = {job.job_id: job for job in active}
-        if self._predicted:
-            totals = finished_totals(runs, now)
-            for job_id, (predicted, seen) in list(self._predicted.items()):
-                if job_id in active_ids:
-                    self._predicted[job_id] = (predicted, now)
-                    continue
+        for job_id in self._predicted.keys() - active_ids.keys():
+            self._left[job_id] = (self._predicted.pop(job_id), now)
+        judged = []
+        if self._left:
+            totals = finished_totals([run for run in runs if run.job_id in self._left], now)
+            for job_id, (predicted, left_at) in list(self._left.items()):
                 total = totals.get(job_id)
                 if total is not None:
                     judged.append((predicted, total[0]))
-                if total is not None or now - seen > SACCT_OVERLAP_S:
-                    del self._predicted[job_id]
+                if total is not None or now - left_at > SACCT_OVERLAP_S:
+                    del self._left[job_id]
+        pending = JobState.PENDING
+        known = self._predicted
         for job_id, prediction in expected.items():
             job = active_ids.get(job_id)
-            if job is None:
-                continue
-            known = self._predicted.get(job_id)
-            predicted = prediction.gpu_s if job.state is JobState.PENDING or known is None else known[0]
-            self._predicted[job_id] = (predicted, now)
+            if job is not None and (job.state is pending or job_id not in known):
+                known[job_id] = prediction.gpu_s
         return tuple(judged)
 
     def _read_accounting(self, now: float):

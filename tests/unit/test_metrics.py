@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
 
 from dike_slurm.backends.base import FakeBackend
+from dike_slurm.engine import SACCT_OVERLAP_S
 from dike_slurm.errors import SlurmError
 from dike_slurm.metrics import MetricsWatch, exported_names, quantile
 from dike_slurm.model import JobState
@@ -203,3 +204,19 @@ def test_pending_jobs_beyond_the_head_window_are_counted(tmp_path):
     assert value(got, "dike_slurm_head_window_jobs") == 1
     assert value(got, "dike_slurm_pending_jobs_beyond_head_window") == 2
     assert value(got, "dike_slurm_pending_jobs", level="0", partition="gpu") == 3
+
+
+def test_a_job_that_left_without_a_final_run_in_accounting_is_dropped_unjudged(tmp_path):
+    history = [finished_run(100 + i, "alice", 1, NOW - 90_000 + i * 1000, NOW - 90_000 + i * 1000 + 3600)
+               for i in range(5)]
+    cfg, backend, eng = setup(tmp_path, [pending(1)])
+    backend.records = history
+    assert 1 in run_cycle(eng, apply=True).plan.expected
+    backend.jobs[1] = backend.jobs[1].with_changes(state=JobState.CANCELLED)  # cancelled while pending
+    backend.time += 60
+    assert run_cycle(eng, apply=True).plan.prior_judged == ()
+    backend.time += SACCT_OVERLAP_S + 1
+    assert run_cycle(eng, apply=True).plan.prior_judged == ()  # still no run: dropped
+    backend.records = history + [finished_run(1, "alice", 1, NOW, NOW + 100)]  # a record that comes too late
+    backend.time += 60
+    assert run_cycle(eng, apply=True).plan.prior_judged == ()
