@@ -64,11 +64,60 @@ def _check_states(states: list[str]) -> list[str]:
     return states
 
 
-def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> None:
-    result = table(title, [header for header, _ in columns], no_wrap=("job", "state"))
-    for row in rows:
-        result.add_row(*(safe("-" if row[key] is None else row[key]) for _, key in columns))
-    console.print(result)
+def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]], out=None) -> None:
+    """The jobs, a line each. Piped, every column; on a terminal, the columns that fit its width,
+    kept in the order of JOB_COLUMN_RANK (free text cut with an ellipsis, never folded), and a line
+    naming those left out."""
+    from rich.table import Table
+
+    out = out or console
+    cells = [[str(safe("-" if row[key] is None else row[key])) for _, key in columns] for row in rows]
+    whole = table_width(column_widths(columns, cells, cut=False)) <= out.width  # piped output always is
+    shown = list(range(len(columns))) if whole else fit_columns(columns, column_widths(columns, cells, True), out.width)
+    result = Table(title=title)
+    for index in shown:
+        header, key = columns[index]
+        result.add_column(header, no_wrap=True, overflow="ellipsis",
+                          max_width=max(TEXT_WIDTH, len(header)) if key in FREE_TEXT and not whole else None)
+    for line in cells:
+        result.add_row(*(line[index] for index in shown))
+    out.print(result)
+    left_out = [header for index, (header, _) in enumerate(columns) if index not in shown]
+    if left_out:
+        out.print(safe(f"not shown: {', '.join(left_out)} (--json has every field)"), highlight=False)
+
+
+# Which columns a narrow terminal keeps first: who and what, then the engine's view, then the rest.
+JOB_COLUMN_RANK = ("job", "user", "state", "gpus", "level", "expected_gpu_hours", "priority_now",
+                   "priority_planned", "slurm_reason", "partition", "name", "attained_gpu_hours",
+                   "counted_gpu_hours", "account", "reason", "placement_now", "placement_planned", "note")
+FREE_TEXT = frozenset({"name", "reason", "note", "slurm_reason", "placement_now", "placement_planned"})
+TEXT_WIDTH = 24  # a free-text column's width on a terminal: its start says enough; --json has it whole
+_BORDER = 3  # rich's table: a space either side of a cell and one rule between columns
+
+
+def column_widths(columns: list[tuple[str, str]], cells: list[list[str]], cut: bool) -> list[int]:
+    """Each column's width: its longest cell or header (free text cut to TEXT_WIDTH when `cut`)."""
+    widths = []
+    for index, (header, key) in enumerate(columns):
+        longest = max([len(header), *(len(line[index]) for line in cells)])
+        widths.append(min(longest, max(TEXT_WIDTH, len(header))) if cut and key in FREE_TEXT else longest)
+    return widths
+
+
+def table_width(widths: list[int]) -> int:
+    return 1 + sum(width + _BORDER for width in widths)
+
+
+def fit_columns(columns: list[tuple[str, str]], widths: list[int], width: int) -> list[int]:
+    """The indexes of the columns to show, in table order: the highest ranked first while the
+    table, a line per row, still fits `width`."""
+    rank = {key: place for place, key in enumerate(JOB_COLUMN_RANK)}
+    chosen: list[int] = []
+    for index in sorted(range(len(columns)), key=lambda i: rank.get(columns[i][1], len(rank))):
+        if table_width([widths[i] for i in (*chosen, index)]) <= width:
+            chosen.append(index)
+    return sorted(chosen)
 
 
 QUEUE_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
