@@ -29,6 +29,8 @@ DASHBOARD_UID = "dike-slurm"
 
 @dataclass(frozen=True)
 class AlertRule:
+    """One alert, as Prometheus's rule file holds it (`{{ $value }}` in its texts is Prometheus's)."""
+
     name: str
     expr: str
     for_: str  # "" fires at the first evaluation that matches
@@ -99,8 +101,12 @@ def prometheus_rules(config: Config, config_path: Path) -> str:
     """The rules file (templates/prometheus-rules.yml.j2)."""
     from dike_slurm.render import _environment
 
+    rules = [{"name": rule.name, "expr": rule.expr, "for_": rule.for_, "severity": rule.severity,
+              # a JSON string is a YAML double-quoted one
+              "summary": json.dumps(rule.summary, ensure_ascii=False),
+              "description": json.dumps(rule.description, ensure_ascii=False)} for rule in alert_rules(config)]
     return _environment().get_template("prometheus-rules.yml.j2").render(
-        rules=alert_rules(config), interval_s=f"{config.engine.interval_s:g}", config_path=config_path)
+        rules=rules, interval_s=f"{config.engine.interval_s:g}", config_path=config_path)
 
 
 # (title, panel type, unit, ((expression, legend), ...)); a row of four panels of width 6
