@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from dike_slurm.decisions import Decisions
-from dike_slurm.model import Snapshot
+from dike_slurm.model import Job, Snapshot
 
 
 class PolicyParams(BaseModel):
@@ -86,3 +86,8 @@ class Policy(ABC):
         `dike-slurm render slurm-conf` prints the node features the site must configure with it.
         """
         return "leaf_"
+
+    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
+        """When this pending job, at a level above 0, would be promoted to level 0 for waiting
+        (epoch seconds), None when it never is; `explain` tells the user."""
+        return None

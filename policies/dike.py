@@ -182,6 +182,16 @@ def levels_with_promotion(
     return level, False, reason
 
 
+def promotion_time(job: Job, promote_knob: float | None, max_wait_s: float | None) -> float | None:
+    """When levels_with_promotion promotes this pending job for waiting: `promote_knob` x its last
+    run or `max_wait_s` after it began to wait, whichever comes first (None: never)."""
+    since = job.pending_since if job.pending_since is not None else job.submit_time
+    times = [since + promote_knob * job.last_run_s] if promote_knob is not None and job.last_run_s > 0 else []
+    if max_wait_s is not None:
+        times.append(since + max_wait_s)
+    return min(times) if times else None
+
+
 class DikePolicy(Policy):
     name = "dike"
     description = "Dike: K feedback queues from attained GPU-hours, fairness/wait mix, comm-aware placement."
@@ -328,6 +338,10 @@ class DikePolicy(Policy):
             if hold is not None:
                 placements = with_node_hold(placements, hold)
         return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected, expected_of)
+
+    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
+        assert isinstance(params, DikeParams)
+        return promotion_time(job, params.promote_knob, params.max_wait_s)
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         assert isinstance(params, DikeParams)

@@ -8,10 +8,10 @@ from bisect import bisect_right
 from pydantic import Field, model_validator
 
 from dike_slurm.decisions import Decisions, SetPriority
-from dike_slurm.model import JobState, Snapshot
+from dike_slurm.model import Job, JobState, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active
-from dike_slurm.policies.dike import levels_with_promotion
+from dike_slurm.policies.dike import levels_with_promotion, promotion_time
 from dike_slurm.policies.fifo import submit_order
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
 
@@ -49,6 +49,10 @@ class TiresiasPolicy(Policy):
 
     def reads_completed_service(self, params: PolicyParams) -> bool:
         return False
+
+    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
+        assert isinstance(params, TiresiasParams)
+        return promotion_time(job, params.promote_knob, None)
 
     def requeue_min_run_s(self, params: PolicyParams) -> float | None:
         assert isinstance(params, TiresiasParams)

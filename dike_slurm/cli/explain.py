@@ -7,11 +7,15 @@ store is "finished"; one the engine knows nothing of is "unknown" (the command e
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from dike_slurm.model import JobState
+
 if TYPE_CHECKING:
-    from dike_slurm.engine import Engine
+    from dike_slurm.engine import CyclePlan, Engine
     from dike_slurm.model import Job
+    from dike_slurm.reconcile import JobPlan
 
 
 def _matches(job: Job, wanted: tuple[int, int | None]) -> bool:
@@ -42,7 +46,11 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
                             for w in found.writes],
             "write_reasons": [w.reason for w in found.writes],
             "head_window": plan.window or None,
+            "tolerance": engine.config.engine.priority_tolerance,
         }}
+        if found.job.state is JobState.PENDING and found.managed:
+            document["standing"] = standing(plan, found)
+            document["would_change"] = what_would_change(engine, plan, found)
     elif outside is not None:
         job_id = outside.job_id
         document |= {"status": "outside-scope", "job": outside_row(outside, field)}
@@ -58,14 +66,64 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     return document | {"job_id": job_id, "owned": owned, "audit": audit}
 
 
+def standing(plan: CyclePlan, mine: JobPlan) -> dict[str, Any]:
+    """Where a pending job stands in its partition, in the order the engine writes (its planned
+    value, else Slurm's; submit time between equals): its place and the jobs ahead, by why."""
+    def value(p: JobPlan) -> int:
+        return p.value_wanted if p.value_wanted is not None else p.value_now or 0
+
+    queue = sorted((p for p in plan.jobs if p.job.state is JobState.PENDING and p.managed
+                    and p.job.partition == mine.job.partition),
+                   key=lambda p: (-value(p), p.job.submit_time, p.job.job_id))
+    place = next(i for i, p in enumerate(queue) if p.job.job_id == mine.job.job_id)
+    ahead = queue[:place]
+    better = sum(1 for p in ahead if p.level is not None and mine.level is not None and p.level < mine.level)
+    return {"partition": mine.job.partition, "place": place + 1, "pending": len(queue), "ahead": len(ahead),
+            "ahead_at_a_better_level": better, "ahead_at_its_level": len(ahead) - better}
+
+
+def what_would_change(engine: Engine, plan: CyclePlan, mine: JobPlan) -> list[str]:
+    """What would move a pending job: a job ending, a promotion at a time, a preemption, or why none."""
+    from dike_slurm.engine import opted_in_to_preemption
+    from dike_slurm.parsing.durations import format_duration
+
+    job = mine.job
+    running = [p for p in plan.jobs if p.job.state is JobState.RUNNING and p.job.partition == job.partition]
+    out = [f"a running job ending: it needs {job.gpus} GPU(s) on {job.num_nodes} node(s), and {len(running)} "
+           f"job(s) run in partition {job.partition}"]
+    if mine.level:
+        at = engine.policy.promotion_at(job, engine.params)
+        out.append(f"a promotion to level 0 at {_utc(at)} UTC, in {format_duration(max(0.0, at - plan.time))}, "
+                   "for waiting" if at is not None else f"no promotion: policy {engine.policy.name} promotes no "
+                   "job for waiting with these parameters")
+    if engine.policy.requeue_min_run_s(engine.params) is None:
+        out.append(f"no preemption: policy {engine.policy.name} never preempts with these parameters")
+        return out
+    worse = [p for p in running if p.level is not None and mine.level is not None and p.level > mine.level]
+    victims = [p for p in worse if p.job.requeueable and opted_in_to_preemption(p.job, engine.config)]
+    if victims:
+        out.append(f"a preemption: {len(victims)} running job(s) of a worse level in its partition may be "
+                   "requeued for it, once they have run their minimum")
+    else:
+        out.append(f"no preemption: none of the {len(worse)} running job(s) of a worse level in its partition "
+                   "may be preempted (a job opts in with the dike:preemptible comment tag, or runs in a partition "
+                   "or QOS the site lists in engine.preemptible_*)" if worse else
+                   "no preemption: no running job in its partition is at a worse level")
+    return out
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
 def _value(value: object) -> str:
     from dike_slurm.reconcile import describe_value
 
     return describe_value(value)  # type: ignore[arg-type]
 
 
-def explain_lines(document: dict[str, Any]) -> list[str]:
-    """The document for a person."""
+def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
+    """The document for a person; the policy's parameters with `verbose`."""
     status, job, query = document["status"], document["job"], document["query"]
     if status == "unknown":
         return [f"job {query}: not in the queue and not in the engine's state store (unknown, or finished "
@@ -92,9 +150,19 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
             lines.append(f"  expected service: {job['expected_from']['text']} (the service prior: finished jobs "
                          "in the look-back window, shrunk toward coarser groups)")
         lines.append(f"  level {job['level']}: {job['reason']}")
-        params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items()
-                           if k not in ("comm_rules",))
-        lines.append(f"  policy {document['policy']}: {params}")
+        if "standing" in document:
+            where = document["standing"]
+            place = f"{where['pending']} pending in partition {where['partition']} in the engine's order"
+            lines.append(
+                f"  where it stands: first of {place}: no job ahead of it" if not where["ahead"] else
+                f"  where it stands: {where['place']} of {place}; {where['ahead']} ahead of it: "
+                f"{where['ahead_at_a_better_level']} at a better level (they have used less), "
+                f"{where['ahead_at_its_level']} at its level, ranked higher by expected service, fair share and wait")
+            lines += ["  what would change it:"] + [f"    - {item}" for item in document["would_change"]]
+        if verbose:
+            params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items()
+                               if k not in ("comm_rules",))
+            lines.append(f"  policy {document['policy']}: {params}")
         planned = job["priority_planned"]
         if job["beyond_head_window"]:
             lines += [
@@ -114,7 +182,9 @@ def explain_lines(document: dict[str, Any]) -> list[str]:
         for change, reason in zip(job["next_writes"], job["write_reasons"]):
             lines.append(f"  next cycle writes: {change} ({reason})")
         if job["managed"] and not job["next_writes"] and not job["beyond_head_window"]:
-            lines.append("  next cycle writes nothing: Slurm already holds what the policy wants")
+            lines.append(f"  next cycle writes nothing: Slurm's value is within engine.priority_tolerance "
+                         f"({document['job']['tolerance']:.0%} of the span) of the planned one, close enough to "
+                         "keep the order")
     for owned in document["owned"]:
         lines.append(f"  engine owns {owned['field']}: wrote {owned['written']}, original {owned['original']}")
     if document["audit"]:

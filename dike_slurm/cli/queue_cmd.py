@@ -238,6 +238,7 @@ def _parse_job(text: str) -> tuple[int, int | None]:
 @app.command("explain")
 def explain_command(
     job: str = typer.Argument(..., help="job id (123, or 123_4 for an array task)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also every parameter of the policy"),
     config_path: Optional[Path] = CONFIG_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -258,7 +259,7 @@ def explain_command(
     else:
         from dike_slurm.cli.explain import explain_lines
 
-        for line in explain_lines(document):
+        for line in explain_lines(document, verbose):
             console.print(safe(line), highlight=False)
     if document["status"] == "unknown":
         raise typer.Exit(1)

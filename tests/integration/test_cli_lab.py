@@ -52,6 +52,29 @@ def test_queue_and_json_show_what_slurm_and_the_engine_hold(slurm_lab, engine): 
     assert as_json(engine, "audit", "--job", str(job))["entries"]
 
 
+def test_explain_says_why_a_job_waits_where_it_stands_and_what_would_change_it(slurm_lab, engine):  # noqa: F811
+    """Issue 30, item 2: on a full lab, two waiting jobs of dikeuser2; the later one stands second
+    of the two, and what would move it is a job ending (no lab job is opted in to preemption)."""
+    lab = slurm_lab
+    fill_cluster(lab, "dikeuser1")
+    first = lab.sbatch("--gres=gpu:8", "--job-name=first", "--wrap", "sleep 5", user="dikeuser2")
+    second = lab.sbatch("--gres=gpu:8", "--job-name=second", "--wrap", "sleep 5", user="dikeuser2")
+    assert as_json(engine, "run", "--once", "--apply")["applied"] is True
+    explained = as_json(engine, "explain", str(second))
+    assert explained["status"] == "active" and explained["job"]["state"] == "PENDING"
+    standing = explained["standing"]
+    assert (standing["place"], standing["pending"], standing["ahead"]) == (2, 2, 1), standing
+    assert standing["ahead_at_its_level"] == 1  # both at level 0: the earlier one ranks higher
+    changes = explained["would_change"]
+    assert changes[0] == "a running job ending: it needs 8 GPU(s) on 1 node(s), and 4 job(s) run in partition gpu"
+    assert changes[-1].startswith("no preemption: none of the") or changes[-1].startswith("no preemption: no running")
+    text = engine("explain", str(second)).stdout
+    assert "where it stands: 2 of 2 pending in partition gpu in the engine's order; 1 ahead of it" in text
+    assert "Slurm keeps it waiting: " in text and "    - a running job ending: it needs 8 GPU(s)" in text
+    assert "policy dike: " not in text and "policy dike: " in engine("explain", "--verbose", str(second)).stdout
+    assert as_json(engine, "explain", str(first))["standing"]["place"] == 1
+
+
 def test_pause_stops_the_writes_and_revert_jobid_restores_one_job(slurm_lab, engine):  # noqa: F811
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")

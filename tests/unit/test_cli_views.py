@@ -72,7 +72,15 @@ def test_explain_finds_exactly_the_job_asked_for(slurm_stubs):  # noqa: F811
     assert task["policy_parameters"]["thresholds_gpuh"] == [0.02, 0.2]  # "thresholds configured": these
     assert task["job"]["slurm_reason"] == "Priority"
     text = dike("explain", "60_3", config=slurm_stubs).stdout
-    assert "thresholds_gpuh=[0.02, 0.2]" in text and "Slurm keeps it waiting: Priority (squeue's REASON)" in text
+    assert "Slurm keeps it waiting: Priority (squeue's REASON)" in text
+    assert "thresholds_gpuh=" not in text  # the parameters only with --verbose
+    assert "thresholds_gpuh=[0.02, 0.2]" in dike("explain", "--verbose", "60_3", config=slurm_stubs).stdout
+    # why it waits, in a user's words: where it stands, and what would change it
+    assert task["standing"] == {"partition": "gpu", "place": 1, "pending": 1, "ahead": 0,
+                                "ahead_at_a_better_level": 0, "ahead_at_its_level": 0}
+    assert "where it stands: first of 1 pending in partition gpu in the engine's order: no job ahead of it" in text
+    assert task["would_change"][0].startswith("a running job ending: it needs 2 GPU(s) on 1 node(s), and 1 job(s) run")
+    assert "what would change it:" in text and "    - no preemption" in text
     queue = json.loads(json.dumps(SQUEUE_JSON))
     queue["jobs"] = [j for j in queue["jobs"] if j["job_id"] != 53]  # job 53 finished
     (slurm_stubs.parent / "squeue.json").write_text(json.dumps(queue))

@@ -47,6 +47,25 @@ def test_tiresias_demotes_past_3600_gpu_seconds_and_is_fifo_inside():
     assert decisions.order() == (3, 2, 1)
 
 
+def test_promotion_at_says_when_a_waiting_job_is_promoted():
+    """`explain`'s promotion time: the first of knob x last run and max_wait_s after the job began
+    to wait, as levels_with_promotion decides it."""
+    served = pending(1, waited=500, attained_gpu_s=4000.0, run_count=1, last_run_s=1000.0)
+    began = NOW - 500
+    assert DikePolicy().promotion_at(served, DikeParams()) == began + 8 * 1000.0
+    assert DikePolicy().promotion_at(served, DikeParams(max_wait_s=600.0)) == began + 600.0
+    assert DikePolicy().promotion_at(served, DikeParams(promote_knob=None, max_wait_s=None)) is None
+    assert TiresiasPolicy().promotion_at(served, TiresiasParams()) is None  # no knob: never
+    assert TiresiasPolicy().promotion_at(served, TiresiasParams(promote_knob=8)) == began + 8000.0
+    later = served.with_changes(submit_time=NOW - 10_000, pending_since=NOW - 500)  # requeued: waits anew
+    assert DikePolicy().promotion_at(later, DikeParams()) == began + 8000.0
+    # exactly when decide promotes it
+    at = DikePolicy().promotion_at(served, FIXED)
+    for moment, promoted in ((at - 1, False), (at, True)):
+        state = replace(snapshot([served]), time=moment)
+        assert DikePolicy().decide(state, FIXED, RNG).priority_of(1).promoted is promoted
+
+
 def test_tiresias_consolidates_only_large_jobs():
     decisions = TiresiasPolicy().decide(snapshot([pending(1, gpus=16), pending(2, gpus=4)]), TiresiasParams(), RNG)
     big = decisions.placement_of(1)
