@@ -144,6 +144,10 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
         ]
         if job["slurm_reason"]:
             lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
+        elif job["state"] == "PENDING":
+            # an update (the engine's writes too) resets squeue's REASON to None until the next pass
+            lines.append("  Slurm gives no reason now: its scheduler has not looked at the job since it was queued "
+                         "or last updated")
         if not job["managed"]:
             lines.append(f"  not managed: {job['note']}")
         if job["expected_from"] is not None:

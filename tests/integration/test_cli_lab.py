@@ -60,6 +60,9 @@ def test_explain_says_why_a_job_waits_where_it_stands_and_what_would_change_it(s
     first = lab.sbatch("--gres=gpu:8", "--job-name=first", "--wrap", "sleep 5", user="dikeuser2")
     second = lab.sbatch("--gres=gpu:8", "--job-name=second", "--wrap", "sleep 5", user="dikeuser2")
     assert as_json(engine, "run", "--once", "--apply")["applied"] is True
+    # an update resets squeue's REASON to None: Slurm names one again at its next scheduler pass
+    lab.wait_for(lambda: lab.run("squeue", "-h", "-j", str(second), "-o", "%r").stdout.strip() not in ("", "None"),
+                 60, "Slurm gave the waiting job no reason")
     explained = as_json(engine, "explain", str(second))
     assert explained["status"] == "active" and explained["job"]["state"] == "PENDING"
     standing = explained["standing"]
@@ -70,7 +73,7 @@ def test_explain_says_why_a_job_waits_where_it_stands_and_what_would_change_it(s
     assert changes[-1].startswith("no preemption: none of the") or changes[-1].startswith("no preemption: no running")
     text = engine("explain", str(second)).stdout
     assert "where it stands: 2 of 2 pending in partition gpu in the engine's order; 1 ahead of it" in text
-    assert "Slurm keeps it waiting: " in text and "    - a running job ending: it needs 8 GPU(s)" in text
+    assert "Slurm keeps it waiting: " in text and "    - a running job ending: it needs 8 GPU(s)" in text, text
     assert "policy dike: " not in text and "policy dike: " in engine("explain", "--verbose", str(second)).stdout
     assert as_json(engine, "explain", str(first))["standing"]["place"] == 1
 
