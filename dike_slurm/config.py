@@ -80,6 +80,9 @@ class EngineSettings(_Section):
     preemptible_partitions: list[str] = Field(default_factory=list, description="... or that run in these partitions")
     preemptible_qos: list[str] = Field(default_factory=list, description="... or that run under these QOS")
     state_db: Path = Field(Path("/var/lib/dike-slurm/state.sqlite"))
+    state_group: str | None = Field(
+        None, description="the group that may read the state file the engine creates (0640); unset: its user only (0600)"
+    )
     lock_file: Path | None = Field(None, description="default: state_db + '.lock'")
     seed: int = 0
     log_format: Literal["text", "json"] = Field("text", description="log lines on stderr: text, or one JSON object per line")

@@ -174,10 +174,37 @@ _INTEGER_FIELDS = frozenset({JobField.SITE_FACTOR, JobField.PRIORITY, JobField.N
 _FIELD_BY_NAME = {f.value: f for f in JobField}
 
 
+def _create_private(path: Path, group: str | None) -> None:
+    """Create an empty state file readable by its owner only, or also by `group`: it holds every
+    user's levels and reasons, which Slurm's PrivateData may hide from other users. SQLite gives
+    its -wal and -shm files the database file's mode. An existing file is left as it is."""
+    import grp
+
+    gid = -1
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise StateError(f"engine.state_group {group!r} is not a group on this host") from None
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        if gid != -1:
+            os.fchown(descriptor, -1, gid)
+            os.fchmod(descriptor, 0o640)
+        else:
+            os.fchmod(descriptor, 0o600)  # whatever the umask
+    finally:
+        os.close(descriptor)
+
+
 class StateStore:
     """The engine's SQLite file; `None` path or a missing file opened read-only: empty, in memory."""
 
-    def __init__(self, path: Path | None, *, read_only: bool = False) -> None:
+    def __init__(self, path: Path | None, *, read_only: bool = False, group: str | None = None) -> None:
+        """`group`: the group that may read a file this store creates (0640); None: only its owner (0600)."""
         self.path = path
         self.read_only = read_only
         try:
@@ -187,6 +214,7 @@ class StateStore:
                 self._db = sqlite3.connect(_read_only_uri(path), uri=True)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
+                _create_private(path, group)
                 self._db = sqlite3.connect(path, timeout=30)
                 self._db.execute("PRAGMA journal_mode=WAL")
         except (sqlite3.Error, OSError) as exc:

@@ -61,7 +61,7 @@ def emit_json(command: str, source: ConfigSource | None, document: dict[str, Any
 def store(config: Config, *, writing: bool) -> StateStore:
     from dike_slurm.state import StateStore
 
-    return StateStore(config.engine.state_db, read_only=not writing)
+    return StateStore(config.engine.state_db, read_only=not writing, group=config.engine.state_group)
 
 
 def open_engine(config: Config, *, writing: bool) -> Engine:

@@ -75,12 +75,14 @@ def diagnose(
     priority_span: int = 1_000_000,
     user: str = "dike-slurm",
     slurmdbd_error: str = "",
+    store_exposure: str = "",
 ) -> list[Check]:
     """Every check, from what Slurm printed (pure: unit-tested on recorded output).
 
     `priority_model`: the site's own priority as the engine reads it (None with `priority_error`
     when it could not be read); `priority_mode` and `priority_span` are the engine's settings;
-    `user` runs the engine; `slurmdbd_error`: what sacctmgr said when slurmdbd did not answer.
+    `user` runs the engine; `slurmdbd_error`: what sacctmgr said when slurmdbd did not answer;
+    `store_exposure`: how every user can read the state file ("" when they cannot).
     """
     checks = [Check("Slurm version", version or "unknown", OK if version else FAIL,
                     "" if version else "scontrol --version printed nothing: is this Slurm?"), json_format]
@@ -98,6 +100,11 @@ def diagnose(
     else:
         checks.append(Check("privileges", f"{user}: AdminLevel={admin_level or 'None'}", FAIL,
                             GRANT_ADVICE.format(user=user)))
+    private = config.get("PrivateData", "none")
+    if private.lower() not in ("", "none") and store_exposure:
+        checks.append(Check("state file privacy", f"PrivateData={private}, but {store_exposure}", WARN,
+                            "chmod 600 the state file (and its -wal and -shm), or 640 with engine.state_group: it "
+                            "holds every user's levels and reasons"))
     tracked = [tres.strip() for tres in config.get("AccountingStorageTRES", "").split(",") if tres.strip()]
     if "gres/gpu" in tracked:
         checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))
@@ -201,6 +208,19 @@ def _writable_or_raise(path: Path) -> tuple[bool, str]:
     if not os.access(existing, os.W_OK | os.X_OK):
         return False, f"cannot be created: {existing} is not writable"
     return True, "can be created" if existing != folder else "can be created in its folder"
+
+
+def store_exposure(path: Path) -> str:
+    """How any user can read the state file: "" when its mode or its folder's keeps them out."""
+    import stat
+
+    try:
+        file_mode, folder_mode = path.stat().st_mode, path.parent.stat().st_mode
+    except OSError:  # not there yet (the engine creates it 0600), or not reachable by this user
+        return ""
+    if file_mode & stat.S_IROTH and folder_mode & stat.S_IXOTH:
+        return f"{path} is readable by every user (mode {stat.S_IMODE(file_mode):o})"
+    return ""
 
 
 def path_checks(config, user: str) -> list[Check]:
@@ -416,7 +436,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         preemption=policy.requeue_min_run_s(params) is not None,  # the hook a preemptive policy declares
         admin_comment=config.engine.admin_comment, priority_model=priority_model, priority_error=priority_error,
         priority_mode=config.engine.priority_mode, priority_span=config.engine.priority_span, user=user,
-        slurmdbd_error=slurmdbd_error,
+        slurmdbd_error=slurmdbd_error, store_exposure=store_exposure(config.engine.state_db),
     )
     return checks + scope_checks(config.scope, known, unknown_why) + path_checks(config, user)
 

@@ -240,7 +240,7 @@ def breaker_command(
             raise typer.Exit(1)
         return
     with lock(config):
-        with closing(StateStore(config.engine.state_db)) as store:
+        with closing(StateStore(config.engine.state_db, group=config.engine.state_group)) as store:
             reason = store.breaker()
             if reason is not None:
                 with store.transaction():
@@ -265,7 +265,7 @@ def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -
     config, source = load(config_path)
     say_source(source, as_json)
     command = "resume" if reason is None else "pause"
-    with closing(StateStore(config.engine.state_db)) as store:
+    with closing(StateStore(config.engine.state_db, group=config.engine.state_group)) as store:
         with store.transaction():
             before = store.paused()
             if (reason is None) != (before is None):

@@ -251,3 +251,23 @@ def test_files_the_engine_cannot_create_fail_with_the_folder_to_make(tmp_path):
     assert checks["engine.lock_file"].verdict == FAIL  # beside the state file
     assert checks["engine.metrics_file"].verdict == OK and checks["engine.metrics_file"].found.endswith(
         "can be created by alice")
+
+
+def test_a_state_file_every_user_reads_is_a_warning_under_private_data(tmp_path):
+    from dike_slurm.cli.doctor_cmd import store_exposure
+
+    state = tmp_path / "state.sqlite"
+    state.write_text("")
+    tmp_path.chmod(0o755)
+    state.chmod(0o644)
+    exposure = store_exposure(state)
+    assert exposure == f"{state} is readable by every user (mode 644)"
+    private = parse_show_config(CONFIG_22.replace("PrivateData             = none", "PrivateData             = jobs"))
+    warned = {c.name: c for c in not_root(config=private, store_exposure=exposure)}["state file privacy"]
+    assert warned.verdict == WARN and "PrivateData=jobs" in warned.found and "chmod 600" in warned.advice
+    assert "state file privacy" not in {c.name for c in not_root(store_exposure=exposure)}  # PrivateData=none
+    state.chmod(0o600)
+    assert store_exposure(state) == ""
+    state.chmod(0o644)
+    tmp_path.chmod(0o700)  # a folder others cannot search keeps them out too
+    assert store_exposure(state) == ""

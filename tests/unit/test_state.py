@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -303,3 +304,30 @@ def test_a_schema_1_state_file_gains_the_runs_job_name_and_the_audits_user(tmp_p
     store.audit(AuditEntry(60.0, 2, 6, "update", "SiteFactor 0 -> 8", "cmd", "undo", True, user="bob"))
     store._db.commit()
     assert [(e.job_id, e.user) for e in StateStore(path, read_only=True).audit_log()] == [(5, ""), (6, "bob")]
+
+
+def test_a_new_state_file_is_private_to_its_user_or_readable_by_the_group_named(tmp_path):
+    """Issue 30: the store holds every user's levels and reasons; whatever the umask, a new file is
+    0600, or 0640 owned by engine.state_group; SQLite's -wal and -shm follow the file's mode."""
+    import grp
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = StateStore(tmp_path / "private.sqlite")
+        store.audit(AuditEntry(1.0, 1, 7, "update", "x", "cmd", "undo", True))
+        store._db.commit()
+        for name in ("private.sqlite", "private.sqlite-wal", "private.sqlite-shm"):
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+        group = grp.getgrgid(os.getgid()).gr_name
+        StateStore(tmp_path / "shared.sqlite", group=group)
+        shared = (tmp_path / "shared.sqlite").stat()
+        assert stat.S_IMODE(shared.st_mode) == 0o640 and shared.st_gid == os.getgid()
+        (tmp_path / "kept.sqlite").write_bytes(b"")
+        (tmp_path / "kept.sqlite").chmod(0o644)
+        StateStore(tmp_path / "kept.sqlite")  # an existing file is the admin's: left as it is
+        assert stat.S_IMODE((tmp_path / "kept.sqlite").stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+    with pytest.raises(StateError, match="engine.state_group 'no-such-group-xyz' is not a group"):
+        StateStore(tmp_path / "other.sqlite", group="no-such-group-xyz")
