@@ -27,6 +27,8 @@ from dike_slurm.cli.common import (
 from dike_slurm.errors import DikeError, InputError
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine
 
@@ -71,7 +73,7 @@ def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]], out
     from rich.table import Table
 
     out = out or console
-    cells = [[str(safe("-" if row[key] is None else row[key])) for _, key in columns] for row in rows]
+    cells = [[safe("-" if row[key] is None else row[key]) for _, key in columns] for row in rows]  # untrusted: Text
     whole = table_width(column_widths(columns, cells, cut=False)) <= out.width  # piped output always is
     shown = list(range(len(columns))) if whole else fit_columns(columns, column_widths(columns, cells, True), out.width)
     result = Table(title=title)
@@ -96,11 +98,11 @@ TEXT_WIDTH = 24  # a free-text column's width on a terminal: its start says enou
 _BORDER = 3  # rich's table: a space either side of a cell and one rule between columns
 
 
-def column_widths(columns: list[tuple[str, str]], cells: list[list[str]], cut: bool) -> list[int]:
+def column_widths(columns: list[tuple[str, str]], cells: list[list[Text]], cut: bool) -> list[int]:
     """Each column's width: its longest cell or header (free text cut to TEXT_WIDTH when `cut`)."""
     widths = []
     for index, (header, key) in enumerate(columns):
-        longest = max([len(header), *(len(line[index]) for line in cells)])
+        longest = max([len(header), *(line[index].cell_len for line in cells)])
         widths.append(min(longest, max(TEXT_WIDTH, len(header))) if cut and key in FREE_TEXT else longest)
     return widths
 

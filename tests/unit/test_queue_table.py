@@ -50,6 +50,15 @@ def test_a_terminal_gets_a_line_per_job_and_the_columns_that_fit(columns, width)
     assert missing and left_out == f"not shown: {', '.join(missing)} (--json has every field)"
 
 
+def test_job_names_are_shown_as_written_never_as_markup():
+    columns = QUEUE_COLUMNS
+    console = Console(width=10_000, file=io.StringIO(), force_terminal=False, color_system=None)
+    hostile = rows(columns, 1)
+    hostile[0]["name"] = "[bold]x[/bold]"
+    _job_table("q", hostile, columns, out=console)
+    assert "[bold]x[/bold]" in console.file.getvalue()
+
+
 def test_piped_output_keeps_every_column_and_cuts_nothing():
     lines = rendered(QUEUE_COLUMNS, 10_000)
     header = next(line for line in lines if line.startswith("┃"))
