@@ -364,6 +364,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     import json
 
     from dike_slurm.slurm_formats import FormatError, detect, slurm_release
+    from dike_slurm.backends.cli import SHOW_PARTITIONS_ARGV, SHOW_QOS_ARGV, partitions_from_scontrol, qos_from_sacctmgr
 
     slurm = config.slurm
     command = (lambda name: str(slurm.bin_dir / name)) if slurm.bin_dir else (lambda name: name)
@@ -396,13 +397,17 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
             priority_model = read_priority_model(lambda argv: runner(list(argv), env, timeout), command, config_text)
         except DikeError as exc:
             priority_error = str(exc)
+    # the scope's names: the partitions and QOS the site's priority holds, read only where it was not
     known: dict[str, list[str] | None] = {}
     unknown_why: dict[str, str] = {}
-    try:
-        partitions = runner([command("scontrol"), "show", "partition", "-o"], env, timeout)
-        known["partitions"] = re.findall(r"^PartitionName=(\S+)", partitions, re.MULTILINE)
-    except DikeError as exc:
-        unknown_why["partitions"] = str(exc)
+    if priority_model is not None:
+        known["partitions"] = list(priority_model.partitions)
+    else:
+        try:
+            partitions = runner([command("scontrol"), *SHOW_PARTITIONS_ARGV], env, timeout)
+            known["partitions"] = [name for name, _, _ in partitions_from_scontrol(partitions)[0]]
+        except DikeError as exc:
+            unknown_why["partitions"] = str(exc)
     slurmdbd_error = ""
     try:
         accounts = runner([command("sacctmgr"), *SHOW_ACCOUNTS_ARGV], env, timeout)
@@ -410,10 +415,11 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     except DikeError as exc:
         slurmdbd_error = str(exc)
         unknown_why["accounts"] = unknown_why["qos"] = "slurmdbd did not answer"
-    if not slurmdbd_error:
+    if priority_model is not None and priority_model.qos_priority:
+        known["qos"] = list(priority_model.qos_priority)
+    elif not slurmdbd_error:
         try:
-            qos = runner([command("sacctmgr"), "-nP", "show", "qos", "format=Name,Priority"], env, timeout)
-            known["qos"] = [line.split("|")[0].strip() for line in qos.splitlines() if line.strip()]
+            known["qos"] = list(qos_from_sacctmgr(runner([command("sacctmgr"), *SHOW_QOS_ARGV], env, timeout)))
         except DikeError as exc:
             unknown_why["qos"] = str(exc)
     admin_level = None

@@ -56,11 +56,11 @@ def test_the_lab_of_each_version_passes(version, tmp_path):
     assert f"({family}, Slurm {version}." in checks["JSON format"].found
     # the lab keeps Slurm's 300 s max_switch_wait: a 1800 s consolidation wait would be cut short
     assert checks["max_switch_wait"].verdict == WARN and "max_switch_wait=1800" in checks["max_switch_wait"].advice
+    # each command once: the scope's partition and QOS names come from the site's priority read
     assert [argv[:4] for argv in calls] == [
         ["scontrol", "--version"], ["squeue", "--json"], ["scontrol", "show", "config"],
         ["scontrol", "show", "partition", "-o"], ["sacctmgr", "-nP", "show", "qos"],  # the site's priority
-        ["scontrol", "show", "partition", "-o"], ["sacctmgr", "-nP", "show", "account"],  # slurmdbd, scope names
-        ["sacctmgr", "-nP", "show", "qos"], ["sacctmgr", "-n", "-P", "show"]]
+        ["sacctmgr", "-nP", "show", "account"], ["sacctmgr", "-n", "-P", "show"]]  # slurmdbd and accounts; AdminLevel
     assert checks["slurmdbd"].verdict == OK and checks["AccountingStorageTRES"].verdict == OK
     assert checks["privileges"].found == "root (root)"
     assert checks["QOS tiers kept"].verdict == OK  # the lab's tiers hold with the default mode
