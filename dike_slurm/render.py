@@ -229,8 +229,7 @@ def _folders(config: Config, user: str, lock_file: Path) -> dict[str, Any]:
         raise InputError(f"engine.metrics_file {metrics_file} is in the state folder, which is private to the service: "
                          "give the metrics a folder of their own, that node-exporter reads")
     return {"state_directory": state_directory, "writable": writable, "prepare": prepare,
-            "metrics_file": _plain(metrics_file, "metrics_file") if metrics_file else "",
-            "metrics_folder": bool(metrics_file)}
+            "metrics_file": _plain(metrics_file, "metrics_file") if metrics_file else ""}
 
 
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
@@ -245,7 +244,6 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         raise InputError(f"not a plain user name: {user!r}")
     state_db = config.engine.state_db
     lock_file = config.engine.lock_file or Path(f"{state_db}.lock")
-    folders = _folders(config, user, lock_file)
     policy, params = _policy(config)
     prefix = policy.leaf_feature_prefix(params)
     interval_s = int(round(config.engine.interval_s))
@@ -256,9 +254,6 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "oneshot": oneshot,
         "unit_name": "dike-slurm-cycle" if oneshot else "dike-slurm",
         "config_path": _plain(config_path, "config path"),
-        "executable": _plain(console_script(), "console script"),
-        "source_checkout": source_checkout() or "",
-        **folders,
         "interval_s": interval_s,
         "minutes": minutes,
         "schedule": "* * * * *" if minutes == 1 else f"*/{minutes} * * * *",
@@ -268,4 +263,8 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "feature_prefix": prefix,
         "priority": _priority(config) if kind == "slurm-conf" else {},
     }
+    if kind in ("systemd", "cron"):  # they run the engine: the installed script, and (a unit) its folders
+        context["executable"] = _plain(console_script(), "console script")
+    if kind == "systemd":
+        context |= {"source_checkout": source_checkout() or "", **_folders(config, user, lock_file)}
     return _environment().get_template(_TEMPLATE_OF[kind]).render(**context)
