@@ -84,7 +84,6 @@ def standing(plan: CyclePlan, mine: JobPlan) -> dict[str, Any]:
 
 def what_would_change(engine: Engine, plan: CyclePlan, mine: JobPlan) -> list[str]:
     """What would move a pending job: a job ending, a promotion at a time, a preemption, or why none."""
-    from dike_slurm.engine import opted_in_to_preemption
     from dike_slurm.parsing.durations import format_duration
 
     job = mine.job
@@ -100,7 +99,7 @@ def what_would_change(engine: Engine, plan: CyclePlan, mine: JobPlan) -> list[st
         out.append(f"no preemption: policy {engine.policy.name} never preempts with these parameters")
         return out
     worse = [p for p in running if p.level is not None and mine.level is not None and p.level > mine.level]
-    victims = [p for p in worse if p.job.requeueable and opted_in_to_preemption(p.job, engine.config)]
+    victims = [p for p in worse if p.job.requeueable]  # the engine's jobs: requeueable means opted in too
     if victims:
         out.append(f"a preemption: {len(victims)} running job(s) of a worse level in its partition may be "
                    "requeued for it, once they have run their minimum")
