@@ -79,6 +79,8 @@ class AccountingRecord:
     priority: int | None = None
     flags: str = ""
     comment: str = ""
+    gpu_types: tuple[str, ...] = ()  # the GPU types ReqTRES names (gres/gpu:a100=4); () for any
+    constraints: str = ""  # the job's feature constraint (--constraint), "" when none or not dumped
 
     @property
     def ran(self) -> bool:
@@ -405,6 +407,8 @@ def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
         priority=_int_or_none(get("priority", ""), "Priority"),
         flags=text(get("flags", "").strip()),
         comment=get("comment", ""),
+        gpu_types=tuple(name for name, _ in requested.gpu_types),
+        constraints=text(get("constraints", "").strip()),
     )
 
 
@@ -466,6 +470,15 @@ def _json_int(value: Any, what: str, *, zero_is_none: bool = False) -> int | Non
 
 def _json_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _json_gpu_types(items: Any) -> tuple[str, ...]:
+    """The GPU types a list of {type, name, count} TRES entries names (`gpu:a100`), sorted."""
+    if not isinstance(items, list):
+        return ()
+    return tuple(sorted({item["name"][len("gpu:"):] for item in items if isinstance(item, dict)
+                         and item.get("type") == "gres" and isinstance(item.get("name"), str)
+                         and item["name"].startswith("gpu:")}))
 
 
 def _json_tres(items: Any) -> tuple[int, int, int]:
@@ -562,6 +575,8 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
         priority=_json_int(job.get("priority"), "priority"),
         flags=text(",".join(str(f) for f in flags) if isinstance(flags, list) else ""),
         comment=_json_text(comment.get("job") if isinstance(comment, dict) else comment),
+        gpu_types=_json_gpu_types(tres.get("requested")),
+        constraints=text(_json_text(job.get("constraints")).strip()),
     )
 
 

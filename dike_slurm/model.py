@@ -110,6 +110,9 @@ class Job:
     requeueable: bool = False
     # pending: its ReqNodeList is the engine's pin for a preemption that freed (or frees) those nodes
     pinned_for_preemption: bool = False
+    # the GPU types the job may run on: its typed GRES request (gpu:a100:4), or the GPU types its
+    # feature constraint names (--constraint=a100|v100); () when it asked for none: any type
+    gpu_types: tuple[str, ...] = ()
     slurm_reason: str = ""  # why Slurm keeps a pending job waiting (squeue's REASON); "" when none
     true_duration_s: float | None = None  # replay only: the trace's run time
 
@@ -191,6 +194,7 @@ class Node:
     state: str = "IDLE"
     features: tuple[str, ...] = ()
     partitions: tuple[str, ...] = ()
+    gpu_types: tuple[str, ...] = ()  # the GPU types of its Gres (gpu:a100:8 -> ("a100",)); () untyped
 
     @property
     def gpus_free(self) -> int:
@@ -201,6 +205,47 @@ class Node:
         """Schedulable: not down, drained, or failing."""
         words = set(self.state.upper().replace("+", " ").split())
         return not words & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "INVAL", "FUTURE", "MAINT", "POWERED_DOWN", "NOT_RESPONDING"}
+
+
+def may_use_gpus(job_types: tuple[str, ...], node_types: tuple[str, ...]) -> bool:
+    """Whether a job asking for `job_types` may run on a node with `node_types` GPUs, as Slurm
+    places it: a job that names no type runs on any node; a typed one only where its type is."""
+    return not job_types or any(t in node_types for t in job_types)
+
+
+def constraint_gpu_types(constraint: str, gpu_types: frozenset[str]) -> tuple[str, ...]:
+    """The GPU types a feature constraint (`a100`, `a100|v100`, `v100&ib`, `[a100|v100]`) allows,
+    given the cluster's GPU types; () when some alternative names no type (any type may serve).
+
+    Counts (`a100*2`) and brackets are read as the plain features. Each `|` alternative
+    restricts the job to the types it names; alternatives are joined.
+    """
+    if not constraint or not gpu_types:
+        return ()
+    allowed: list[str] = []
+    for alternative in constraint.replace("[", "").replace("]", "").split("|"):
+        named = [f.split("*", 1)[0].strip() for f in alternative.split("&")]
+        named = [f for f in named if f in gpu_types]
+        if not named:
+            return ()
+        allowed.extend(t for t in named if t not in allowed)
+    return tuple(allowed)
+
+
+def with_constraint_gpu_types(jobs: Sequence[Job], nodes: Iterable[Node]) -> tuple[Job, ...]:
+    """The jobs, each job that asked for no GPU type but whose feature constraint names the
+    nodes' GPU types given those types (a node's type is a feature on such sites)."""
+    known = frozenset(t for node in nodes for t in node.gpu_types)
+    if not known:
+        return tuple(jobs)
+    out = []
+    for job in jobs:
+        if not job.gpu_types and job.placement.features:
+            types = constraint_gpu_types(job.placement.features, known)
+            if types:
+                job = job.with_changes(gpu_types=types)
+        out.append(job)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

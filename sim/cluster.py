@@ -45,9 +45,12 @@ class SimCluster:
                     mask[self.index[name]] = True
             self.partition_masks[partition.name] = mask
         self.feature_masks: dict[str, np.ndarray] = {}
+        self.type_masks: dict[str, np.ndarray] = {}  # GPU type -> the nodes that have it
         for i, node in enumerate(nodes):
             for feature in node.features:
                 self.feature_masks.setdefault(feature, np.zeros(len(nodes), dtype=bool))[i] = True
+            for gpu_type in node.gpu_types:
+                self.type_masks.setdefault(gpu_type, np.zeros(len(nodes), dtype=bool))[i] = True
         self.total_gpus = int(self.gpus.sum())
         self.free_total = self.total_gpus
         widest = int(self.gpus.max()) if nodes else 0
@@ -87,12 +90,19 @@ class SimCluster:
 
     # ---------------------------------------------------------------- constraints
 
-    def allowed_mask(self, partition: str, placement: Placement) -> np.ndarray:
-        """Nodes a job may use: its partition, its Features=, its ReqNodeList= and not its ExcNodeList=.
+    def allowed_mask(self, partition: str, placement: Placement, gpu_types: tuple[str, ...] = ()) -> np.ndarray:
+        """Nodes a job may use: its partition, its GPU types (any when none), its Features=, its
+        ReqNodeList= and not its ExcNodeList=.
 
         A feature no node has is ignored, as Slurm rejects such an update.
         """
         mask = self.partition_masks.get(partition, self.all_nodes)
+        if gpu_types:
+            typed = np.zeros(len(self.names), dtype=bool)
+            for gpu_type in gpu_types:
+                if gpu_type in self.type_masks:
+                    typed |= self.type_masks[gpu_type]
+            mask = mask & typed
         if placement.features:
             feature_mask = self._feature_expression(placement.features)
             if feature_mask is not None:

@@ -77,7 +77,10 @@ class SimJob:
     @classmethod
     def from_trace(cls, trace: TraceJob, settings: SimSettings, cluster: SimCluster) -> SimJob:
         """A job of the trace as it arrives, with its communication class and whether it may be preempted."""
-        return cls(trace, _is_heavy(trace, settings), cluster.fewest_leaves(trace.gpus), _is_preemptible(trace, settings))
+        job = cls(trace, _is_heavy(trace, settings), cluster.fewest_leaves(trace.gpus), _is_preemptible(trace, settings))
+        if trace.gpu_types:  # a typed job runs only on nodes of its types, whatever its placement
+            job.allowed = cluster.allowed_mask(trace.partition, NO_PLACEMENT, trace.gpu_types)
+        return job
 
     def limit_end(self, start: float) -> float:
         """When a run starting at `start` reaches the time limit (infinity: unlimited)."""

@@ -133,6 +133,7 @@ class SimStats:
     decide_calls: int = 0
     postponed_cycles: int = 0  # cycles at which no waiting job could start (evaluated later)
     starts: int = 0
+    typed_starts: int = 0  # starts of jobs that asked for GPU types, each checked against its nodes' types
     preemptions: int = 0
     requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
     # preemptions whose beneficiary started on the freed nodes (landed) or did not within 2 cycles

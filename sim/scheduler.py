@@ -195,7 +195,9 @@ class SlurmScheduler:
         Slurm 22.05 keeps `wait4switch_start` through `scontrol update` and requeues, so a new wait
         counts from the first start (tests/integration/test_fidelity_lab.py)."""
         job.placement = placement
-        job.allowed = None if placement.is_empty else self.cluster.allowed_mask(job.trace.partition, placement)
+        types = job.trace.gpu_types
+        job.allowed = None if placement.is_empty and not types else self.cluster.allowed_mask(
+            job.trace.partition, placement, types)
         if placement.max_switches == 1 and self.single_leaf_possible and job.state == PENDING:
             if job.switch_wait_start is not None:
                 self._start_switch_clock(job, job.switch_wait_start, now)  # the new wait's end, if ahead

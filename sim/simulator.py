@@ -29,7 +29,7 @@ from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, servic
 from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
 from dike_slurm.head_window import policy_window
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot, may_use_gpus
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.service_prior import FinishedJob, PriorLearner
@@ -49,6 +49,10 @@ STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the re
 
 class SimulationStuck(DikeError):
     """The replay cannot progress: jobs wait forever on an idle cluster."""
+
+
+class WrongGpuType(RuntimeError):
+    """A bug: the simulator started a job on a node without any GPU type the job asked for."""
 
 
 class EmptySchedule(DikeError):
@@ -293,9 +297,21 @@ class Simulator:
             self.backfill_armed = True
             self._push(next_tick(origin, self.settings.bf_interval_s, self.now), BACKFILL)
 
+    def _check_gpu_types(self, job: SimJob, nodes: list[int]) -> None:
+        """The invariant, at every start of a typed job: no job runs on a GPU type it did not ask for."""
+        for node in nodes:
+            template = self.cluster.nodes[node]
+            if not may_use_gpus(job.trace.gpu_types, template.gpu_types):
+                raise WrongGpuType(
+                    f"job {job.trace.display_id} asked for GPU types {'|'.join(job.trace.gpu_types)} and was "
+                    f"started on {template.name} ({'|'.join(template.gpu_types) or 'untyped'})")
+        self.stats.typed_starts += 1
+
     def _start(self, job: SimJob, nodes: list[int], now: float) -> None:
         """The scheduler starts a pending job on `nodes`."""
         trace = job.trace
+        if trace.gpu_types:
+            self._check_gpu_types(job, nodes)
         self.pending_count -= 1
         if self.freed_rooms:
             self._settle_freed_room(job, nodes)
@@ -581,7 +597,7 @@ class Simulator:
             array_task_id=trace.array_task_id, eligible_time=job.eligible_at, pending_since=job.pending_since,
             time_limit_s=trace.time_limit_s, attained_at_promotion_gpu_s=job.promoted_at,
             run_count=job.run_count, preemptions=job.preemptions,
-            requeueable=self.settings.requeueable and job.preemptible,
+            requeueable=self.settings.requeueable and job.preemptible, gpu_types=trace.gpu_types,
             # The oracle's "true duration": the work left when this run (or wait) began.
             true_duration_s=job.work_left + (self.settings.restart_cost_s if job.restart_due else 0.0),
         )
@@ -615,7 +631,8 @@ class Simulator:
             state = "ALLOCATED"
         else:
             state = "MIXED"
-        return Node(template.name, total, allocated, template.cpus, state, template.features, template.partitions)
+        return Node(template.name, total, allocated, template.cpus, state, template.features, template.partitions,
+                    template.gpu_types)
 
     def _apply(self, decisions: Decisions, views: Mapping[int, Job], decided_at: float,
                written: Mapping[int, int] | None) -> None:

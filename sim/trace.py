@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dike_slurm.accounting import AccountingRecord
+from dike_slurm.model import Node, constraint_gpu_types, may_use_gpus
 from dike_slurm.parsing.slurm_conf import ClusterConf
 
 # Reasons a job of the dump is not replayed (keys of TraceBuild.excluded).
@@ -15,6 +16,8 @@ EXCLUDED_STILL_RUNNING = "still running at the end of the dump"
 EXCLUDED_CPU_ONLY = "no GPUs (CPU-only job)"
 EXCLUDED_ZERO_RUN = "ran 0 seconds"
 EXCLUDED_TOO_BIG = "larger than any node set of its partition"
+EXCLUDED_NO_GPU_TYPE = "asks for GPU types no node of its partition has"
+NOTE_TYPES_IGNORED = "GPU type asked for on a cluster without GPU types: any GPU serves"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class TraceJob:
     cpus: int
     array_job_id: int | None = None
     array_task_id: int | None = None
+    gpu_types: tuple[str, ...] = ()  # the GPU types it may run on (typed ReqTRES or constraint); () any
 
     @property
     def gpus_per_node(self) -> int:
@@ -59,7 +63,11 @@ class TraceBuild:
 
 
 def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> TraceBuild:
-    """Group the runs of each job, keep the GPU jobs that ran and fit the cluster, sort by submit."""
+    """Group the runs of each job, keep the GPU jobs that ran and fit the cluster, sort by submit.
+
+    A job's GPU types are those its ReqTRES names, else those its constraint names among the
+    cluster's. On a cluster whose slurm.conf gives no GPU type, a typed job runs on any GPU (noted).
+    """
     runs: dict[int, list[AccountingRecord]] = {}
     count = 0
     for record in records:
@@ -68,15 +76,17 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
     default_partition = next((p.name for p in conf.partitions if p.default), "")
     known = {p.name: p for p in conf.partitions}
     node_by_name = {n.name: n for n in conf.nodes}
+    members_of: dict[str, list[Node]] = {}
     biggest: dict[str, tuple[int, int, int]] = {}  # partition -> (max GPUs/node, max CPUs/node, nodes)
     for name, partition in [("", None), *known.items()]:
         members = [node_by_name[n] for n in partition.nodes] if partition else list(conf.nodes)
-        members = [n for n in members if n.available]
+        members = members_of[name] = [n for n in members if n.available]
         biggest[name] = (
             max((n.gpus for n in members), default=0),
             max((n.cpus for n in members), default=0),
             len(members),
         )
+    cluster_types = frozenset(t for n in conf.nodes for t in n.gpu_types)
     excluded: Counter[str] = Counter()
     notes: Counter[str] = Counter()
     jobs: list[TraceJob] = []
@@ -99,7 +109,17 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
             continue
         first = job_runs[0]
         partition = _partition_of(last.partition, known, default_partition, notes)
+        gpu_types = last.gpu_types or constraint_gpu_types(last.constraints, cluster_types)
         max_gpus, max_cpus, node_count = biggest[partition]
+        if gpu_types and not cluster_types:
+            notes[NOTE_TYPES_IGNORED] += 1
+            gpu_types = ()
+        elif gpu_types:
+            usable = [n for n in members_of[partition] if may_use_gpus(gpu_types, n.gpu_types)]
+            if not usable:
+                excluded[EXCLUDED_NO_GPU_TYPE] += 1
+                continue
+            max_gpus, node_count = max(n.gpus for n in usable), len(usable)
         num_nodes = max(1, last.num_nodes)
         gpus_per_node = -(-last.gpus // num_nodes)
         if gpus_per_node > max_gpus or num_nodes > node_count:
@@ -133,6 +153,7 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
                 cpus=cpus,
                 array_job_id=last.array_job_id,
                 array_task_id=last.array_task_id,
+                gpu_types=gpu_types,
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.job_id))

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Union
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.model import Job, JobState, Node, Placement, Topology
+from dike_slurm.model import Job, JobState, Node, Placement, Topology, with_constraint_gpu_types
 
 if TYPE_CHECKING:
     from dike_slurm.slurm_priority import SlurmPriorityModel
@@ -149,6 +149,8 @@ class ClusterState:
     Jobs are the active (pending, running, suspended) jobs with what Slurm holds now:
     placement, priority, nice, comment. `site_factors` has the SiteFactor of each job the
     backend can see it for (Slurm 22.05: eligible pending jobs only, through sprio).
+    A job whose feature constraint names the nodes' GPU types carries those types in `gpu_types`
+    (set here, for every backend), as a typed GRES request does.
     """
 
     time: float
@@ -157,6 +159,9 @@ class ClusterState:
     topology: Topology
     site_factors: Mapping[int, int] = field(default_factory=dict)
     admin_comments: Mapping[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", with_constraint_gpu_types(self.jobs, self.nodes))
 
 
 class Backend(ABC):

@@ -76,6 +76,18 @@ def gres_gpus(gres: Any) -> int:
                if str(name).split(":", 1)[0] == "gpu" and isinstance(count, int))
 
 
+def gres_gpu_types(gres: Any) -> tuple[str, ...]:
+    """GPU types in a pyslurm GRES dict, in order: {"gpu:a100": 4, "gpu:v100": 2} -> ("a100", "v100")."""
+    if not isinstance(gres, Mapping):
+        return ()
+    types: list[str] = []
+    for name in gres:
+        kind, _, gpu_type = str(name).partition(":")
+        if kind == "gpu" and gpu_type and gpu_type not in types:
+            types.append(gpu_type)
+    return tuple(types)
+
+
 def job_from_pyslurm(job: Any) -> Job:
     """A `pyslurm.Job` as the domain Job."""
     state = JobState.parse(_text(job.state))
@@ -114,6 +126,7 @@ def job_from_pyslurm(job: Any) -> Job:
         priority=_int(job.priority),
         nice=_int(job.nice) or 0,
         requeueable=bool(job.is_requeueable),
+        gpu_types=gres_gpu_types(job.gres_per_node),
         slurm_reason=_text(job.state_reason) if state is JobState.PENDING and job.state_reason != "None" else "",
     )
 
@@ -128,6 +141,7 @@ def node_from_pyslurm(node: Any) -> Node:
         state=_text(node.state).upper() or "UNKNOWN",
         features=tuple(str(f) for f in (node.active_features or node.available_features or [])),
         partitions=tuple(str(p) for p in node.partitions or []),
+        gpu_types=gres_gpu_types(node.configured_gres),
     )
 
 

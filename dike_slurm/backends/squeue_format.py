@@ -26,14 +26,14 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 
 from dike_slurm.backends.base import SwitchRequest
 from dike_slurm.errors import InputError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types
 from dike_slurm.slurm_formats import FormatError, ReadCount, job_base_state
 
 # squeue -O names, in the order they are printed; the free text comes last.
@@ -211,6 +211,7 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
         priority=int(priority) if priority.lstrip("-").isdigit() else None,
         nice=int(nice) if nice.lstrip("-").isdigit() else 0,
         requeueable=requeue in ("1", "yes"),
+        gpu_types=requested_gpu_types(_text(per_job), _text(per_node)),
         slurm_reason=reason if state is JobState.PENDING and reason not in _NO_REASON else "",
     )
     job = object.__new__(Job)
@@ -328,8 +329,7 @@ def read_nodes(text: str, token: str, command: str) -> tuple[dict[str, Node], Re
         known = nodes.get(name)
         if known is not None:  # the same node in another partition
             if partition and partition not in known.partitions:
-                nodes[name] = Node(known.name, known.gpus, known.gpus_alloc, known.cpus, known.state, known.features,
-                                   (*known.partitions, partition))
+                nodes[name] = replace(known, partitions=(*known.partitions, partition))
             count.left_out += 1
             continue
         try:
@@ -344,6 +344,7 @@ def read_nodes(text: str, token: str, command: str) -> tuple[dict[str, Node], Re
                 state=node_state_words(row[_NODE_STATE]),
                 features=tuple(f for f in active.split(",") if f),
                 partitions=(partition,) if partition else (),
+                gpu_types=parse_gres_gpu_types(_text(row[_GRES])),
             )
         except (ValueError, InputError) as exc:
             count.skip(_reason(exc))

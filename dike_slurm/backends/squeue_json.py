@@ -14,7 +14,7 @@ from dike_slurm.backends.base import SwitchRequest
 from dike_slurm.errors import InputError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types
 from dike_slurm.slurm_formats import feature_list, job_base_state, node_state
 
 _NO_TIME_LIMIT = 0xFFFFFFFE  # Slurm's INFINITE (NO_VAL is one more)
@@ -91,6 +91,8 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         gpus = per_job or parse_gres_gpus(_text(entry.get("tres_per_node"))) * node_count
     limit_min = _number(entry.get("time_limit"))
     switch = switches.get(job_id, _NO_SWITCHES)
+    # the request, never tres_alloc_str: Slurm types an untyped job's allocation (gres/gpu:a100=2)
+    gpu_types = requested_gpu_types(_text(entry.get("tres_per_job")), _text(entry.get("tres_per_node")))
     return Job.build(
         job_id=job_id,
         user=_text(entry.get("user_name")) or str(_number(entry.get("user_id"))),
@@ -117,6 +119,7 @@ def job_from_squeue(entry: Mapping[str, Any], switches: Mapping[int, SwitchReque
         priority=_number(entry.get("priority")),
         nice=_signed32(_number(entry.get("nice")) or 0),
         requeueable=bool(entry.get("requeue")),
+        gpu_types=gpu_types,
         slurm_reason=pending_reason(entry) if state is JobState.PENDING else "",
     )
 
@@ -143,4 +146,5 @@ def node_from_sinfo(entry: Mapping[str, Any]) -> Node:
         state=node_state(entry),
         features=feature_list(entry.get("active_features")) or feature_list(entry.get("features")),
         partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
+        gpu_types=parse_gres_gpu_types(_text(entry.get("gres"))),
     )

@@ -11,7 +11,7 @@ from dike_slurm.errors import InputError
 from dike_slurm.model import Node, Switch, Topology
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.tres import parse_gres_gpus
+from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus
 from dike_slurm.slurm_priority import (
     PartitionPriority,
     SlurmPriorityModel,
@@ -117,6 +117,7 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
             except InputError as exc:
                 raise InputError(str(exc), source=source, line=number) from None
             gpus = parse_gres_gpus(merged.get("gres", ""))
+            gpu_types = parse_gres_gpu_types(merged.get("gres", ""))
             cpus = _int(merged.get("cpus", merged.get("procs", "1")), "CPUs", source, number)
             features = tuple(
                 f for f in (merged.get("feature", "") or merged.get("features", "")).split(",") if f
@@ -125,7 +126,8 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
             for name in names:
                 if name in nodes:
                     raise InputError(f"node {name!r} defined twice", source=source, line=number)
-                nodes[name] = Node(name=name, gpus=gpus, cpus=cpus, state="IDLE" if state in ("UNKNOWN", "IDLE", "CLOUD") else state, features=features)
+                nodes[name] = Node(name=name, gpus=gpus, cpus=cpus, state="IDLE" if state in ("UNKNOWN", "IDLE", "CLOUD") else state, features=features,
+                                   gpu_types=gpu_types)
         elif head_key == "partitionname":
             if head_value.upper() == "DEFAULT":
                 continue
@@ -162,8 +164,7 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
         for node in partition.nodes:
             partition_of.setdefault(node, []).append(partition.name)
     final_nodes = tuple(
-        Node(n.name, n.gpus, 0, n.cpus, n.state, n.features, tuple(partition_of.get(n.name, ())))
-        for n in nodes.values()
+        replace(n, partitions=tuple(partition_of.get(n.name, ()))) for n in nodes.values()
     )
     if not final_nodes:
         raise InputError("no NodeName lines", source=source)

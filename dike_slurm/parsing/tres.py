@@ -101,3 +101,34 @@ def parse_gres_gpus(text: str) -> int:
         else:
             total += 1  # gpu:a100 with no count means one
     return total
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_gres_gpu_types(text: str) -> tuple[str, ...]:
+    """GPU types a Gres / tres_per_node string names, in order, once each: `gpu:a100:8` -> ("a100",).
+
+    `gpu:8` and `gres/gpu:8` name no type (); `gpu:a100` (a count of one) names a100. Other GRES
+    (`mps:100`) and socket suffixes (`(S:0-1)`, `(IDX:0-5)`) are ignored.
+    """
+    types: list[str] = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if item.startswith("gres/"):
+            item = item[len("gres/"):]
+        if item.startswith("gres:"):
+            item = item[len("gres:"):]
+        item = item.split("(", 1)[0].replace("=", ":")
+        name, _, rest = item.partition(":")
+        if name != "gpu" or not rest:
+            continue
+        head, _, last = rest.rpartition(":")
+        gpu_type = head if last.isdigit() else rest
+        if gpu_type and not gpu_type.isdigit() and gpu_type not in types:
+            types.append(gpu_type)
+    return tuple(types)
+
+
+def requested_gpu_types(per_job: str, per_node: str) -> tuple[str, ...]:
+    """The GPU types a job's GRES request names (squeue's tres_per_job, else tres_per_node); () for
+    any type. Never the allocation: Slurm types an untyped job's (gres/gpu:a100=2 on an a100 node)."""
+    return parse_gres_gpu_types(per_job) or parse_gres_gpu_types(per_node)
