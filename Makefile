@@ -30,6 +30,9 @@ demo: $(STAMP)
 # when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
 SLURM_VERSIONS_IF_BUILDS ?= 26.05
+# Mixed GPU generations (issue 33): these files run again on the lab restarted with two GPU types.
+TWO_TYPES = a100,v100
+TWO_TYPE_TESTS = tests/integration/test_gpu_types_lab.py
 test: $(STAMP) chromium systemd-analyze prometheus
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
@@ -49,6 +52,11 @@ test: $(STAMP) chromium systemd-analyze prometheus
 	            if DIKE_LAB_SLURM=$$v $(BIN)/pytest tests/integration; then r=passed; else r=FAILED; status=1; fi; \
 	        else r="FAILED (lab did not come up)"; status=1; fi; \
 	        $(LAB) --slurm $$v down || true; \
+	        echo "==== Slurm $$v: the two-type lab (DIKE_LAB_GPU_TYPES=$(TWO_TYPES)) ===="; \
+	        if DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v up; then \
+	            DIKE_LAB_SLURM=$$v $(BIN)/pytest $(TWO_TYPE_TESTS) || { r="$$r, two types FAILED"; status=1; }; \
+	        else r="$$r, two-type lab FAILED (did not come up)"; status=1; fi; \
+	        DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v down || true; \
 	        echo "==== Slurm $$v: integration tests $$r"; summary="$$summary Slurm $$v: $$r;"; \
 	    done; \
 	    echo "==== make test:$$summary exit $$status"; exit $$status; \

@@ -122,9 +122,11 @@ class ClusterView:
     node outside those. tests/unit/test_policy_views.py checks it against plain per-question walks.
     """
 
-    __slots__ = ("capacity", "free_by_leaf", "excluded", "largest_free")
+    __slots__ = ("capacity", "free_by_leaf", "excluded", "largest_free", "_nodes", "_typed")
 
     def __init__(self, snapshot: Snapshot, steer: bool) -> None:
+        self._nodes = snapshot.nodes
+        self._typed: dict[tuple[str, str], int] | None = None  # built on the first typed job's question
         leaf_of = snapshot.topology.leaf_of
         capacity: dict[str, int] = {}
         free_by_leaf: dict[str, int] = {}
@@ -176,6 +178,28 @@ class ClusterView:
         self.free_by_leaf = free_by_leaf
         self.excluded = tuple(excluded)
         self.largest_free = largest_free
+
+    def fits_fragmented(self, job: Job) -> bool:
+        """Whether a one-node job fits now on some node outside the excluded set; a typed job on a
+        node of its types (steering never sends it where its type is not)."""
+        if not fits_fragmented(job, self.largest_free):
+            return False
+        if not job.gpu_types:
+            return True
+        typed = self._typed
+        if typed is None:
+            typed = self._typed = {}
+            excluded = frozenset(self.excluded)
+            for node in self._nodes:
+                if node.name in excluded or not node.available:
+                    continue
+                free = max(0, node.gpus - node.gpus_alloc)
+                for gpu_type in node.gpu_types:
+                    for partition in ("", *node.partitions):
+                        if free > typed.get((partition, gpu_type), -1):
+                            typed[(partition, gpu_type)] = free
+        partition = job.partition if job.partition in self.largest_free else ""
+        return any(job.gpus_per_node <= typed.get((partition, t), -1) for t in job.gpu_types)
 
 
 def switches_needed(job: Job, capacity: Mapping[str, int], biggest: int | None = None) -> int:

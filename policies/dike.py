@@ -21,7 +21,6 @@ from dike_slurm.policies.common import (
     ClusterView,
     CommRule,
     Consolidator,
-    fits_fragmented,
     is_comm_heavy,
     level_of,
     owners_of,
@@ -372,7 +371,7 @@ class DikePolicy(Policy):
         if pending is None:
             pending = snapshot.pending
         view = ClusterView(snapshot, params.steer_light_jobs)
-        excluded, largest_free = view.excluded, view.largest_free
+        excluded = view.excluded
         consolidator = Consolidator(
             view.capacity, view.free_by_leaf, params.max_consolidation_wait_s, params.placement_mode,
             params.leaf_feature_prefix,
@@ -394,7 +393,7 @@ class DikePolicy(Policy):
                     decision = consolidator.decide(job, now, reason)
                     if decision is not None:
                         out.append(decision)
-            elif excluded and job.num_nodes == 1 and fits_fragmented(job, largest_free):
+            elif excluded and job.num_nodes == 1 and view.fits_fragmented(job):
                 out.append(SetPlacement(job.job_id, steer, steer_reason))
         return out
 

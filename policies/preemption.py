@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dike_slurm.decisions import Requeue, SetPlacement
-from dike_slurm.model import Job, Placement, Snapshot
+from dike_slurm.model import Job, Placement, Snapshot, may_use_gpus
 from dike_slurm.slurm_priority import scheduling_tier
 
 
@@ -59,6 +59,7 @@ class NodeLedger:
         self.free = [n.gpus_free for n in snapshot.nodes]
         self.gpus = [n.gpus if n.available else 0 for n in snapshot.nodes]
         self.partitions = [frozenset(n.partitions) for n in snapshot.nodes]
+        self.gpu_types = [n.gpu_types for n in snapshot.nodes]
         self.leaf = [leaf_of(n.name) for n in snapshot.nodes]
         self.jobs_on: list[list[Job]] = [[] for _ in snapshot.nodes]
         for job in running:
@@ -72,13 +73,16 @@ class NodeLedger:
         self.largest_leaf = max(nodes_per_leaf.values(), default=0)  # nodes under the largest leaf
 
     def usable(self, job: Job, honour_exclusions: bool = True) -> list[int]:
-        """Nodes the job may run on at all (partition, size, its ExcNodeList and ReqNodeList).
+        """Nodes the job may run on at all (partition, size, GPU types, its ExcNodeList and ReqNodeList).
+
+        A typed job's nodes are those of its types only: the planner never frees, nor counts as
+        room, GPUs of another type, and a node hold holds only nodes of a type the job can use.
 
         A job already pinned (an earlier cycle's plan, e.g. waiting out a grace signal) is planned
         on its pinned nodes only, so the plan carries on; if it no longer can, the pin is not
         asserted again and the engine clears it. `honour_exclusions=False` ignores the ExcNodeList,
         which may be one the engine wrote itself in an earlier cycle."""
-        per_node, partition = job.gpus_per_node, job.partition
+        per_node, partition, types = job.gpus_per_node, job.partition, job.gpu_types
         excluded = set(job.placement.exclude_nodes) if honour_exclusions else set()
         required = set(job.placement.require_nodes)
         return [
@@ -87,6 +91,7 @@ class NodeLedger:
             and (not partition or not self.partitions[i] or partition in self.partitions[i])
             and self.names[i] not in excluded
             and (not required or self.names[i] in required)
+            and (not types or may_use_gpus(types, self.gpu_types[i]))
         ]
 
     def release(self, victim: Job) -> None:

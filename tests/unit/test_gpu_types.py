@@ -239,3 +239,98 @@ def test_untyped_traces_replay_as_before_on_a_typed_cluster():
     typed_cluster, _ = simulate(untyped, conf=TWO_TYPES)
     plain, _ = simulate(untyped, conf=TWO_TYPES.replace("gpu:a100:8", "gpu:8").replace("gpu:v100:8", "gpu:8"))
     assert {k: (r.start, r.end) for k, r in typed_cluster.items()} == {k: (r.start, r.end) for k, r in plain.items()}
+
+
+# ----------------------------------------------------------------------------- the policies
+
+def typed_snapshot(jobs, alloc):
+    """snapshots.snapshot on the two-type lab's nodes: n1, n3 a100; n2, n4 v100 (one of each per leaf)."""
+    from snapshots import snapshot
+
+    base = snapshot(jobs, alloc=alloc)
+    nodes = tuple(replace(n, gpu_types=NODE_TYPES[n.name], features=(*n.features, NODE_TYPES[n.name][0]))
+                  for n in base.nodes)
+    return replace(base, nodes=nodes)
+
+
+def _dike_params(**update):
+    from dike_slurm.policies.dike import DikeParams
+
+    return DikeParams(thresholds_gpuh=[1.0, 10.0], **{"steer_light_jobs": False, **update})
+
+
+def test_a_blocked_a100_job_never_requeues_a_v100_job():
+    import random
+
+    from snapshots import pending, running
+
+    from dike_slurm.policies.dike import DikePolicy
+
+    hour = 3600.0
+    params = _dike_params(preemption=True, min_runtime_s=600)
+    full = {"n1": 8, "n2": 8, "n3": 8, "n4": 8}
+    # the cheapest victims (level 2, just checkpointed) hold the v100 nodes; an a100 node holds a
+    # dearer one (level 1, 15 minutes past its checkpoint)
+    jobs = [
+        running(10, "a", gpus=8, ran=11 * hour, node="n2", requeueable=True, gpu_types=("v100",)),
+        running(11, "a", gpus=8, ran=11 * hour, node="n4", requeueable=True),  # untyped, on a v100 node
+        running(12, "a", gpus=8, ran=900, node="n1", requeueable=True, attained_gpu_s=2 * 8 * hour),
+        running(13, "b", gpus=8, ran=100 * hour, node="n3", requeueable=False),
+        pending(1, "c", gpus=8, gpu_types=("a100",)),
+    ]
+    decisions = DikePolicy().decide(typed_snapshot(jobs, full), params, random.Random(0))
+    assert [(r.job_id, r.for_job) for r in decisions.requeues] == [(12, 1)]  # the a100 node's job, not 10 or 11
+    assert decisions.placement_of(1).placement == Placement(require_nodes=("n1",))
+    # untyped, the same job takes the cheapest node whatever its type
+    untyped = [*jobs[:4], pending(1, "c", gpus=8)]
+    plain = DikePolicy().decide(typed_snapshot(untyped, full), params, random.Random(0))
+    assert [r.job_id for r in plain.requeues] in ([10], [11])
+    # no a100 victim at all: nobody is requeued for it, however cheap the v100 jobs are
+    no_room = [*jobs[:2], replace(jobs[2], requeueable=False), *jobs[3:]]
+    assert DikePolicy().decide(typed_snapshot(no_room, full), params, random.Random(0)).requeues == ()
+
+
+def test_the_node_hold_holds_only_nodes_of_the_blocked_jobs_type():
+    import random
+
+    from snapshots import pending, running
+
+    from dike_slurm.policies.dike import DikePolicy
+
+    hour = 3600.0
+    params = _dike_params(preemption=False, hold_nodes="blocked")
+    # every node half busy; the v100 nodes' jobs are the youngest (likeliest to end first): an
+    # untyped hold would take a v100 node, the a100 job's hold must take an a100 node
+    jobs = [
+        running(10, "a", gpus=4, ran=40 * hour, node="n1"), running(11, "a", gpus=4, ran=hour, node="n2"),
+        running(12, "a", gpus=4, ran=40 * hour, node="n3"), running(13, "a", gpus=4, ran=hour, node="n4"),
+        pending(1, "c", gpus=8, waited=7200, gpu_types=("a100",), comment="dike:comm=high"),
+        pending(2, "d", gpus=2, waited=60),
+    ]
+    alloc = {f"n{i}": 4 for i in range(1, 5)}
+    decisions = DikePolicy().decide(typed_snapshot(jobs, alloc), params, random.Random(0))
+    held = decisions.placement_of(2)
+    assert held is not None and "held for blocked heavy job 1" in held.reason
+    assert set(held.placement.exclude_nodes) <= {"n1", "n3"} and held.placement.exclude_nodes
+    untyped = [*jobs[:4], replace(jobs[4], gpu_types=()), jobs[5]]
+    plain = DikePolicy().decide(typed_snapshot(untyped, alloc), params, random.Random(0))
+    assert set(plain.placement_of(2).placement.exclude_nodes) <= {"n2", "n4"}
+
+
+def test_steering_never_sends_a_typed_light_job_where_its_type_has_no_room():
+    import random
+
+    from snapshots import pending, running
+
+    from dike_slurm.policies.dike import DikePolicy
+
+    params = _dike_params(preemption=False, steer_light_jobs=True)
+    # leaf s2 (n3 a100, n4 v100) idle: steering keeps light jobs off it; on s1 only the v100 node has room
+    jobs = [
+        running(10, "a", gpus=8, node="n1"), running(11, "a", gpus=2, node="n2"),
+        pending(1, "c", gpus=2, gpu_types=("a100",)), pending(2, "c", gpus=2, gpu_types=("v100",)), pending(3, "c", gpus=2),
+    ]
+    decisions = DikePolicy().decide(typed_snapshot(jobs, {"n1": 8, "n2": 2}), params, random.Random(0))
+    assert decisions.placement_of(1) is None  # steered off s2 it could run nowhere: left alone
+    for job_id in (2, 3):
+        assert decisions.placement_of(job_id).placement.exclude_nodes == ("n3", "n4")

@@ -28,6 +28,9 @@ from dike_slurm.sim.trace import TraceJob
 from dike_slurm.state import StateStore
 
 SLURM_CONF = "NodeName=n[1-4] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-4] Default=YES\n"
+# issue 33: two GPU types, one of each per leaf switch (as the lab's two-type mode)
+TWO_TYPES_CONF = ("NodeName=n[1,3] Gres=gpu:a100:8 CPUs=64\nNodeName=n[2,4] Gres=gpu:v100:8 CPUs=64\n"
+                  "PartitionName=gpu Nodes=n[1-4] Default=YES\n")
 TOPOLOGY = "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\nSwitchName=top Switches=s[1-2]\n"
 
 
@@ -43,7 +46,8 @@ class RecordingDike(DikePolicy):
         return decisions
 
 
-def trace() -> list[TraceJob]:
+def trace(typed: bool = False) -> list[TraceJob]:
+    """40 jobs; `typed`: a third ask for a100, a third for v100, the rest for any type."""
     shapes = [(1, 1), (2, 1), (8, 1), (16, 2), (4, 1), (1, 1), (8, 1), (2, 1)]
     jobs = []
     for i in range(40):
@@ -52,24 +56,26 @@ def trace() -> list[TraceJob]:
             job_id=100 + i, display_id=str(100 + i), user=f"user{i % 3}", account=f"acct{i % 2}", partition="gpu",
             qos="normal", name=f"train{i % 4}", comment="", submit=1_000_000.0 + 97 * i, eligible_delay_s=0.0,
             duration_s=600.0 + 311 * (i % 7), time_limit_s=7200, gpus=gpus, num_nodes=nodes, cpus=nodes,
+            gpu_types=(("a100",), ("v100",), ())[i % 3] if typed else (),
         ))
     return jobs
 
 
-@pytest.mark.parametrize("fairness_by", ["user", "account"])
-def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness_by):
+@pytest.mark.parametrize("fairness_by, typed", [("user", False), ("account", False), ("user", True)])
+def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness_by, typed):
     config = Config.model_validate({
         "engine": {"state_db": str(tmp_path / "state.sqlite")},
-        "policies": {"dike": {"fairness_by": fairness_by, "min_history_jobs": 5}},
+        "policies": {"dike": {"fairness_by": fairness_by, "min_history_jobs": 5,
+                              "preemption": typed, "steer_light_jobs": typed}},
     })
-    conf, topology = parse_slurm_conf(SLURM_CONF), parse_topology_conf(TOPOLOGY)
+    conf, topology = parse_slurm_conf(TWO_TYPES_CONF if typed else SLURM_CONF), parse_topology_conf(TOPOLOGY)
     # Whole-second runs, as sacct's whole seconds show them: a run's launch and exit would put its
     # end between seconds, which the engine's accounting reads rounded (a difference of rounding,
     # not of logic).
     settings = replace(sim_settings(config, conf), run_overhead_s=0.0)
     finished: list[JobResult] = []
     policy = RecordingDike()
-    jobs = trace()
+    jobs = trace(typed)
     simulator = Simulator(
         jobs, SimCluster(conf, topology), policy, config.policy_params("dike"), settings,
         Timeline(origin=jobs[0].submit, width=60.0), finished.append,
@@ -101,6 +107,11 @@ def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness
     ((engine_snapshot, engine_decisions),) = engine_policy.seen
 
     assert engine_snapshot.time == snapshot.time
+    assert [n.gpu_types for n in engine_snapshot.nodes] == [n.gpu_types for n in snapshot.nodes]
+    assert {j.job_id: j.gpu_types for j in engine_snapshot.jobs} == {j.job_id: j.gpu_types for j in snapshot.jobs}
+    if typed:
+        assert {n.gpu_types for n in snapshot.nodes} == {("a100",), ("v100",)}
+        assert {j.gpu_types for j in snapshot.jobs} == {("a100",), ("v100",), ()}
     assert engine_snapshot.completed_service_gpu_s == pytest.approx(snapshot.completed_service_gpu_s)
     assert engine_snapshot.user_usage_gpu_s == pytest.approx(snapshot.user_usage_gpu_s)
     # the service prior: learned from the same finished jobs, it predicts the same for every job
@@ -125,3 +136,4 @@ def test_engine_and_simulator_agree_on_snapshot_and_decisions(tmp_path, fairness
     ]
     assert [p.score for p in engine_decisions.priorities] == pytest.approx([p.score for p in decisions.priorities])
     assert engine_decisions.placements == decisions.placements
+    assert engine_decisions.requeues == decisions.requeues
