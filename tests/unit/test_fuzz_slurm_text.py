@@ -11,6 +11,7 @@ The budget is fixed: FUZZ_EXAMPLES examples per test (12 tests: 2,400 examples i
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Mapping, Sequence
 
@@ -78,17 +79,48 @@ def sacct_dumps(draw) -> str:
     if draw(st.booleans()):
         columns = columns[: draw(st.integers(0, len(columns)))]
     rows = [
-        "|".join(draw(FIELD) for _ in range(len(columns) + draw(st.integers(-1, 1))))
+        draw(sacct_row(columns)) if draw(st.booleans())
+        else "|".join(draw(FIELD) for _ in range(len(columns) + draw(st.integers(-1, 1))))
         for _ in range(draw(st.integers(0, 5)))
     ]
     return "\n".join(["|".join(columns), *rows])
+
+
+# Values sacct prints in each column (invented, in sacct's formats). Job ids are far apart, so that a
+# reader that takes the wrong id or shifts it reads a number the dump does not hold.
+SACCT_VALUES = {
+    "JobID": ["1203", "2045_4", "3301_[1-3]", "4410.batch", "5507+0", "6000"],
+    "JobIDRaw": ["1203", "7102", "4410.batch", ""],
+    "State": ["COMPLETED", "RUNNING", "PENDING", "CANCELLED by 0", "FAILED", "REQUEUED", "TIMEOUT"],
+    "Submit": ["2026-01-01T00:00:00", "Unknown"], "Eligible": ["2026-01-01T00:00:00", "Unknown"],
+    "Start": ["2026-01-01T01:00:00", "Unknown", "None"], "End": ["2026-01-01T02:00:00", "Unknown"],
+    "ElapsedRaw": ["0", "3600"], "Timelimit": ["1-00:00:00", "UNLIMITED", "60"], "NNodes": ["1", "2"],
+    "NCPUS": ["4", "64"], "AllocTRES": ["cpu=4,gres/gpu=8,node=1", "gres/gpu:a100=2", ""],
+    "ReqTRES": ["cpu=4,gres/gpu=8,node=1", ""], "NodeList": ["n[1-4]", "n1", "None assigned"],
+}
+
+
+@st.composite
+def sacct_row(draw, columns) -> str:
+    """A row sacct could print, with at most one field replaced by fuzz."""
+    fields = [draw(st.sampled_from(SACCT_VALUES[c])) if c in SACCT_VALUES else draw(FIELD) for c in columns]
+    if fields and draw(st.booleans()):
+        fields[draw(st.integers(0, len(fields) - 1))] = draw(FIELD)
+    return "|".join(fields)
 
 
 @fuzz
 @given(st.one_of(sacct_dumps(), ANY_TEXT))
 def test_sacct_parsable2_never_crashes(text):
     result = value_or_own_error(read_sacct_parsable2, text, "fuzz")
-    assert result is None or all(r.job_id >= 0 or r.job_id < 0 for r in result.records)
+    if result is None:
+        return
+    # every row is read, skipped (and counted) or a step: no record is invented, none is counted twice
+    assert len(result.records) + sum(result.skipped.values()) <= result.rows
+    printed_numbers = {int(digits) for digits in re.findall(r"\d+", text)}
+    for record in result.records:  # a job's ids are numbers sacct printed, its JobID is one sacct printed
+        assert record.job_id in printed_numbers and record.display_id in text, record
+        assert record.array_job_id is None or record.array_job_id in printed_numbers, record
 
 
 def sacct_job():
@@ -121,6 +153,16 @@ def test_sacct_json_never_crashes(text):
 
 
 # ---------------------------------------------------------------- squeue / sinfo / sprio through the backend
+
+
+def plausible_squeue_job():
+    """A job squeue --json could print (invented: ids far apart, v0.0.38 and v0.0.40+ number forms)."""
+    return st.fixed_dictionaries({
+        "job_id": st.sampled_from([1203, 6000, {"set": True, "infinite": False, "number": 3301}]),
+        "job_state": st.sampled_from(["PENDING", "RUNNING", ["PENDING"], ["RUNNING"], "COMPLETED"]),
+        "submit_time": st.sampled_from([1_700_000_000, {"set": True, "infinite": False, "number": 1_700_000_000}]),
+        "user_name": st.just("alice"), "partition": st.just("gpu"),
+    })
 
 
 def squeue_job():
@@ -180,6 +222,21 @@ def nodes_for(squeue_text: str) -> str:
     return json.dumps({"meta": meta if isinstance(meta, dict) else LEGACY_META, "nodes": [ONE_NODE]})
 
 
+def numbers_in(value) -> set[int]:
+    """The whole numbers a JSON value could stand for as an id: itself, its digits, or its "number"."""
+    if isinstance(value, bool):
+        return {int(value)}
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, float):
+        return {int(value)} if value.is_integer() else set()
+    if isinstance(value, str):
+        return {int(digits) for digits in re.findall(r"\d+", value)}
+    if isinstance(value, Mapping):
+        return numbers_in(value.get("number"))
+    return set()
+
+
 def active(state) -> bool:
     """Whether a job_state names an active job: its first base-state word (as Slurm prints it)."""
     words = state.replace("+", " ").split() if isinstance(state, str) else [w for w in state if isinstance(w, str)]
@@ -190,13 +247,16 @@ def active(state) -> bool:
 
 
 @fuzz
-@given(document(squeue_job(), "jobs"))
+@given(st.one_of(document(squeue_job(), "jobs"), document(plausible_squeue_job(), "jobs")))
 def test_squeue_json_never_crashes_and_never_drops_a_job_silently(text):
     cluster = read({"squeue-json": text, "sinfo": nodes_for(text)})
-    assert cluster is None or all(j.job_id is not None for j in cluster.jobs)
     if cluster is not None:  # read: every active job Slurm printed is there, whatever the format
-        printed = json.loads(text)["jobs"]
-        assert len(cluster.jobs) == sum(1 for j in printed if active(j.get("job_state", "")))
+        printed = [j for j in json.loads(text)["jobs"] if active(j.get("job_state", ""))]
+        assert len(cluster.jobs) == len(printed)
+        # and each under an id Slurm printed for an active job (a plain number, or a {"number": N} object)
+        printed_ids = {n for j in printed for n in numbers_in(j.get("job_id"))}
+        assert all(type(j.job_id) is int and j.job_id in printed_ids for j in cluster.jobs), (
+            [j.job_id for j in cluster.jobs], printed_ids)
 
 
 @fuzz
