@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-from-day", type=int, default=43,
                         help="fit the growth from this day (default: %(default)s: after two copies; the 14-day windows "
                              "are full and the first copy's jobs have ended)")
+    parser.add_argument("--judge", type=judged_series, default=SERIES, metavar="SERIES,...",
+                        help="the series whose verdict sets the exit code (default: all of them); a short run names "
+                             "the ones its few steady days can fit")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for soak.json, soak.png (default: bench/results)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each day as it closes")
     args = parser.parse_args(argv)
@@ -431,7 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     plot(result, args.results / "soak.png")
     print(report_text(result))
     print(f"wrote {args.results / 'soak.json'}, {args.results / 'soak.png'}")
-    return 1 if "grows" in result["trend"].values() or None in result["trend"].values() else 0
+    verdicts = [result["trend"][name] for name in args.judge]
+    return 1 if "grows" in verdicts or None in verdicts else 0
+
+
+def judged_series(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in SERIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"not a series: {', '.join(unknown) or text!r} (known: {', '.join(SERIES)})")
+    return names
 
 
 if __name__ == "__main__":
