@@ -14,6 +14,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
 from dike_slurm.backends.base import (
@@ -120,8 +121,8 @@ class _JobContext:
 
     A `DiffMemory` keeps it for the next cycle: when the same Job comes back with equal owned
     fields, memory and SiteFactor, the job's side (value_now, exempt, hands_off) is not worked out
-    again, and when its decision's side (`basis`) is also what its plan was made of and that plan
-    had no writes, the plan is the same but for the decision's reason.
+    again, and when the reuse key of its PlanInputs is also the one its plan was made from and that
+    plan had no writes, the plan is the same but for the decision's reason.
     """
 
     job: Job
@@ -136,8 +137,35 @@ class _JobContext:
     needed: bool
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
     outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
-    basis: tuple = ()  # what `plan` was made of besides the job's side (see diff)
+    basis: tuple = ()  # the reuse key of the PlanInputs `plan` was made from
     plan: JobPlan | None = None
+
+
+class PlanInputs(NamedTuple):
+    """What `_plan_one` makes a job's plan of besides the job's side (its _JobContext) and its rank.
+
+    The fields before `reason` are the reuse key (`reuse_key`): a plan without writes comes out
+    without writes again from an equal key, so a running engine's diff reuses it but for the
+    reason. The decisions' reasons come last: they only go into a write. The key is this record's
+    own prefix, so an input `_plan_one` reads cannot be left out of it.
+    """
+
+    wanted: int | None  # the strategy field's value for the decision (None: no decision)
+    level: int | None
+    promoted: bool
+    needed: bool  # the order walk's verdict: the strategy field is rewritten
+    admin_comment: str  # what Slurm shows
+    placement: Placement | None  # what a SetPlacement asks
+    write_comment: bool  # engine.admin_comment
+    outside: bool  # pending beyond the head window
+    reason: str  # the priority decision's reason
+    placement_decision: SetPlacement | ClearPlacement | None  # with its own reason
+
+    def reuse_key(self) -> tuple:
+        return self[:_REUSE_KEY_FIELDS]
+
+
+_REUSE_KEY_FIELDS = PlanInputs._fields.index("reason")
 
 
 class DiffMemory:
@@ -336,16 +364,13 @@ def diff(
         else:
             level, reason, promoted = decision.level, decision.reason, bool(decision.promoted)
         placement_decision = placements.get(job_id)
-        # what the plan is made of besides the job's side and the reason: a plan without writes
-        # comes out without writes again from the same (a write is made only of these, the job's
-        # side and the rank; the constraint decision's reason only goes into a write)
-        basis = (context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
-                 placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
-                 write_comment, context.outside)
+        inputs = PlanInputs(context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
+                            placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
+                            write_comment, context.outside, reason, placement_decision)
+        basis = inputs.reuse_key()
         plan = context.plan
         if plan is None or plan.writes or context.basis != basis:
-            plan = _plan_one(context, level, reason, promoted, placement_decision, key, cluster, rank, unranked,
-                             write_comment, exempt_note)
+            plan = _plan_one(context, inputs, key, cluster, rank, unranked, exempt_note)
             context.basis = basis
         elif plan.reason != reason:
             plan = _job_plan(plan.job, plan.managed, plan.note, level, reason, promoted, plan.value_now,
@@ -368,30 +393,30 @@ def _repeated(job_ids: Iterable[int]) -> str:
     return ", ".join(repeated)
 
 
-def _plan_one(context: _JobContext, level: int | None, reason: str, promoted: bool,
-              placement_decision: SetPlacement | ClearPlacement | None, key: JobField, cluster: ClusterState,
-              rank: Mapping[int, int], unranked: int, write_comment: bool, exempt_note: str) -> JobPlan:
-    """One job's plan once the order walk has settled whether its strategy field is rewritten."""
+def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: ClusterState,
+              rank: Mapping[int, int], unranked: int, exempt_note: str) -> JobPlan:
+    """One job's plan once the order walk has settled whether its strategy field is rewritten: of
+    the job's side (`context`), `inputs` and the rank, nothing else."""
     job = context.job
-    placement_wanted = placement_decision.placement if isinstance(placement_decision, SetPlacement) else None
+    level, reason, promoted, outside = inputs.level, inputs.reason, inputs.promoted, inputs.outside
     if context.exempt:
-        return _job_plan(job, False, exempt_note, level, reason, promoted, context.value_now, context.wanted,
-                         placement_wanted, (), (), "", context.outside)
+        return _job_plan(job, False, exempt_note, level, reason, promoted, context.value_now, inputs.wanted,
+                         inputs.placement, (), (), "", outside)
     writes: tuple[PlannedWrite, ...] = ()
-    if context.outside:  # no write but the strategy field handed back; constraints wait for the window
+    if outside:  # no write but the strategy field handed back; constraints wait for the window
         written = window_release(context, key, cluster, rank.get(job.job_id, unranked))
     else:
-        written = priority_write(context, key, cluster, rank, write_comment)
+        written = priority_write(context, inputs, key, cluster, rank)
     if written is not None:
         writes = (written,)
-    if not context.outside:
-        written = placement_write(job, placement_decision, context.owned, context.hands_off,
+    if not outside:
+        written = placement_write(job, inputs.placement_decision, context.owned, context.hands_off,
                                   rank.get(job.job_id, unranked))
         if written is not None:
             writes = (*writes, written)
     hands_off = tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else ()
     return _job_plan(job, True, context.hands_off_reason, level, reason, promoted, context.value_now,
-                     context.wanted, placement_wanted, writes, hands_off, context.hands_off_reason, context.outside)
+                     inputs.wanted, inputs.placement, writes, hands_off, context.hands_off_reason, outside)
 
 
 # A JobPlan, a PlannedWrite and a JobUpdate filled in one step: their frozen __init__ sets one
@@ -534,17 +559,17 @@ def keep_policy_order(chain: list[_JobContext], key: JobField) -> None:
 
 
 def priority_write(
-    context: _JobContext, key: JobField, cluster: ClusterState, rank: Mapping[int, int], write_comment: bool
+    context: _JobContext, inputs: PlanInputs, key: JobField, cluster: ClusterState, rank: Mapping[int, int]
 ) -> PlannedWrite | None:
     """The strategy field `key` (when needed) and the AdminComment of one job, in one update."""
-    job, decision, owned = context.job, context.decision, context.owned
-    if decision is None or context.wanted is None or key in context.hands_off:
+    job, owned, wanted = context.job, context.owned, inputs.wanted
+    if wanted is None or inputs.level is None or key in context.hands_off:
         return None
-    strategy = context.needed and context.value_now != context.wanted
-    comment_now = cluster.admin_comments.get(job.job_id, "")
+    strategy = inputs.needed and context.value_now != wanted
+    comment_now = inputs.admin_comment
     comment = None
-    if write_comment and is_engine_comment(comment_now) and (strategy or comment_level(comment_now) != decision.level):
-        comment = admin_comment_text(decision.level, job.counted_gpu_s, decision.promoted)
+    if inputs.write_comment and is_engine_comment(comment_now) and (strategy or comment_level(comment_now) != inputs.level):
+        comment = admin_comment_text(inputs.level, job.counted_gpu_s, inputs.promoted)
         if comment == comment_now:
             comment = None
     if not strategy and comment is None:
@@ -555,7 +580,7 @@ def priority_write(
     before: list[tuple[JobField, FieldValue]] = []
     if strategy:
         value_before, original = strategy_now(key, job, cluster, owned)
-        values.append((key, context.wanted))
+        values.append((key, wanted))
         originals.append((key, original))
         before.append((key, value_before))
     if comment is not None:
@@ -566,7 +591,7 @@ def priority_write(
     job_id = job.job_id
     undo = tuple(originals)
     return _planned_write(job_id, _job_update(job_id, tuple(values)), _job_update(job_id, undo), undo, (),
-                          decision.reason, rank.get(job_id, len(rank)), tuple(before), "priority")
+                          inputs.reason, rank.get(job_id, len(rank)), tuple(before), "priority")
 
 
 def window_release(context: _JobContext, key: JobField, cluster: ClusterState, rank: int) -> PlannedWrite | None:
