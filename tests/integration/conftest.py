@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -171,6 +172,30 @@ class SlurmLab:
             if time.monotonic() >= deadline:
                 pytest.fail(f"timed out after {timeout} s: {message or predicate}")
             time.sleep(interval)
+
+    def scheduler_passes(self) -> tuple[int, int]:
+        """The main scheduler's and the backfill scheduler's passes so far (sdiag's "Total cycles" of
+        each; `sdiag -r` resets them)."""
+        out = self.run("sdiag").stdout
+        counts = []
+        for section in ("Main schedule statistics", "Backfilling stats"):
+            if section not in out:
+                raise AssertionError(f"no {section!r} in sdiag:\n{out}")
+            match = re.search(r"^\s*Total cycles:\s*(\d+)", out.split(section, 1)[1], re.MULTILINE)
+            if match is None:
+                raise AssertionError(f"no 'Total cycles' under {section!r} in sdiag:\n{out}")
+            counts.append(int(match[1]))
+        return counts[0], counts[1]
+
+    def wait_scheduler_passes(self, passes: int = 2, *, backfill: bool = True, timeout: float = 60) -> None:
+        """Wait until the main scheduler (and the backfill one) has run ``passes`` more passes: with
+        two, one began after this call, so what it saw, Slurm has acted on. Backfill counts no pass
+        while no job is eligible (a job waiting for its begin time): then ``backfill=False``."""
+        before = self.scheduler_passes()
+        wanted = (before[0] + passes, before[1] + passes if backfill else 0)
+        self.wait_for(lambda: all(now >= want for now, want in zip(self.scheduler_passes(), wanted)), timeout,
+                      f"{passes} main{' and backfill' if backfill else ''} scheduler passes after {before} "
+                      f"(main, backfill)")
 
     def job_state(self, job_id: int) -> str:
         """State of a job as the controller sees it ('' once it has left squeue)."""

@@ -163,8 +163,8 @@ def test_a_long_job_drops_a_level_its_site_factor_falls_and_a_requeue_keeps_its_
 
 def test_a_16_gpu_two_node_job_is_held_to_one_leaf_and_runs_inside_one(slurm_lab, engine):
     lab = slurm_lab
-    # n2 (leaf s1) free soon, n4 (leaf s2) busy: without a constraint the job would span n1+n3 now
-    short = lab.sbatch("-w", "n2", "--gres=gpu:8", "--wrap", "sleep 15")
+    # n2 (leaf s1) and n4 (leaf s2) busy: without a constraint the job would span n1+n3 now
+    short = lab.sbatch("-w", "n2", "--gres=gpu:8", "--wrap", "sleep 300")
     long = lab.sbatch("-w", "n4", "--gres=gpu:8", "--wrap", "sleep 300")
     wait_state(lab, short, "RUNNING")
     wait_state(lab, long, "RUNNING")
@@ -173,8 +173,10 @@ def test_a_16_gpu_two_node_job_is_held_to_one_leaf_and_runs_inside_one(slurm_lab
     assert switch_request(lab, heavy) == (1, "5:00")
     assert " Switches=1@00:05:00 " in show_job(lab, heavy)
     lab.run("scontrol", "release", str(heavy))
-    time.sleep(6)
+    lab.wait_scheduler_passes()  # Slurm's main and backfill passes have both looked at the released job
     assert lab.job_state(heavy) == "PENDING"  # n1 and n3 are free but sit under two leaves
+    assert lab.job_state(short) == "RUNNING"  # and n2 was busy all along
+    lab.run("scancel", str(short))  # n2 frees: n1 + n2 make one leaf
     wait_state(lab, heavy, "RUNNING", timeout=60)
     nodes = set(lab.job_nodes(heavy))
     assert len(nodes) == 2 and any(nodes <= leaf for leaf in LEAVES), nodes

@@ -63,8 +63,8 @@ def test_a_requeued_job_is_held_for_the_credential_lifetime(slurm_lab):
     hold = epoch(fields["EligibleTime"]) - requeued_at
     assert 119 <= hold <= 124, fields["EligibleTime"]
     assert epoch(fields["SubmitTime"]) > epoch(before["SubmitTime"])
-    # 10 s on an idle cluster (two scheduling passes) and it still waits for its begin time
-    time.sleep(10)
+    # two main-scheduler passes on an idle cluster, and it still waits for its begin time
+    lab.wait_scheduler_passes(backfill=False)
     fields = job_fields(lab, job)
     assert fields["JobState"] == "PENDING" and fields["Reason"] == "BeginTime", fields
 
