@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
@@ -51,6 +52,25 @@ __all__ = ["CyclePlan", "CycleReport", "Engine", "JobPlan", "PlannedWrite", "Rev
 log = logging.getLogger("dike_slurm.engine")
 
 _NO_SERVICE = JobService()
+
+
+class EnrichInputs(NamedTuple):
+    """What Engine._enrich adds to a job read from Slurm; equal inputs and the same Job object
+    read give last cycle's enriched copy."""
+
+    service: JobService  # over all runs, from accounting and the engine's runs
+    attained_at_promotion_gpu_s: float
+    requeues: int
+    site_factor: int | None
+    pinned: bool  # a preemption freed nodes for it, and it has not started yet
+
+
+class _Enriched(NamedTuple):
+    """One job as Engine._enrich kept it for the next cycle."""
+
+    read: Job  # the Job object the backend's read handed out
+    inputs: EnrichInputs
+    copy: Job  # the enriched Job the cycle used
 _NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
 
 SACCT_OVERLAP_S = 900.0  # each cycle re-reads accounting from this long before the last read
@@ -99,7 +119,7 @@ class Engine:
         self.clock = clock
         # What a running engine keeps from its last cycle to skip the work for unchanged jobs:
         # each job's enriched copy, and the diff's contexts and plans (the plans come out the same).
-        self._enriched: dict[int, tuple[Job, tuple, Job]] = {}
+        self._enriched: dict[int, _Enriched] = {}
         self._diff_memory = reconcile.DiffMemory()
         # The site's own priority and the span it leaves Dike: read before the first plan, kept
         # for the engine's life (a reload makes a new engine, which reads them again).
@@ -332,27 +352,27 @@ class Engine:
             room = rooms.get(job_id)  # a preemption freed nodes for it, and it has not started yet
             pinned = (room is not None and job.state is JobState.PENDING
                       and set(room.nodes) == set(job.placement.require_nodes))
-            inputs = (got, remembered.attained_at_promotion_gpu_s if remembered else 0.0,
-                      remembered.requeues if remembered else 0, site_factor, pinned)
+            inputs = EnrichInputs(got, remembered.attained_at_promotion_gpu_s if remembered else 0.0,
+                                  remembered.requeues if remembered else 0, site_factor, pinned)
             last = kept.get(job_id)
-            if last is not None and last[0] is job and last[1] == inputs:
-                copy = last[2]
+            if last is not None and last.read is job and last.inputs == inputs:
+                copy = last.copy
             else:
                 pending_since = job.submit_time
                 if job.state is JobState.PENDING and got.last_end is not None:
                     pending_since = max(job.submit_time, got.last_end)
                 copy = job.with_changes(
                     attained_gpu_s=got.attained_gpu_s,
-                    attained_at_promotion_gpu_s=min(inputs[1], got.attained_gpu_s),
+                    attained_at_promotion_gpu_s=min(inputs.attained_at_promotion_gpu_s, got.attained_gpu_s),
                     run_count=got.run_count,
                     last_run_s=got.last_run_s,
-                    preemptions=inputs[2],
+                    preemptions=inputs.requeues,
                     pending_since=pending_since,
                     requeueable=job.requeueable and opted_in_to_preemption(job, self.config),
                     site_factor=site_factor,
                     pinned_for_preemption=pinned,
                 )
-            self._enriched[job_id] = (job, inputs, copy)
+            self._enriched[job_id] = _Enriched(job, inputs, copy)
             enriched.append(copy)
         return tuple(enriched)
 
