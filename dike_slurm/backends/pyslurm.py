@@ -68,12 +68,30 @@ def _hosts(value: Any) -> tuple[str, ...]:
         return ()
 
 
+def _gpu_count(value: Any) -> int:
+    """A GRES dict's value: an int, or an object with an int ``count`` (pyslurm.db.tres.GPU)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    count = getattr(value, "count", None)
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+
+
 def gres_gpus(gres: Any) -> int:
-    """GPUs in a pyslurm GRES dict: {"gpu": 8}, {"gpu:a100": 4, "gpu:v100": 2}."""
+    """GPUs in a pyslurm GRES dict, in the shapes pyslurm 25.11 gives.
+
+    ``{"gpu": 8}``, ``{"gpu:a100": 4, "gpu:v100": 2}``; ``Job.gres_per_node`` names them
+    ``{"gres/gpu": 1}`` (Slurm's TRES name), and ``Job.gres``/``db.Job.gres`` hold
+    ``pyslurm.db.tres.GPU`` objects, whose ``count`` is the figure (both seen on Slurm 25.11.7
+    with pyslurm 25.11.2, issue 34).
+    """
     if not isinstance(gres, Mapping):
         return 0
-    return sum(int(count) for name, count in gres.items()
-               if str(name).split(":", 1)[0] == "gpu" and isinstance(count, int))
+    total = 0
+    for name, value in gres.items():
+        kind = str(name).removeprefix("gres/").split(":", 1)[0]
+        if kind == "gpu":
+            total += _gpu_count(value)
+    return total
 
 
 def gres_gpu_types(gres: Any) -> tuple[str, ...]:

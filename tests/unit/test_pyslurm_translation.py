@@ -18,6 +18,7 @@ from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.pyslurm import (
     PyslurmBackend,
     PyslurmUnavailable,
+    gres_gpus,
     job_from_pyslurm,
     node_from_pyslurm,
     record_from_pyslurm_db,
@@ -189,3 +190,25 @@ def test_create_refuses_a_missing_or_mismatched_pyslurm(monkeypatch):
         PyslurmBackend.create(SlurmSettings())
     monkeypatch.setitem(sys.modules, "pyslurm", FakePyslurm([], [], []))
     assert isinstance(PyslurmBackend.create(SlurmSettings()), PyslurmBackend)
+
+
+class _TresGpu:
+    """Stands in for pyslurm.db.tres.GPU (pyslurm 25.11.2: attributes count, type, id)."""
+
+    def __init__(self, count: int, gpu_type: str | None = None) -> None:
+        self.count = count
+        self.type = gpu_type
+        self.id = 1001
+
+
+def test_gres_gpus_reads_the_shapes_pyslurm_25_11_gives():
+    # Shapes described in issue 34 from a Slurm 25.11.7 + pyslurm 25.11.2 cluster (invented
+    # values, not a recording): the old gres_gpus returned 0 for the last three.
+    assert gres_gpus({"gpu": 8}) == 8
+    assert gres_gpus({"gpu:a100": 4, "gpu:v100": 2}) == 6
+    assert gres_gpus({"gres/gpu": 1}) == 1
+    assert gres_gpus({"gres/gpu:a100": 2, "gres/mps": 100}) == 2
+    assert gres_gpus({"gpu": _TresGpu(3)}) == 3
+    assert gres_gpus({"gpu:a100": _TresGpu(2, "a100"), "gpu:v100": _TresGpu(1, "v100")}) == 3
+    assert gres_gpus({"gpu": True, "mps": 4, "gpu:x": "2"}) == 0
+    assert gres_gpus(None) == 0
