@@ -76,6 +76,7 @@ def diagnose(
     user: str = "dike-slurm",
     slurmdbd_error: str = "",
     store_exposure: str = "",
+    backend: str = "cli",
 ) -> list[Check]:
     """Every check, from what Slurm printed (pure: unit-tested on recorded output).
 
@@ -109,9 +110,13 @@ def diagnose(
     if "gres/gpu" in tracked:
         checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))
     else:
+        # One cause, two symptoms: pyslurm 25.11 takes a job's and a node's GPUs from the tracked
+        # TRES too (Job.gpus, Node.allocated_gres are empty without it: issue 34).
+        pyslurm_too = (", and the pyslurm backend counts 0 GPUs for every job and node"
+                       if backend == "pyslurm" else "")
         checks.append(Check("AccountingStorageTRES", ",".join(tracked) or "unset", FAIL,
                             f"AccountingStorageTRES={','.join([*tracked, 'gres/gpu'])} (without gres/gpu, sacct "
-                            "shows finished runs with 0 GPUs and every job's attained service is 0)"))
+                            f"shows finished runs with 0 GPUs and every job's attained service is 0{pyslurm_too})"))
     priority = config.get("PriorityType", "")
     if strategy in ("site_factor", "nice") and priority != "priority/multifactor":
         field = "SiteFactor" if strategy == "site_factor" else "Nice"
@@ -443,6 +448,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
         admin_comment=config.engine.admin_comment, priority_model=priority_model, priority_error=priority_error,
         priority_mode=config.engine.priority_mode, priority_span=config.engine.priority_span, user=user,
         slurmdbd_error=slurmdbd_error, store_exposure=store_exposure(config.engine.state_db),
+        backend=config.slurm.backend,
     )
     return checks + scope_checks(config.scope, known, unknown_why) + path_checks(config, user)
 

@@ -230,6 +230,12 @@ def test_gpus_not_tracked_in_accounting_fail_with_the_line_to_add():
     check = site(**{"scontrol-show-config.txt": config})[0]["AccountingStorageTRES"]
     assert check.verdict == FAIL
     assert check.advice.startswith("AccountingStorageTRES=cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu ")
+    assert "pyslurm" not in check.advice
+    runner, _ = answers("22.05", **{"scontrol-show-config.txt": config})
+    with_pyslurm = load_config(None, environ={"DIKE_SLURM__BACKEND": "pyslurm"})
+    check = {c.name: c for c in gather(with_pyslurm, "root", runner)}["AccountingStorageTRES"]
+    assert check.verdict == FAIL
+    assert check.advice.endswith("and the pyslurm backend counts 0 GPUs for every job and node)")
 
 
 def test_the_advice_names_the_user_who_runs_the_engine():
