@@ -80,6 +80,7 @@ class AccountingRecord:
     flags: str = ""
     comment: str = ""
     gpu_types: tuple[str, ...] = ()  # the GPU types ReqTRES names (gres/gpu:a100=4); () for any
+    alloc_gpu_types: tuple[str, ...] = ()  # the GPU types the run held (AllocTRES), what Slurm bills
     constraints: str = ""  # the job's feature constraint (--constraint), "" when none or not dumped
 
     @property
@@ -408,6 +409,7 @@ def _record_from_row(row: dict[str, str], caches: _Caches) -> AccountingRecord:
         flags=text(get("flags", "").strip()),
         comment=get("comment", ""),
         gpu_types=tuple(name for name, _ in requested.gpu_types),
+        alloc_gpu_types=tuple(name for name, _ in alloc.gpu_types),
         constraints=text(get("constraints", "").strip()),
     )
 
@@ -576,6 +578,7 @@ def _record_from_json(job: dict[str, Any], caches: _Caches) -> AccountingRecord:
         flags=text(",".join(str(f) for f in flags) if isinstance(flags, list) else ""),
         comment=_json_text(comment.get("job") if isinstance(comment, dict) else comment),
         gpu_types=_json_gpu_types(tres.get("requested")),
+        alloc_gpu_types=_json_gpu_types(tres.get("allocated")),
         constraints=text(_json_text(job.get("constraints")).strip()),
     )
 

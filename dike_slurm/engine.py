@@ -205,7 +205,8 @@ class Engine:
         active_in_scope, outside = [], []
         for job in cluster.jobs:
             (active_in_scope if in_scope(job, self.config) else outside).append(job)
-        runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope))
+        node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
+        runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope, self.site_priority, node_types))
         service = job_service(runs, now)
         fairness_by = self.policy.usage_owner(self.params)
         usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
@@ -314,7 +315,7 @@ class Engine:
                 f"accounting unavailable ({exc}); levels from the state store's "
                 f"{len(self.store.runs())} remembered run(s) and the queue; sync point not advanced"
             )
-        finished = [r for r in runs_from_records(result.records) if r.end is not None]
+        finished = [r for r in runs_from_records(result.records, self.site_priority) if r.end is not None]
         return finished, result.skipped, None
 
     def _nodes_in_scope(self, cluster: ClusterState):

@@ -70,9 +70,63 @@ class PriorityWeights:
 
 
 @dataclass(frozen=True)
+class GpuBilling:
+    """What a site's TRESBillingWeights charges per GPU-second of each GPU type (issue 33).
+
+    Slurm bills a job the sum of its TRES times their weights, and a typed GPU is two TRES
+    (gres/gpu and gres/gpu:TYPE): a GPU of type t weighs `GRES/gpu` + `GRES/gpu:t`. A type that
+    neither names weighs 1, as does every GPU where the site sets no GPU weight: equal where unset.
+    CPU and memory weights are not GPU service and are left out.
+    """
+
+    untyped: float | None = None  # GRES/gpu=W
+    typed: Mapping[str, float] = field(default_factory=dict)  # GRES/gpu:TYPE=W, the type as Slurm spells it
+
+    def weight(self, gpu_types: Iterable[str]) -> float:
+        """The weight of a GPU on a node of these types (the mean when a node has several)."""
+        types = tuple(gpu_types)
+        if not types:
+            return self.untyped if self.untyped is not None else 1.0
+        total = 0.0
+        for gpu_type in types:
+            typed = self.typed.get(gpu_type)
+            if typed is None and self.untyped is None:
+                total += 1.0
+            else:
+                total += (self.untyped or 0.0) + (typed or 0.0)
+        return total / len(types)
+
+
+def parse_billing_weights(text: str, source: str, line: int | None = None) -> GpuBilling | None:
+    """`TRESBillingWeights=CPU=1.0,Mem=0.25G,GRES/gpu=2.0,GRES/gpu:a100=4.0`: its GPU weights
+    (None when the text is empty). A weight that is not a number is an InputError."""
+    untyped: float | None = None
+    typed: dict[str, float] = {}
+    seen = False
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        seen = True
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"TRESBillingWeights item {item!r} is not NAME=WEIGHT", source=source, line=line)
+        kind, _, gpu_type = name.partition(":")
+        if kind.lower() != "gres/gpu":
+            continue
+        try:
+            weight = float(value)
+        except ValueError:
+            raise InputError(f"TRESBillingWeights {name}={value!r} is not a number", source=source, line=line) from None
+        if gpu_type:
+            typed[gpu_type] = weight
+        else:
+            untyped = weight
+    return GpuBilling(untyped, typed) if seen else None
+
+
+@dataclass(frozen=True)
 class PartitionPriority:
     job_factor: int = 1  # PriorityJobFactor (Priority= sets it and the tier)
     tier: int = 1  # PriorityTier
+    billing: GpuBilling | None = None  # the partition's TRESBillingWeights; None: the cluster's
 
 
 @dataclass(frozen=True)
@@ -103,6 +157,18 @@ class SlurmPriorityModel:
     source: str = ""  # where the weights and QOS priorities came from, for reports
     # pending jobs per partition Slurm's scheduler looks at (head_window.scheduler_depth of SchedulerParameters)
     scheduler_depth: int = DEFAULT_DEPTH
+    billing: GpuBilling | None = None  # the cluster's TRESBillingWeights (a partition's own wins)
+
+    def billing_of(self, partition: str) -> GpuBilling | None:
+        """The TRESBillingWeights that charge a job of this partition (None: the site sets none)."""
+        entry = self.partitions.get(partition)
+        return entry.billing if entry is not None and entry.billing is not None else self.billing
+
+    def gpu_weight(self, partition: str, gpu_types: Iterable[str]) -> float:
+        """What one GPU-second on a node of these types is charged in this partition (1 when the
+        site weighs no GPU)."""
+        billing = self.billing_of(partition)
+        return billing.weight(gpu_types) if billing is not None else 1.0
 
     def tier(self, partition: str) -> int:
         entry = self.partitions.get(partition)
@@ -365,6 +431,7 @@ def partition_priorities(fields: Mapping[str, str], source: str, line: int | Non
     return PartitionPriority(
         job_factor=job_factor if job_factor is not None else (both if both is not None else 1),
         tier=tier if tier is not None else (both if both is not None else 1),
+        billing=parse_billing_weights(fields.get("tresbillingweights", ""), source, line),
     )
 
 
@@ -383,7 +450,7 @@ def build_model(options: Mapping[str, str], partitions: Iterable[tuple[str, Part
     return SlurmPriorityModel(
         weights=weights_from_options(options, source), qos_priority=dict(qos_priority or {}),
         partitions=parts, node_count=node_count, cluster_cpus=cluster_cpus, partition_tres=tres, source=source,
-        scheduler_depth=depth,
+        scheduler_depth=depth, billing=parse_billing_weights(options.get("tresbillingweights", ""), source),
     )
 
 

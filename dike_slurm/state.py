@@ -25,14 +25,14 @@ from dike_slurm.errors import DikeError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.usage import Run
 
-SCHEMA_VERSION = 3  # 2: runs.name (the service prior's groups); 3: audit.user
+SCHEMA_VERSION = 4  # 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,
     user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL, name TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (job_id, start));
+    weight REAL NOT NULL DEFAULT 1.0, PRIMARY KEY (job_id, start));
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, level INTEGER, written_level INTEGER,
     attained_gpu_s REAL NOT NULL DEFAULT 0, attained_at_promotion_gpu_s REAL NOT NULL DEFAULT 0,
@@ -239,6 +239,8 @@ class StateStore:
                 columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
                 if "name" not in columns:  # a schema-1 file
                     self._db.execute("ALTER TABLE runs ADD COLUMN name TEXT NOT NULL DEFAULT ''")
+                if "weight" not in columns:  # schema 1-3: every run weighed 1
+                    self._db.execute("ALTER TABLE runs ADD COLUMN weight REAL NOT NULL DEFAULT 1.0")
                 if "user" not in {row["name"] for row in self._db.execute("PRAGMA table_info(audit)")}:
                     self._db.execute("ALTER TABLE audit ADD COLUMN user TEXT NOT NULL DEFAULT ''")  # schema 1-2
                 self._db.execute(
@@ -343,18 +345,20 @@ class StateStore:
     def add_runs(self, runs: Iterable[Run]) -> None:
         """Store finished runs (a run seen again replaces the stored one)."""
         self._db.executemany(
-            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final, name) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final), r.name) for r in runs
+            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final, name, weight) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final), r.name, r.weight) for r in runs
              if r.end is not None],
         )
 
     def runs(self) -> list[Run]:
         rows = self._db.execute("SELECT * FROM runs ORDER BY job_id, start").fetchall()
-        has_name = bool(rows) and "name" in rows[0].keys()  # a schema-1 file opened read-only has none
+        keys = rows[0].keys() if rows else ()
+        has_name = "name" in keys  # a schema-1 file opened read-only has none
+        has_weight = "weight" in keys  # nor a file before schema 4
         return [
             Run(row["job_id"], row["user"], row["account"], row["gpus"], row["start"], row["end"], bool(row["final"]),
-                row["name"] if has_name else "")
+                row["name"] if has_name else "", row["weight"] if has_weight else 1.0)
             for row in rows
         ]
 

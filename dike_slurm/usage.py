@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dike_slurm.accounting import AccountingRecord
 from dike_slurm.model import Job, JobState
 from dike_slurm.service_prior import FinishedJob
+
+if TYPE_CHECKING:
+    from dike_slurm.slurm_priority import SlurmPriorityModel
 
 # States of a run that did not end the job: the job is back in the queue.
 _NOT_FINAL = frozenset({JobState.REQUEUED, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED})
@@ -27,9 +30,11 @@ class Run:
     end: float | None
     final: bool  # the job ended with this run (it was not requeued)
     name: str = ""  # the job's name (the service prior's groups)
+    weight: float = 1.0  # what a GPU-second of this run is charged: the site's TRESBillingWeights for its GPU type
 
     def gpu_s(self, now: float) -> float:
-        return self.gpus * max(0.0, (self.end if self.end is not None else now) - self.start)
+        """Its GPU service: GPUs x seconds x the weight of its GPU type."""
+        return self.gpus * self.weight * max(0.0, (self.end if self.end is not None else now) - self.start)
 
 
 @dataclass(frozen=True)
@@ -42,25 +47,43 @@ class JobService:
     last_end: float | None = None  # end of the latest finished run
 
 
-def runs_from_records(records: Iterable[AccountingRecord]) -> list[Run]:
-    """Runs of the records that started; never-started rows carry no service."""
+def runs_from_records(records: Iterable[AccountingRecord], billing: SlurmPriorityModel | None = None) -> list[Run]:
+    """Runs of the records that started; never-started rows carry no service. With the site's
+    priority model, each run weighs its GPU type (AllocTRES) by the partition's TRESBillingWeights."""
     runs = []
     for record in records:
         if record.start is None:
             continue
         final = record.state not in _NOT_FINAL and record.end is not None
-        runs.append(
-            Run(record.job_id, record.user, record.account, record.gpus, record.start, record.end, final, record.name))
+        weight = billing.gpu_weight(record.partition, record.alloc_gpu_types) if billing is not None else 1.0
+        runs.append(Run(record.job_id, record.user, record.account, record.gpus, record.start, record.end, final,
+                        record.name, weight))
     return runs
 
 
-def current_runs(jobs: Iterable[Job]) -> list[Run]:
-    """The run each running job is in now, from the queue (fresher than accounting)."""
-    return [
-        Run(j.job_id, j.user, j.account, j.gpus, j.start_time, None, False, j.name)
-        for j in jobs
-        if j.state is JobState.RUNNING and j.start_time is not None
-    ]
+def current_runs(jobs: Iterable[Job], billing: SlurmPriorityModel | None = None,
+                 node_types: Mapping[str, tuple[str, ...]] | None = None) -> list[Run]:
+    """The run each running job is in now, from the queue (fresher than accounting); with the
+    site's priority model and the nodes' GPU types, weighed as `runs_from_records` weighs them."""
+    runs = []
+    for j in jobs:
+        if j.state is not JobState.RUNNING or j.start_time is None:
+            continue
+        weight = 1.0
+        if billing is not None:
+            weight = billing.gpu_weight(j.partition, run_gpu_types(j.nodes, node_types or {}))
+        runs.append(Run(j.job_id, j.user, j.account, j.gpus, j.start_time, None, False, j.name, weight))
+    return runs
+
+
+def run_gpu_types(nodes: Iterable[str], node_types: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The GPU types of a run's nodes, in order, once each."""
+    types: list[str] = []
+    for node in nodes:
+        for gpu_type in node_types.get(node, ()):
+            if gpu_type not in types:
+                types.append(gpu_type)
+    return tuple(types)
 
 
 def merge_runs(*sources: Iterable[Run]) -> list[Run]:
@@ -109,7 +132,7 @@ def decayed_usage(
             continue
         weight = 2.0 ** (-(now - end) / half_life_s) - 2.0 ** (-(now - run.start) / half_life_s)
         owner = run.account if by == "account" else run.user
-        usage[owner] = usage.get(owner, 0.0) + run.gpus * scale * weight
+        usage[owner] = usage.get(owner, 0.0) + run.gpus * run.weight * scale * weight
     return usage
 
 

@@ -28,7 +28,7 @@ class SimJob:
         "placement", "allowed", "switch_wait_start", "pending_view",
         "running_base", "first_start", "pending_total", "all_consolidated", "gpu_seconds",
         "shape", "fewest_leaves", "preemptible", "lost_gpu_s",
-        "written", "written_level", "owned", "comment_level", "order_key", "association",
+        "written", "written_level", "owned", "comment_level", "order_key", "association", "billing",
     )
 
     def __init__(self, trace: TraceJob, heavy: bool, fewest_leaves: int, preemptible: bool) -> None:
@@ -73,6 +73,7 @@ class SimJob:
         self.comment_level: int | None = None  # the level in the AdminComment the engine wrote
         self.order_key: tuple = ()
         self.association = (trace.account, trace.user)
+        self.billing = 1.0  # what a GPU-second of its current run is charged (TRESBillingWeights)
 
     @classmethod
     def from_trace(cls, trace: TraceJob, settings: SimSettings, cluster: SimCluster) -> SimJob:

@@ -335,21 +335,37 @@ class Simulator:
             job.first_start = now
         self.scheduler.occupy(job)
         self.dirty_nodes.update(nodes)
-        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, trace.gpus)
-        self.slurm_order.change_rate(job, now, trace.gpus)
+        job.billing = self._billing(job, nodes)
+        billed = trace.gpus * job.billing
+        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, billed)
+        self.slurm_order.change_rate(job, now, billed)
         self.stats.starts += 1
+
+    def _billing(self, job: SimJob, nodes: list[int]) -> float:
+        """What a GPU-second of this run is charged: the partition's TRESBillingWeights for the
+        GPU types of its nodes (1 where the site weighs no GPU), as the engine charges a run."""
+        model = self.settings.priority_model
+        if model is None:
+            return 1.0
+        types: list[str] = []
+        for node in nodes:
+            for gpu_type in self.cluster.nodes[node].gpu_types:
+                if gpu_type not in types:
+                    types.append(gpu_type)
+        return model.gpu_weight(job.trace.partition, types)
 
     def _stop_run(self, job: SimJob, now: float) -> float:
         """End the current run (finished or preempted); returns its length."""
         trace = job.trace
         length = now - job.start
-        job.attained += trace.gpus * length
+        billed = trace.gpus * job.billing
+        job.attained += billed * length
         job.gpu_seconds += trace.gpus * length
         job.last_run_s = length
         self.scheduler.vacate(job)
         self.dirty_nodes.update(job.nodes)
-        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -trace.gpus)
-        self.slurm_order.change_rate(job, now, -trace.gpus)
+        self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -billed)
+        self.slurm_order.change_rate(job, now, -billed)
         self.timeline.add_busy(job.start, now, trace.gpus)
         job.finish_token = -1
         self._touch()
@@ -566,7 +582,7 @@ class Simulator:
             fields = (job.running_base or self._running_base(job)).__dict__.copy()
             reported = math.floor(job.start)  # Slurm reports StartTime in whole seconds
             elapsed = at - reported if at > reported else 0.0
-            fields["attained_gpu_s"] = job.attained + job.trace.gpus * elapsed
+            fields["attained_gpu_s"] = job.attained + job.trace.gpus * job.billing * elapsed
             fields["last_run_s"] = elapsed
             view = new(Job)
             set_dict(view, "__dict__", fields)

@@ -9,6 +9,7 @@ on a v100 node, while the same job untyped does (the control).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -91,3 +92,29 @@ def test_a_blocked_a100_job_never_requeues_a_v100_job(slurm_lab, tmp_path: Path)
     assert requeues(engine) == [(victim, 1)]
     wait_state(lab, untyped, "RUNNING")
     assert lab.job_nodes(untyped)[0] in ("n2", "n4")
+
+
+def test_attained_service_follows_the_sites_tres_billing_weights(slurm_lab, tmp_path: Path):
+    """The lab's partition bills an a100 GPU-second 2.0 and a v100 one 1.0: the engine's attained
+    service of a running job is GPUs x 2.0 x seconds on a100 and GPUs x 1.0 x seconds on v100."""
+    lab = slurm_lab
+    engine = LabEngine(lab, tmp_path)
+    a100 = lab.sbatch("--gres=gpu:a100:4", "--wrap", "sleep 300")
+    v100 = lab.sbatch("--gres=gpu:v100:4", "--wrap", "sleep 300")
+    untyped_on_a100 = lab.sbatch("--gres=gpu:2", "-w", "n1", "--wrap", "sleep 300")
+    for job in (a100, v100, untyped_on_a100):
+        wait_state(lab, job, "RUNNING")
+    started = {job.job_id: job.start_time for job in lab.cluster().jobs}
+    lab.wait_for(lambda: time.time() - max(started.values()) >= 15, 30, "15 s of running")
+    proc = engine.run("queue", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {row["job_id"]: row for row in json.loads(proc.stdout)["jobs"]}
+    # each job's service / (GPUs x weight) + its start is the same instant: the cycle's now
+    weights = {a100: 2.0, v100: 1.0, untyped_on_a100: 2.0}
+    gpus = {a100: 4, v100: 4, untyped_on_a100: 2}
+    now = {job: rows[job]["attained_gpu_hours"] * 3600 / (gpus[job] * weights[job]) + started[job] for job in weights}
+    assert max(now.values()) - min(now.values()) <= 2.0, (now, rows)
+    # charged as GPU-seconds of any type, the a100 job's would be half: its "now" 7 s and more early
+    assert rows[a100]["attained_gpu_hours"] * 3600 / 4 + started[a100] - max(now.values()) >= 7.0
+    print(f"FIGURES billing: attained GPU-hours a100 {rows[a100]['attained_gpu_hours']}, v100 "
+          f"{rows[v100]['attained_gpu_hours']}, untyped on a100 {rows[untyped_on_a100]['attained_gpu_hours']}")

@@ -334,3 +334,61 @@ def test_steering_never_sends_a_typed_light_job_where_its_type_has_no_room():
     assert decisions.placement_of(1) is None  # steered off s2 it could run nowhere: left alone
     for job_id in (2, 3):
         assert decisions.placement_of(job_id).placement.exclude_nodes == ("n3", "n4")
+
+
+# ----------------------------------------------------------------------------- service by TRESBillingWeights
+
+def test_billing_weights_are_slurms_sum_and_equal_where_unset():
+    from dike_slurm.slurm_priority import GpuBilling, parse_billing_weights
+
+    assert parse_billing_weights("", "x") is None
+    lab = parse_billing_weights("CPU=0,GRES/gpu:a100=2.0,GRES/gpu:v100=1.0", "x")
+    assert lab == GpuBilling(None, {"a100": 2.0, "v100": 1.0})
+    assert (lab.weight(("a100",)), lab.weight(("v100",)), lab.weight(("p100",)), lab.weight(())) == (2.0, 1.0, 1.0, 1.0)
+    # a typed GPU is two TRES, gres/gpu and gres/gpu:TYPE: Slurm bills both
+    both = parse_billing_weights("cpu=1,gres/gpu=3,gres/gpu:h100=5", "x")
+    assert (both.weight(("h100",)), both.weight(("v100",)), both.weight(())) == (8.0, 3.0, 3.0)
+    assert parse_billing_weights("CPU=1.0,Mem=0.25G", "x").weight(("a100",)) == 1.0  # no GPU weight: equal
+    with pytest.raises(Exception, match="not a number"):
+        parse_billing_weights("GRES/gpu:a100=two", "x")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_labs_billing_weights_come_from_slurm_conf_and_scontrol(version):
+    from dike_slurm.backends.cli import partitions_from_scontrol
+    from dike_slurm.slurm_priority import build_model
+
+    model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
+    assert (model.gpu_weight("gpu", ("a100",)), model.gpu_weight("gpu", ("v100",))) == (2.0, 1.0)
+    partitions, nodes, cpus = partitions_from_scontrol(_fixture(version, "scontrol-show-partition-o.txt"))
+    live = build_model({}, partitions, nodes, cpus, {}, "scontrol show partition -o")
+    assert (live.gpu_weight("gpu", ("a100",)), live.gpu_weight("gpu", ("v100",))) == (2.0, 1.0)
+    assert live.gpu_weight("elsewhere", ("a100",)) == 1.0  # a partition the site does not weigh
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_runs_service_is_weighed_by_the_type_it_held(version):
+    from dike_slurm.usage import current_runs, decayed_usage, job_service, runs_from_records
+
+    model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
+    records = read_sacct_json(_fixture(version, "sacct.json"), "sacct.json").records
+    runs = {r.job_id: r for r in runs_from_records(records, model)}
+    by_name = {r.name: r.job_id for r in records}
+    # AllocTRES: the untyped job ran on an a100 node and is charged as a100
+    assert {name: runs[by_name[name]].weight for name in ("a100-running", "v100-running", "untyped-running",
+                                                            "feature-running")} == {
+        "a100-running": 2.0, "v100-running": 1.0, "untyped-running": 2.0, "feature-running": 1.0}
+    assert all(r.weight == 1.0 for r in runs_from_records(records))  # the site's weights unknown: equal
+    cluster = _json_cluster(version)
+    running = [j for j in cluster.jobs if j.state is JobState.RUNNING]
+    now = max(j.start_time for j in running) + 100.0
+    node_types = {n.name: n.gpu_types for n in cluster.nodes}
+    current = {r.job_id: r for r in current_runs(cluster.jobs, model, node_types)}
+    service = job_service(current.values(), now)
+    assert len(running) == 4
+    for job in running:
+        weight = 2.0 if NODE_TYPES[job.nodes[0]] == ("a100",) else 1.0
+        assert service[job.job_id].attained_gpu_s == pytest.approx(job.gpus * weight * (now - job.start_time))
+    plain = decayed_usage(current_runs(cluster.jobs), now, 3600.0)
+    weighed = decayed_usage(current.values(), now, 3600.0)
+    assert weighed["root"] > plain["root"] > 0
