@@ -11,9 +11,20 @@ does not start with the prefix belongs to an admin and is never overwritten.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 PREFIX = "dike:"
 _LEVEL = re.compile(r"^dike:level=(\d+)\b")
+_PUBLISHED = re.compile(r"^dike:level=(\d+)[, ]attained=(\d+(?:\.\d+)?)gpuh(,promoted)?$")
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the engine published on a job: its level, and its attained service when it last wrote it."""
+
+    level: int
+    attained_gpu_hours: float
+    promoted: bool
 
 
 def admin_comment_text(level: int, attained_gpu_s: float, promoted: bool) -> str:
@@ -31,3 +42,15 @@ def comment_level(comment: str) -> int | None:
 def is_engine_comment(comment: str) -> bool:
     """Whether the engine may write this job's AdminComment: empty, or one it wrote itself."""
     return comment == "" or comment.startswith(PREFIX)
+
+
+def published(comment: str) -> Published | None:
+    """The engine's numbers in an AdminComment it wrote; None for any other comment.
+
+    This is the narrow read users get under PrivateData=jobs: Slurm shows a job's AdminComment
+    to whoever may see the job, and to no one else.
+    """
+    match = _PUBLISHED.match(comment)
+    if match is None:
+        return None
+    return Published(int(match.group(1)), float(match.group(2)), match.group(3) is not None)

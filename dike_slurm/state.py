@@ -503,9 +503,10 @@ class StateStore:
         ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def audit_log(self, job_id: int | None = None, limit: int = 1000, since: float | None = None) -> list[AuditEntry]:
-        """The newest `limit` entries (of one job, at or after `since`), newest last."""
-        clause, args = _audit_filter(job_id, since)
+    def audit_log(self, job_id: int | None = None, limit: int = 1000, since: float | None = None,
+                  user: str | None = None) -> list[AuditEntry]:
+        """The newest `limit` entries (of one job, at or after `since`, of one user's jobs), newest last."""
+        clause, args = _audit_filter(job_id, since, user)
         rows = self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_audit_entry(row) for row in reversed(rows)]
 
@@ -536,9 +537,10 @@ class StateStore:
 
     # ---------------------------------------------------------------- retention
 
-    def iter_audit(self, job_id: int | None = None, since: float | None = None) -> Iterator[AuditEntry]:
-        """Every entry (of one job, at or after `since`), oldest first, read as it goes."""
-        clause, args = _audit_filter(job_id, since)
+    def iter_audit(self, job_id: int | None = None, since: float | None = None,
+                   user: str | None = None) -> Iterator[AuditEntry]:
+        """Every entry (of one job, at or after `since`, of one user's jobs), oldest first, read as it goes."""
+        clause, args = _audit_filter(job_id, since, user)
         for row in self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id", args):
             yield _audit_entry(row)
 
@@ -698,9 +700,13 @@ _JOB_COLUMNS = ("job_id, last_seen, level, written_level, attained_gpu_s, attain
 _MEMORY_FIELDS = tuple(f.name for f in fields(JobMemory))  # = _JOB_COLUMNS
 
 
-def _audit_filter(job_id: int | None, since: float | None) -> tuple[str, tuple]:
-    """The WHERE clause (" WHERE ...", or "") and its arguments for the audit of one job and/or from `since` on."""
+def _audit_filter(job_id: int | None, since: float | None, user: str | None = None) -> tuple[str, tuple]:
+    """The WHERE clause (" WHERE ...", or "") and its arguments for the audit of one job, from
+    `since` on, and of one user's jobs (the engine's own rows, job 0, have no user)."""
     where, args = [], []
+    if user is not None:
+        where.append("user = ? AND job_id != 0")
+        args.append(user)
     if job_id is not None:
         where.append("job_id = ?")
         args.append(job_id)

@@ -106,6 +106,11 @@ def diagnose(
         checks.append(Check("state file privacy", f"PrivateData={private}, but {store_exposure}", WARN,
                             "chmod 600 the state file (and its -wal and -shm), or 640 with engine.state_group: it "
                             "holds every user's levels and reasons"))
+    if "jobs" in {item.strip().lower() for item in private.split(",")} and not admin_comment:
+        checks.append(Check("users' levels", f"PrivateData={private}, engine.admin_comment = false", WARN,
+                            "engine.admin_comment = true: Slurm hides other users' jobs, so a user's `dike-slurm "
+                            "queue` and `explain` read the engine's levels from the AdminComment it writes on each "
+                            "job (docs/deployment.md, \"Who can read what\"); without it they see none"))
     tracked = [tres.strip() for tres in config.get("AccountingStorageTRES", "").split(",") if tres.strip()]
     if "gres/gpu" in tracked:
         checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dike_slurm.model import JobState
 
 if TYPE_CHECKING:
+    from dike_slurm.backends.base import ClusterState
     from dike_slurm.engine import CyclePlan, Engine
     from dike_slurm.model import Job
     from dike_slurm.reconcile import JobPlan
@@ -34,7 +35,8 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     found = next((p for p in plan.jobs if _matches(p.job, wanted)), None)
     outside = next((j for j in plan.outside if _matches(j, wanted)), None)
     params = engine.params.model_dump(mode="json")
-    document: dict[str, Any] = {"query": text, "policy": engine.policy.name, "policy_parameters": params}
+    document: dict[str, Any] = {"query": text, "policy": engine.policy.name, "policy_parameters": params,
+                                "view": "engine"}
     if found is not None:
         job_id = found.job.job_id
         memory = engine.store.job(job_id)
@@ -64,6 +66,23 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     if document["status"] == "finished" and not audit and not owned and engine.store.job(job_id) is None:
         document["status"] = "unknown"
     return document | {"job_id": job_id, "owned": owned, "audit": audit}
+
+
+def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str, Any]],
+                      wanted: tuple[int, int | None], text: str) -> dict[str, Any]:
+    """The `explain --json` document for a viewer PrivateData=jobs restricts (cli/visibility.py):
+    the job as Slurm shows it to them with the engine's published numbers (`rows`:
+    views.published_rows of `cluster`), or "unknown" for any job Slurm does not show them, hidden
+    or gone alike; the state store is not read."""
+    document: dict[str, Any] = {"query": text, "policy": engine.policy.name,
+                                "policy_parameters": engine.params.model_dump(mode="json"), "view": "published",
+                                "owned": [], "audit": []}
+    found = next((j for j in cluster.jobs if _matches(j, wanted)), None)
+    if found is None:
+        return document | {"status": "unknown", "job": None}
+    row = next(r for r in rows if r["job_id"] == found.job_id)
+    status = "active" if row["note"] != "outside the engine's scope" else "outside-scope"
+    return document | {"status": status, "job_id": found.job_id, "job": row}
 
 
 def standing(plan: CyclePlan, mine: JobPlan) -> dict[str, Any]:
@@ -124,6 +143,11 @@ def _value(value: object) -> str:
 def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
     """The document for a person; the policy's parameters with `verbose`."""
     status, job, query = document["status"], document["job"], document["query"]
+    if document["view"] == "published":
+        return _published_lines(document, verbose)
+    if status == "unknown" and document.get("note"):  # the store was not read: a finished job looks unknown
+        return [f"job {query}: not in the queue; the engine's records of finished jobs are in its state store, "
+                "which you cannot read"]
     if status == "unknown":
         return [f"job {query}: not in the queue and not in the engine's state store (unknown, or finished "
                 "before the engine saw it)"]
@@ -200,4 +224,35 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
             outcome = "ok" if entry["ok"] else f"FAILED: {entry['message']}"
             lines += [f"  {entry['time']} {entry['action']}: {entry['change']} [{outcome}]",
                       f"      command: {entry['command']}", f"      undo:    {entry['undo']}"]
+    return lines
+
+
+def _published_lines(document: dict[str, Any], verbose: bool) -> list[str]:
+    """explain_lines for the published view: what Slurm shows the user and the engine published."""
+    job, query = document["job"], document["query"]
+    if document["status"] == "unknown":
+        return [f"job {query}: not in the queue as Slurm shows it to you. With PrivateData=jobs Slurm shows "
+                "each user only their own jobs, so a job of another user's and a finished job look alike here; "
+                "the engine's records of finished jobs are for the site's admins"]
+    lines = [f"job {job['job']}: user {job['user']}, account {job['account']}, partition {job['partition']}, "
+             f"{job['state']}, {job['gpus']} GPU(s) on {job['nodes']} node(s)"]
+    if document["status"] == "outside-scope":
+        return lines + ["  outside the engine's scope ([scope] in the configuration): the engine neither ranks "
+                        "nor writes it"]
+    if job["slurm_reason"]:
+        lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
+    if job["level"] is None:
+        lines.append("  level: none published yet (the engine writes it into the job's AdminComment with its "
+                     "first priority write, within a cycle or two)")
+    else:
+        lines.append(f"  level {job['level']}, attained service {job['attained_gpu_hours']:.1f} GPU-hours, as the "
+                     "engine published them in the job's AdminComment at its last write")
+    lines.append(f"  {job['priority_field']}: {job['priority_now']} (what Slurm holds: the engine's value once it "
+                 "wrote one)")
+    lines.append("  where it stands: not shown. Slurm hides other users' jobs from you (PrivateData=jobs), so "
+                 "neither its place among them nor what would move it can be worked out here; an admin's "
+                 "`dike-slurm explain` shows both")
+    if verbose:
+        params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items() if k not in ("comm_rules",))
+        lines.append(f"  policy {document['policy']}: {params}")
     return lines

@@ -29,6 +29,8 @@ from dike_slurm.errors import DikeError, InputError
 if TYPE_CHECKING:
     from rich.text import Text
 
+    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.cli.visibility import Viewer
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine
 
@@ -50,6 +52,29 @@ def _reader(config: Config) -> tuple[Engine, str | None]:
     except (StateError, OSError) as exc:
         return open_engine(config, StateStore(None)), f"state file not read ({exc}); levels from accounting only"
     return open_engine(config, store), None
+
+
+def _viewer(config: Config) -> Viewer:
+    from dike_slurm.cli.visibility import read_viewer, slurm_runner
+
+    return read_viewer(config, slurm_runner(config))
+
+
+def _published(config: Config, engine_for: Engine | None = None) -> tuple[Engine, ClusterState]:
+    """For a viewer Slurm restricts: an engine that never opens the state store, and what Slurm
+    shows this user (a read of the queue, nodes and topology; no accounting)."""
+    from dike_slurm.service import open_engine
+    from dike_slurm.state import StateStore
+
+    engine = engine_for or open_engine(config, StateStore(None))
+    return engine, engine.backend.read_cluster()
+
+
+def _published_rows(config: Config, engine: Engine, cluster: ClusterState) -> list[dict]:
+    from dike_slurm.cli.views import published_rows
+    from dike_slurm.engine import in_scope
+
+    return published_rows(cluster, engine.strategy_field, lambda job: in_scope(job, config))
 
 
 def _split(values: list[str]) -> list[str]:
@@ -148,21 +173,28 @@ def queue_command(
     Like squeue, for every user: it reads Slurm and, read-only, the state store. A user sees why
     a job waits: its level, the service that put it there and the policy's reason.
     """
-    from dike_slurm.cli.views import queue_rows
+    from dike_slurm.cli.views import matching, queue_rows
 
     states = _check_states(_split(states))
     config, source = load(config_path)
     say_source(source, as_json)
-    engine, note = _reader(config)
-    plan = engine.plan()
+    viewer = _viewer(config)
+    filters = {"users": _split(users), "accounts": _split(accounts), "partitions": _split(partitions), "states": states}
+    if viewer.restricted:
+        engine, cluster = _published(config)
+        policy, note, view = engine.policy.name, viewer.why, "published"
+        rows = matching(_published_rows(config, engine, cluster), **filters)
+    else:
+        engine, note = _reader(config)
+        plan = engine.plan()
+        policy, view = plan.policy, "engine"
+        rows = queue_rows(plan, engine.strategy_field.value, engine.store.jobs(), **filters)
     field = engine.strategy_field.value
-    rows = queue_rows(plan, field, engine.store.jobs(), users=_split(users), accounts=_split(accounts),
-                      partitions=_split(partitions), states=states)
     if as_json:
-        emit_json("queue", source, {"state_file": str(config.engine.state_db), "policy": plan.policy,
+        emit_json("queue", source, {"state_file": str(config.engine.state_db), "policy": policy, "view": view,
                                     "priority_field": field, "note": note, "jobs": rows})
         return
-    _job_table(f"dike-slurm queue: policy {plan.policy}; priority: {field}", rows, QUEUE_COLUMNS)
+    _job_table(f"dike-slurm queue: policy {policy}; priority: {field}", rows, QUEUE_COLUMNS)
     if note:
         err_console.print(safe(f"note: {note}"))
 
@@ -183,6 +215,10 @@ def status_command(
     states = _check_states(_split(states))
     config, source = load(config_path)
     say_source(source, as_json)
+    viewer = _viewer(config)
+    if viewer.restricted:
+        _published_status(config, viewer, source, as_json, _split(users), _split(accounts), _split(partitions), states)
+        return
     engine, note = _reader(config)
     cycles = engine.store.cycles(1)
     last = cycle_row(cycles[-1] if cycles else None)
@@ -201,7 +237,7 @@ def status_command(
     if as_json:
         emit_json("status", source, {
             "state_file": str(config.engine.state_db), "policy": engine.policy.name, "priority_field": field,
-            "paused": paused, "breaker": tripped, "slurm_error": slurm_error, "note": note,
+            "view": "engine", "paused": paused, "breaker": tripped, "slurm_error": slurm_error, "note": note,
             "jobs": rows, "last_cycle": last,
         })
     else:
@@ -217,6 +253,28 @@ def status_command(
             err_console.print(safe(f"note: {note}"))
     if slurm_error is not None:
         raise DikeError(f"Slurm not readable, the queue is not shown: {slurm_error}")
+
+
+def _published_status(config: Config, viewer: Viewer, source: str, as_json: bool, users: list[str],
+                      accounts: list[str], partitions: list[str], states: list[str]) -> None:
+    """`status` for a viewer Slurm restricts: their jobs as published; the store (the last cycle,
+    pause and breaker) is not read for them (cli/visibility.py)."""
+    from dike_slurm.cli.views import matching
+
+    engine, cluster = _published(config)
+    rows = [r for r in matching(_published_rows(config, engine, cluster), users=users, accounts=accounts,
+                                partitions=partitions, states=states) if r["managed"]]
+    field = engine.strategy_field.value
+    if as_json:
+        emit_json("status", source, {
+            "state_file": str(config.engine.state_db), "policy": engine.policy.name, "priority_field": field,
+            "view": "published", "paused": None, "breaker": None, "slurm_error": None, "note": viewer.why,
+            "jobs": rows, "last_cycle": None,
+        })
+        return
+    _job_table(f"dike-slurm status: policy {engine.policy.name}; now: {field}", rows, STATUS_COLUMNS)
+    err_console.print(safe(f"note: {viewer.why}; the engine's last cycle is for the site's admins "
+                           "(its state store is private)"))
 
 
 def _print_last_cycle(last: dict | None) -> None:
@@ -248,14 +306,20 @@ def explain_command(
 
     Exit 1 for a job the engine knows nothing of (not active, nothing in the state store).
     """
-    from dike_slurm.cli.explain import explain
+    from dike_slurm.cli.explain import explain, explain_published
 
     wanted = _parse_job(job)
     config, source = load(config_path)
     say_source(source, as_json)
-    engine, note = _reader(config)
-    document = explain(engine, wanted, job)
-    document["note"] = note
+    viewer = _viewer(config)
+    if viewer.restricted:
+        engine, cluster = _published(config)
+        document = explain_published(engine, cluster, _published_rows(config, engine, cluster), wanted, job)
+        document["note"] = viewer.why
+    else:
+        engine, note = _reader(config)
+        document = explain(engine, wanted, job)
+        document["note"] = note
     if as_json:
         emit_json("explain", source, document)
     else:
@@ -278,22 +342,27 @@ def audit_command(
     config_path: Optional[Path] = CONFIG_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """The audit: every write, requeue, revert, skip, pause and breaker reset, with its undo command."""
+    """The audit: every write, requeue, revert, skip, pause and breaker reset, with its undo command.
+
+    A user PrivateData=jobs restricts sees the rows of their own jobs only, where they can read
+    the state store at all (it is private to the service unless the site opens it)."""
     from dike_slurm.cli.views import audit_row
     from dike_slurm.state import StateStore, export_audit
 
     start = parse_since(since, time.time()) if since is not None else None
     config, source = load(config_path)
     say_source(source, as_json)
+    viewer = _viewer(config)
+    only = viewer.name if viewer.restricted else None
     store = StateStore(config.engine.state_db, read_only=True)
     if export is not None:  # the file is replaced whole once every entry is on disk
-        count = export_audit(store.iter_audit(job, start), export)
+        count = export_audit(store.iter_audit(job, start, only), export)
         if as_json:
             emit_json("audit", source, {"state_file": str(config.engine.state_db), "export": str(export), "rows": count})
         else:
             console.print(safe(f"{count} audit row(s) written to {export}"), highlight=False)
         return
-    rows = [audit_row(e) for e in store.audit_log(job, limit, start)]
+    rows = [audit_row(e) for e in store.audit_log(job, limit, start, only)]
     if as_json:
         emit_json("audit", source, {"state_file": str(config.engine.state_db), "entries": rows})
         return

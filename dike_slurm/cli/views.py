@@ -7,11 +7,12 @@ the documented JSON schema (docs/engine.md, "Scripting: --json"); the tables sho
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
+    from dike_slurm.backends.base import ClusterState, JobField
     from dike_slurm.model import Job, Placement
     from dike_slurm.reconcile import CyclePlan, JobPlan, PlannedWrite
     from dike_slurm.service_prior import Prediction
@@ -108,6 +109,29 @@ def outside_row(job: Job, field_name: str) -> dict[str, Any]:
     }
 
 
+def published_rows(cluster: ClusterState, key: JobField, in_scope: Callable[[Job], bool]) -> list[dict[str, Any]]:
+    """Every job Slurm shows the viewer, with the engine's numbers as it published them in the
+    job's AdminComment (level, attained service at its last write) and the value Slurm holds; what
+    only the engine's state knows (planned values, reasons, the prior) stays None. The rows of
+    `queue` and `status` for a user PrivateData=jobs restricts (cli/visibility.py)."""
+    from dike_slurm.admin_comment import published
+    from dike_slurm.reconcile import strategy_now
+
+    rows = []
+    for job in sorted(cluster.jobs, key=lambda j: j.job_id):
+        if not in_scope(job):
+            rows.append(outside_row(job, key.value))
+            continue
+        mine = published(cluster.admin_comments.get(job.job_id, ""))
+        hours = mine.attained_gpu_hours if mine is not None else None
+        rows.append(outside_row(job, key.value) | {
+            "level": mine.level if mine is not None else None, "attained_gpu_hours": hours, "counted_gpu_hours": hours,
+            "priority_now": strategy_now(key, job, cluster, {})[0], "managed": True,
+            "note": "published by the engine (AdminComment)" if mine is not None else "no level published yet",
+        })
+    return rows
+
+
 def queue_rows(
     plan: CyclePlan,
     field_name: str,
@@ -120,13 +144,19 @@ def queue_rows(
     include_outside: bool = True,
 ) -> list[dict[str, Any]]:
     """Every active job (in the engine's order: level, then planned priority), filtered as squeue
-    filters: a list option keeps the jobs matching any of its values; a job of several
-    partitions matches each of them."""
+    filters (`matching`)."""
     ordered = sorted(plan.jobs, key=lambda p: (p.level if p.level is not None else 99, -(p.value_wanted or 0),
                                                 p.job.job_id))
     rows = [job_row(p, field_name, memory.get(p.job.job_id), plan.expected.get(p.job.job_id)) for p in ordered]
     if include_outside:
         rows += [outside_row(j, field_name) for j in sorted(plan.outside, key=lambda j: j.job_id)]
+    return matching(rows, users=users, accounts=accounts, partitions=partitions, states=states)
+
+
+def matching(rows: list[dict[str, Any]], *, users: Iterable[str] = (), accounts: Iterable[str] = (),
+             partitions: Iterable[str] = (), states: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The rows squeue's filters keep: a list option keeps the jobs matching any of its values; a
+    job of several partitions matches each of them."""
     users, accounts, partitions = set(users), set(accounts), set(partitions)
     states = {s.upper() for s in states}
     return [
