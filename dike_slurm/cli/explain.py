@@ -143,7 +143,7 @@ def _value(value: object) -> str:
 def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
     """The document for a person; the policy's parameters with `verbose`."""
     status, job, query = document["status"], document["job"], document["query"]
-    if document["view"] == "published":
+    if document.get("view") == "published":
         return _published_lines(document, verbose)
     if status == "unknown" and document.get("note"):  # the store was not read: a finished job looks unknown
         return [f"job {query}: not in the queue; the engine's records of finished jobs are in its state store, "
