@@ -60,13 +60,13 @@ def _viewer(config: Config) -> Viewer:
     return read_viewer(config, slurm_runner(config))
 
 
-def _published(config: Config, engine_for: Engine | None = None) -> tuple[Engine, ClusterState]:
+def _published(config: Config) -> tuple[Engine, ClusterState]:
     """For a viewer Slurm restricts: an engine that never opens the state store, and what Slurm
     shows this user (a read of the queue, nodes and topology; no accounting)."""
     from dike_slurm.service import open_engine
     from dike_slurm.state import StateStore
 
-    engine = engine_for or open_engine(config, StateStore(None))
+    engine = open_engine(config, StateStore(None))
     return engine, engine.backend.read_cluster()
 
 
