@@ -81,7 +81,7 @@ def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str
     if found is None:
         return document | {"status": "unknown", "job": None}
     row = next(r for r in rows if r["job_id"] == found.job_id)
-    status = "active" if row["note"] != "outside the engine's scope" else "outside-scope"
+    status = "active" if row["managed"] else "outside-scope"
     return document | {"status": status, "job_id": found.job_id, "job": row}
 
 
