@@ -78,18 +78,23 @@ def _parse_mem(value: str, text: str) -> int:
         raise InputError(f"bad mem value {value!r} in TRES {text!r}") from None
 
 
-@functools.lru_cache(maxsize=4096)
-def parse_gres_gpus(text: str) -> int:
-    """GPUs in a Gres / tres_per_node string: `gpu:a100:8`, `gpu:8`, `gres/gpu:4`, `gpu:a100:8(S:0-1)`."""
-    total = 0
+def _gres_items(text: str):
+    """(name, rest) of each item of a Gres / tres_per_node string: `gres/gpu:a100=8(S:0-1)` -> ("gpu", "a100:8")."""
     for item in (text or "").split(","):
         item = item.strip()
         if item.startswith("gres/"):
             item = item[len("gres/"):]
         if item.startswith("gres:"):
             item = item[len("gres:"):]
-        item = item.split("(", 1)[0].replace("=", ":")
-        name, _, rest = item.partition(":")
+        name, _, rest = item.split("(", 1)[0].replace("=", ":").partition(":")
+        yield name, rest
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_gres_gpus(text: str) -> int:
+    """GPUs in a Gres / tres_per_node string: `gpu:a100:8`, `gpu:8`, `gres/gpu:4`, `gpu:a100:8(S:0-1)`."""
+    total = 0
+    for name, rest in _gres_items(text):
         if name != "gpu":
             continue
         if not rest:
@@ -111,14 +116,7 @@ def parse_gres_gpu_types(text: str) -> tuple[str, ...]:
     (`mps:100`) and socket suffixes (`(S:0-1)`, `(IDX:0-5)`) are ignored.
     """
     types: list[str] = []
-    for item in (text or "").split(","):
-        item = item.strip()
-        if item.startswith("gres/"):
-            item = item[len("gres/"):]
-        if item.startswith("gres:"):
-            item = item[len("gres:"):]
-        item = item.split("(", 1)[0].replace("=", ":")
-        name, _, rest = item.partition(":")
+    for name, rest in _gres_items(text):
         if name != "gpu" or not rest:
             continue
         head, _, last = rest.rpartition(":")
