@@ -371,7 +371,8 @@ def tune_command(
 def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, settings: SimSettings,
                 replay_input: ReplayInput, slurm_conf: Path, topology: Path | None) -> None:
     """tune as a preset sweep: the same replays, one cell each, for `sweep local` or `sweep submit`."""
-    from dike_slurm.sim.sweep import Spec, SweepInput, SweepVariant, write_plan
+    from dike_slurm.sim.sweep.plan import write_plan
+    from dike_slurm.sim.sweep.spec import Spec, SweepInput, SweepVariant
 
     dump = replay_input.dump.resolve()
     spec = Spec(

@@ -52,16 +52,18 @@ def plan_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Expand SPEC into one cell per replay and write DIR (again: keeps the finished cells)."""
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.plan import SCRIPT_FILE, write_plan
+    from dike_slurm.sim.sweep.run import submit as submit_array
+    from dike_slurm.sim.sweep.spec import load_spec
 
     if submit and local is not None:
         raise InputError("give --submit or --local, not both")
-    loaded = sweep.load_spec(spec)
-    plan = sweep.write_plan(loaded, out)
+    loaded = load_spec(spec)
+    plan = write_plan(loaded, out)
     document: dict = {"sweep": plan.name, "folder": str(plan.out), "cells": plan.cells, "resumed": not plan.created,
-                      "mem_mb": plan.mem_mb, "time_min": plan.time_min, "script": str(plan.out / sweep.SCRIPT_FILE)}
+                      "mem_mb": plan.mem_mb, "time_min": plan.time_min, "script": str(plan.out / SCRIPT_FILE)}
     if submit:
-        document["submitted"] = sweep.submit(plan.out, sbatch=_sbatch(sbatch))
+        document["submitted"] = submit_array(plan.out, sbatch=_sbatch(sbatch))
     elif local is not None:
         document["local"] = _run_local(plan.out, local, quiet=as_json)
     if as_json:
@@ -87,9 +89,9 @@ def submit_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Submit DIR's unfinished cells (missing or failed) as one Slurm job array."""
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.run import submit
 
-    submitted = sweep.submit(sweep_dir, sbatch=_sbatch(sbatch))
+    submitted = submit(sweep_dir, sbatch=_sbatch(sbatch))
     if as_json:
         _json(submitted)
         return
@@ -97,7 +99,7 @@ def submit_command(
 
 
 def _print_submitted(submitted: dict, out: Path) -> None:
-    from dike_slurm.sim.sweep import compress_ids
+    from dike_slurm.sim.sweep.run import compress_ids
 
     if submitted["job_id"] is None:
         _print("nothing to submit: every cell has a result (or is still running)")
@@ -122,17 +124,18 @@ def local_command(
 
 
 def _run_local(out: Path, workers: int, *, quiet: bool) -> dict:
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.plan import log_file
+    from dike_slurm.sim.sweep.run import run_local
 
     done = {"count": 0}
 
     def on_done(cell_id: int, code: int, total: int) -> None:
         done["count"] += 1
         if not quiet:
-            word = {0: "ok", 1: "FAILED"}.get(code, f"exit {code} (see {sweep.log_file(cell_id)})")
+            word = {0: "ok", 1: "FAILED"}.get(code, f"exit {code} (see {log_file(cell_id)})")
             err_console.print(f"[{done['count']}/{total}] cell {cell_id}: {word}", highlight=False, markup=False)
 
-    return sweep.run_local(out, workers, on_done=on_done)
+    return run_local(out, workers, on_done=on_done)
 
 
 def _print_local(result: dict, out: Path) -> None:
@@ -148,10 +151,10 @@ def run_command(
     task_id: int = typer.Argument(..., metavar="TASK_ID", help="the cell ($SLURM_ARRAY_TASK_ID in the array)"),
 ) -> None:
     """Run one cell (what each array task calls); a cell with a result of status ok is skipped."""
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.cell import run_cell, start_line
 
-    outcome = sweep.run_cell(
-        sweep_dir, task_id, on_start=lambda where: print(sweep.start_line(task_id, where), flush=True))
+    outcome = run_cell(
+        sweep_dir, task_id, on_start=lambda where: print(start_line(task_id, where), flush=True))
     if outcome.status == "skipped":
         _print(f"cell {task_id}: already done, skipped")
     elif outcome.status == "ok":
@@ -169,9 +172,9 @@ def status_command(
     """Progress read from the cells' files (not from Slurm): ok, failed, started, missing."""
     from rich.table import Table
 
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.status import status
 
-    state = sweep.status(sweep_dir)
+    state = status(sweep_dir)
     if as_json:
         _json(state)
         return
@@ -199,10 +202,11 @@ def merge_command(
     """Combine the finished cells: merge/merged.json, merge/summary.csv, merge/report.md; best per metric."""
     from rich.table import Table
 
-    from dike_slurm.sim import sweep
+    from dike_slurm.sim.sweep.merge import format_metric, merge, write_merge
+    from dike_slurm.sim.sweep.spec import share_text
 
-    document = sweep.merge(sweep_dir)
-    files = sweep.write_merge(sweep_dir, document)
+    document = merge(sweep_dir)
+    files = write_merge(sweep_dir, document)
     if as_json:
         _json(document)
         return
@@ -213,12 +217,12 @@ def merge_command(
     for best in document["best"]:
         groups.setdefault((best["input"], best["comm_penalty"], best["preemptible"]), []).append(best)
     for (name, penalty, share), bests in groups.items():
-        table = Table(title=f"best per metric: {name}, penalty {penalty:g}, preemptible {sweep.share_text(share)} (seed means)")
+        table = Table(title=f"best per metric: {name}, penalty {penalty:g}, preemptible {share_text(share)} (seed means)")
         for column in ("metric", "best", "value"):
             table.add_column(column, overflow="fold")
         for best in bests:
             table.add_row(f"{best['metric']} ({best['better']})", ", ".join(best["labels"]),
-                          sweep.format_metric(best["metric"], best["value"]))
+                          format_metric(best["metric"], best["value"]))
         console.print(table, markup=False, highlight=False)
     for title, cells in (("failed cells", document["failed"]), ("missing cells", document["missing"])):
         if cells:

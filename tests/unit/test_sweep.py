@@ -1,4 +1,4 @@
-"""Sweeps (sim/sweep.py, `dike-slurm sweep`): the grid, the cell files, idempotent runs, write-then-rename,
+"""Sweeps (sim/sweep/, `dike-slurm sweep`): the grid, the cell files, idempotent runs, write-then-rename,
 failed and missing cells, the merge, the array script and its submission, and `tune --sweep-out`."""
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim import sweep
+from dike_slurm.sim.sweep import cell as sweep_cell
+from dike_slurm.sim.sweep import merge as sweep_merge
+from dike_slurm.sim.sweep import plan as sweep_plan
+from dike_slurm.sim.sweep import run as sweep_run
+from dike_slurm.sim.sweep import spec as sweep_spec
+from dike_slurm.sim.sweep import status as sweep_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +84,7 @@ params = {{}}
 [replay]
 interval_s = 120
 """)
-    spec = sweep.load_spec(spec_path)
+    spec = sweep_spec.load_spec(spec_path)
     assert [i.name for i in spec.inputs] == ["again", tiny.name]  # dumps first, then the corpus's cases
     assert [v.label for v in spec.variants] == [
         "fifo", "dike preemption=true,levels=2", "dike preemption=true,levels=3",
@@ -87,7 +92,7 @@ interval_s = 120
     assert spec.variants[2].params == {"preemption": True, "levels": 3}
     assert spec.penalties == (0.5, 0.0) and spec.seeds == (1, 2) and spec.preemptible == (1.0, 0.5)
     assert spec.config["replay"]["interval_s"] == 120
-    cells = sweep.expand(spec)
+    cells = sweep_spec.expand(spec)
     assert len(cells) == 2 * 6 * 2 * 2 * 2
     first = cells[:9]
     assert [(c.variant.label, c.comm_penalty, c.seed, c.preemptible) for c in first] == [
@@ -99,28 +104,28 @@ interval_s = 120
 
 
 def test_the_same_spec_gives_the_same_cell_files(tmp_path, tiny):
-    spec = sweep.load_spec(basic_spec(tmp_path, tiny))
-    one = sweep.write_plan(spec, tmp_path / "one")
-    two = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "two")
+    spec = sweep_spec.load_spec(basic_spec(tmp_path, tiny))
+    one = sweep_plan.write_plan(spec, tmp_path / "one")
+    two = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "two")
     assert one.cells == two.cells == 8
     for cell_id in range(8):
-        assert sweep.cell_file(one.out, cell_id).read_bytes() == sweep.cell_file(two.out, cell_id).read_bytes()
+        assert sweep_plan.cell_file(one.out, cell_id).read_bytes() == sweep_plan.cell_file(two.out, cell_id).read_bytes()
     assert (one.out / "plan.json").read_bytes() == (two.out / "plan.json").read_bytes()
-    cell = json.loads(sweep.cell_file(one.out, 5).read_text())
+    cell = json.loads(sweep_plan.cell_file(one.out, 5).read_text())
     assert (cell["label"], cell["comm_penalty"], cell["seed"]) == ("dike", 0.0, 3)
     keys = json.loads((one.out / "plan.json").read_text())["keys"]
     assert len(set(keys)) == 8  # every cell computes something else
 
 
 def test_a_changed_configuration_changes_the_keys(tmp_path, tiny):
-    plain = sweep.load_spec(basic_spec(tmp_path, tiny))
-    slower = sweep.load_spec(basic_spec(tmp_path, tiny, "[replay]\ninterval_s = 300"))
-    config_a, config_b = sweep._sha(plain.config), sweep._sha(slower.config)
-    cells = sweep.expand(plain)
+    plain = sweep_spec.load_spec(basic_spec(tmp_path, tiny))
+    slower = sweep_spec.load_spec(basic_spec(tmp_path, tiny, "[replay]\ninterval_s = 300"))
+    config_a, config_b = sweep_spec.content_sha(plain.config), sweep_spec.content_sha(slower.config)
+    cells = sweep_spec.expand(plain)
     assert cells[0].key(config_a) != cells[0].key(config_b)
-    sweep.write_plan(plain, tmp_path / "sweep")
+    sweep_plan.write_plan(plain, tmp_path / "sweep")
     with pytest.raises(InputError, match="holds another sweep"):
-        sweep.write_plan(slower, tmp_path / "sweep")
+        sweep_plan.write_plan(slower, tmp_path / "sweep")
 
 
 @pytest.mark.parametrize("top, tables, key", [
@@ -145,18 +150,18 @@ def test_bad_spec_names_the_file_and_the_key(tmp_path, tiny, top, tables, key):
     spec = write_spec(tmp_path, f'{top}\n[[dump]]\npath = "{tiny / "sacct.txt"}"\n'
                       f'slurm_conf = "{tiny / "slurm.conf"}"\n{tables}\n')
     with pytest.raises(InputError) as caught:
-        sweep.load_spec(spec)
+        sweep_spec.load_spec(spec)
     assert str(caught.value).startswith(f"{spec}: ") and key in str(caught.value)
 
 
 def test_missing_dump_and_no_input(tmp_path):
     spec = write_spec(tmp_path, 'policies = ["fifo"]\n[[dump]]\npath = "nowhere.txt"\nslurm_conf = "x.conf"\n')
     with pytest.raises(InputError, match=r"dump\[0\]\.path: no such file: .*nowhere.txt"):
-        sweep.load_spec(spec)
+        sweep_spec.load_spec(spec)
     with pytest.raises(InputError, match="dump: give at least one"):
-        sweep.load_spec(write_spec(tmp_path, 'policies = ["fifo"]\n', "empty.toml"))
+        sweep_spec.load_spec(write_spec(tmp_path, 'policies = ["fifo"]\n', "empty.toml"))
     with pytest.raises(InputError, match="not valid TOML"):
-        sweep.load_spec(write_spec(tmp_path, 'policies = [\n', "broken.toml"))
+        sweep_spec.load_spec(write_spec(tmp_path, 'policies = [\n', "broken.toml"))
 
 
 def test_bad_spec_on_the_command_line_is_one_line(tmp_path, tiny):
@@ -171,8 +176,8 @@ def test_bad_spec_on_the_command_line_is_one_line(tmp_path, tiny):
 
 
 def test_array_script_sizes_and_quotes(tmp_path, tiny):
-    spec = sweep.load_spec(basic_spec(tmp_path, tiny, '[slurm]\npartition = "cpu"\nmax_parallel = 3\naccount = "research"'))
-    plan = sweep.write_plan(spec, tmp_path / "sw", python="/opt/py thon/bin/python3")
+    spec = sweep_spec.load_spec(basic_spec(tmp_path, tiny, '[slurm]\npartition = "cpu"\nmax_parallel = 3\naccount = "research"'))
+    plan = sweep_plan.write_plan(spec, tmp_path / "sw", python="/opt/py thon/bin/python3")
     script = (plan.out / "sweep.sbatch").read_text()
     assert script == plan.script
     lines = script.splitlines()
@@ -184,17 +189,17 @@ def test_array_script_sizes_and_quotes(tmp_path, tiny):
     assert lines[-1] == f"exec '/opt/py thon/bin/python3' -m dike_slurm sweep run {plan.out} \"$SLURM_ARRAY_TASK_ID\""
     spaced = tmp_path / "with space"
     with pytest.raises(InputError, match="path must be plain"):
-        sweep.write_plan(spec, spaced)
+        sweep_plan.write_plan(spec, spaced)
     assert not spaced.exists()  # refused before anything is written
-    fixed = sweep.load_spec(basic_spec(tmp_path, tiny, "[slurm]\nmem_mb = 999\ntime_min = 125"))
-    again = sweep.write_plan(fixed, tmp_path / "fixed")
+    fixed = sweep_spec.load_spec(basic_spec(tmp_path, tiny, "[slurm]\nmem_mb = 999\ntime_min = 125"))
+    again = sweep_plan.write_plan(fixed, tmp_path / "fixed")
     assert "#SBATCH --mem=999M" in again.script and "#SBATCH --time=2:05:00" in again.script
 
 
 def test_compress_ids():
-    assert sweep.compress_ids([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
-    assert sweep.compress_ids([4]) == "4"
-    assert sweep.compress_ids([]) == ""
+    assert sweep_run.compress_ids([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
+    assert sweep_run.compress_ids([4]) == "4"
+    assert sweep_run.compress_ids([]) == ""
 
 
 def fake_sbatch(tmp_path: Path, answer: str = "4242;dikelab", code: int = 0) -> tuple[Path, Path]:
@@ -208,11 +213,11 @@ def fake_sbatch(tmp_path: Path, answer: str = "4242;dikelab", code: int = 0) -> 
 
 
 def test_submit_passes_only_the_unfinished_cells(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny, "[slurm]\nmax_parallel = 2")), tmp_path / "sw")
-    assert sweep.run_cell(plan.out, 1).status == "ok"
-    assert sweep.run_cell(plan.out, 2).status == "ok"
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny, "[slurm]\nmax_parallel = 2")), tmp_path / "sw")
+    assert sweep_cell.run_cell(plan.out, 1).status == "ok"
+    assert sweep_cell.run_cell(plan.out, 2).status == "ok"
     script, record = fake_sbatch(tmp_path)
-    submitted = sweep.submit(plan.out, sbatch=str(script))
+    submitted = sweep_run.submit(plan.out, sbatch=str(script))
     assert submitted["job_id"] == 4242 and submitted["cells"] == [0, 3, 4, 5, 6, 7]
     assert json.loads(record.read_text()) == ["--parsable", "--array=0,3-7%2", str(plan.out / "sweep.sbatch")]
     result = dike_slurm("sweep", "submit", str(plan.out), "--sbatch", str(script))
@@ -226,29 +231,29 @@ def test_submit_passes_only_the_unfinished_cells(tmp_path, tiny):
 
 
 def test_a_finished_cell_is_skipped(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
-    first = sweep.run_cell(plan.out, 3)
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    first = sweep_cell.run_cell(plan.out, 3)
     assert first.status == "ok"
-    path = sweep.result_file(plan.out, 3)
+    path = sweep_plan.result_file(plan.out, 3)
     before = (path.read_bytes(), path.stat().st_mtime_ns)
     result = json.loads(before[0])
     assert result["status"] == "ok" and result["summary"]["jobs"] == result["input_summary"]["jobs_replayed"] > 0
-    assert result["run"]["runner"] == "local" and not sweep.started_file(plan.out, 3).exists()
-    assert sweep.run_cell(plan.out, 3).status == "skipped"
+    assert result["run"]["runner"] == "local" and not sweep_plan.started_file(plan.out, 3).exists()
+    assert sweep_cell.run_cell(plan.out, 3).status == "skipped"
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
     out = dike_slurm("sweep", "run", str(plan.out), "3").stdout
     assert "cell 3: already done, skipped" in out
 
 
 def test_a_partial_or_stale_result_is_not_taken_for_a_finished_one(tmp_path, tiny, monkeypatch):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
-    path = sweep.result_file(plan.out, 0)
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    path = sweep_plan.result_file(plan.out, 0)
     path.write_text('{"id": 0, "key": "', encoding="utf-8")  # cut short
-    assert sweep.status(plan.out)["counts"]["missing"] == 8
-    assert sweep.run_cell(plan.out, 0).status == "ok"
+    assert sweep_status.status(plan.out)["counts"]["missing"] == 8
+    assert sweep_cell.run_cell(plan.out, 0).status == "ok"
     good = json.loads(path.read_text())
     path.write_text(json.dumps({**good, "key": "another-sweep"}), encoding="utf-8")  # another grid's result
-    assert sweep.status(plan.out)["counts"]["ok"] == 0
+    assert sweep_status.status(plan.out)["counts"]["ok"] == 0
     # A crash between writing and renaming leaves only a hidden temporary file, never a result.
     path.unlink()
 
@@ -259,27 +264,27 @@ def test_a_partial_or_stale_result_is_not_taken_for_a_finished_one(tmp_path, tin
             raise OSError("killed before the rename")
         real_replace(src, dst)
 
-    monkeypatch.setattr(sweep.os, "replace", crash)
+    monkeypatch.setattr(sweep_plan.os, "replace", crash)
     with pytest.raises(InputError, match="0000.json: cannot write: killed before the rename"):
-        sweep.run_cell(plan.out, 0)
+        sweep_cell.run_cell(plan.out, 0)
     monkeypatch.undo()
     assert not path.exists() and [p.name for p in (plan.out / "results").glob(".*.tmp")] == [
         f".0000.json.{os.getpid()}.tmp"]
-    state = sweep.status(plan.out)
+    state = sweep_status.status(plan.out)
     assert state["counts"] == {"ok": 0, "failed": 0, "started": 1, "missing": 7}
-    assert sweep.merge(plan.out)["counts"] == {"ok": 0, "failed": 0, "missing": 8}
-    assert sweep.run_cell(plan.out, 0).status == "ok"  # the leftover temporary file is no result
+    assert sweep_merge.merge(plan.out)["counts"] == {"ok": 0, "failed": 0, "missing": 8}
+    assert sweep_cell.run_cell(plan.out, 0).status == "ok"  # the leftover temporary file is no result
 
 
 def test_a_started_cell_without_a_result_shows_as_started_then_missing(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
-    sweep.write_atomic(sweep.started_file(plan.out, 6), json.dumps(
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    sweep_plan.write_atomic(sweep_plan.started_file(plan.out, 6), json.dumps(
         {"key": "x", "host": "n3", "slurm_job": "77_6", "at": 0}))
-    state = sweep.status(plan.out)
+    state = sweep_status.status(plan.out)
     assert state["counts"] == {"ok": 0, "failed": 0, "started": 1, "missing": 7}
     started = next(c for c in state["unfinished"] if c["id"] == 6)
     assert started == {"id": 6, "state": "started", "log": "logs/cell-6.log", "host": "n3", "slurm_job": "77_6"}
-    merged = sweep.merge(plan.out)
+    merged = sweep_merge.merge(plan.out)
     assert {"id": 6, "label": "dike", "log": "logs/cell-6.log", "started": True} in merged["missing"]
 
 
@@ -288,35 +293,35 @@ OOM_LINE = ("slurmstepd: error: Detected 1 oom_kill event in StepId=77_5.batch. 
 
 
 def test_a_cell_killed_by_slurm_is_failed_with_the_reason_from_its_log(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
     where = {"host": "n1", "slurm_job": "77_5", "pid": 9}
-    sweep.write_atomic(sweep.started_file(plan.out, 5), json.dumps({"key": "x", **where, "at": __import__("time").time()}))
+    sweep_plan.write_atomic(sweep_plan.started_file(plan.out, 5), json.dumps({"key": "x", **where, "at": __import__("time").time()}))
     log = plan.out / "logs" / "cell-5.log"
-    log.write_text(sweep.start_line(5, where) + "\n" + OOM_LINE)
-    state = sweep.status(plan.out)
+    log.write_text(sweep_cell.start_line(5, where) + "\n" + OOM_LINE)
+    state = sweep_status.status(plan.out)
     assert state["counts"] == {"ok": 0, "failed": 1, "started": 0, "missing": 7}
-    merged = sweep.merge(plan.out)
+    merged = sweep_merge.merge(plan.out)
     assert merged["failed"] == [{"id": 5, "label": "dike", "log": "logs/cell-5.log",
                                  "error": "killed (out of memory); no result written"}]
     script, record = fake_sbatch(tmp_path)
-    assert sweep.submit(plan.out, sbatch=str(script))["cells"] == list(range(8))  # killed: submitted again at once
+    assert sweep_run.submit(plan.out, sbatch=str(script))["cells"] == list(range(8))  # killed: submitted again at once
     # Run again: the new attempt's start line comes after the old kill, so it counts as running.
     with log.open("a") as handle:
-        handle.write(sweep.start_line(5, {**where, "slurm_job": "78_5"}) + "\n")
-    assert sweep.status(plan.out)["counts"]["started"] == 1
-    assert 5 not in sweep.submit(plan.out, sbatch=str(script))["cells"]  # may still run: left out
+        handle.write(sweep_cell.start_line(5, {**where, "slurm_job": "78_5"}) + "\n")
+    assert sweep_status.status(plan.out)["counts"]["started"] == 1
+    assert 5 not in sweep_run.submit(plan.out, sbatch=str(script))["cells"]  # may still run: left out
     for line, reason in (("*** JOB 80 ON n2 CANCELLED AT 2026-12-01T06:00:00 DUE TO TIME LIMIT ***", "time limit"),
                          ("slurmstepd: error: Job 81 exceeded memory limit (900000 > 327680), being killed",
                           "out of memory"),
                          ("*** JOB 82 ON n2 CANCELLED AT 2026-12-01T06:00:00 ***", "cancelled")):
-        log.write_text(sweep.start_line(5, where) + "\n" + line + "\n")
-        assert sweep.killed_reason(plan.out, 5) == reason
+        log.write_text(sweep_cell.start_line(5, where) + "\n" + line + "\n")
+        assert sweep_cell.killed_reason(plan.out, 5) == reason
 
 
 def test_a_cell_killed_locally_is_failed_with_its_signal(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
     for cell_id in range(1, 8):
-        sweep.run_cell(plan.out, cell_id)
+        sweep_cell.run_cell(plan.out, cell_id)
     dying = tmp_path / "dying-python"
     dying.write_text(f"#!{sys.executable}\nimport json, os, signal, sys\n"
                      "folder, cell = sys.argv[5], int(sys.argv[6])\n"
@@ -324,32 +329,32 @@ def test_a_cell_killed_locally_is_failed_with_its_signal(tmp_path, tiny):
                      "print(f'cell {cell}: started on here (pid 1)', flush=True)\n"
                      "os.kill(os.getpid(), signal.SIGKILL)\n")
     dying.chmod(0o755)
-    ran = sweep.run_local(plan.out, 1, python=str(dying))
+    ran = sweep_run.run_local(plan.out, 1, python=str(dying))
     assert ran["ran"] == [0] and ran["exit_codes"] == {0: -9}
     assert (plan.out / "logs" / "cell-0.log").read_text().endswith("dike-slurm sweep local: cell 0 killed by signal SIGKILL\n")
-    assert sweep.merge(plan.out)["failed"] == [{"id": 0, "label": "fifo", "log": "logs/cell-0.log",
+    assert sweep_merge.merge(plan.out)["failed"] == [{"id": 0, "label": "fifo", "log": "logs/cell-0.log",
                                                 "error": "killed (signal SIGKILL); no result written"}]
-    assert sweep.run_local(plan.out, 1)["ran"] == [0]  # resumed with the real Python
-    assert sweep.merge(plan.out)["counts"] == {"ok": 8, "failed": 0, "missing": 0}
+    assert sweep_run.run_local(plan.out, 1)["ran"] == [0]  # resumed with the real Python
+    assert sweep_merge.merge(plan.out)["counts"] == {"ok": 8, "failed": 0, "missing": 0}
 
 
 def test_a_failed_cell_fails_alone_and_shows_in_the_merge(tmp_path, tiny):
-    spec = sweep.load_spec(basic_spec(tmp_path, tiny, '[[variant]]\nlabel = "dike-bad"\npolicy = "dike"\nparams = { levels = 0 }'))
-    plan = sweep.write_plan(spec, tmp_path / "sw")
+    spec = sweep_spec.load_spec(basic_spec(tmp_path, tiny, '[[variant]]\nlabel = "dike-bad"\npolicy = "dike"\nparams = { levels = 0 }'))
+    plan = sweep_plan.write_plan(spec, tmp_path / "sw")
     assert plan.cells == 12
     bad = dike_slurm("sweep", "run", str(plan.out), "8", check=False)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "cell 8 failed: bad parameter: levels: Input should be greater than or equal to 2"
     for cell_id in (0, 4, 5):
-        assert sweep.run_cell(plan.out, cell_id).status == "ok"
-    merged = sweep.merge(plan.out)
+        assert sweep_cell.run_cell(plan.out, cell_id).status == "ok"
+    merged = sweep_merge.merge(plan.out)
     assert merged["counts"] == {"ok": 3, "failed": 1, "missing": 8}
     assert merged["failed"] == [{"id": 8, "label": "dike-bad", "log": "logs/cell-8.log",
                                  "error": "bad parameter: levels: Input should be greater than or equal to 2"}]
-    result = json.loads(sweep.result_file(plan.out, 8).read_text())
+    result = json.loads(sweep_plan.result_file(plan.out, 8).read_text())
     assert result["status"] == "failed" and "ValidationError" in result["traceback"]
-    assert sweep.unfinished_ids(plan.out) == [1, 2, 3, 6, 7, 8, 9, 10, 11]  # a failed cell is run again
-    files = sweep.write_merge(plan.out, merged)
+    assert sweep_status.unfinished_ids(plan.out) == [1, 2, 3, 6, 7, 8, 9, 10, 11]  # a failed cell is run again
+    files = sweep_merge.write_merge(plan.out, merged)
     report = files["report"].read_text()
     assert "## Failed cells" in report and "| 8 | dike-bad | bad parameter: levels" in report
     assert "## Missing cells" in report and "| 1 | fifo | no | logs/cell-1.log |" in report
@@ -359,18 +364,18 @@ def test_a_failed_cell_fails_alone_and_shows_in_the_merge(tmp_path, tiny):
 
 
 def test_merge_is_the_same_run_in_process_or_in_local_processes(tmp_path, tiny):
-    spec = sweep.load_spec(basic_spec(tmp_path, tiny))
-    here = sweep.write_plan(spec, tmp_path / "here")
+    spec = sweep_spec.load_spec(basic_spec(tmp_path, tiny))
+    here = sweep_plan.write_plan(spec, tmp_path / "here")
     for cell_id in reversed(range(here.cells)):  # any order
-        assert sweep.run_cell(here.out, cell_id).status == "ok"
-    there = sweep.write_plan(spec, tmp_path / "there")
-    ran = sweep.run_local(there.out, 2)
+        assert sweep_cell.run_cell(here.out, cell_id).status == "ok"
+    there = sweep_plan.write_plan(spec, tmp_path / "there")
+    ran = sweep_run.run_local(there.out, 2)
     assert ran["ran"] == list(range(8)) and set(ran["exit_codes"].values()) == {0}
-    assert sweep.run_local(there.out, 2)["ran"] == []  # nothing left to run
-    one, two = sweep.merge(here.out), sweep.merge(there.out)
+    assert sweep_run.run_local(there.out, 2)["ran"] == []  # nothing left to run
+    one, two = sweep_merge.merge(here.out), sweep_merge.merge(there.out)
     assert json.dumps(one) == json.dumps(two)
     assert one["counts"] == {"ok": 8, "failed": 0, "missing": 0}
-    files_here, files_there = sweep.write_merge(here.out, one), sweep.write_merge(there.out, two)
+    files_here, files_there = sweep_merge.write_merge(here.out, one), sweep_merge.write_merge(there.out, two)
     for kind in ("json", "csv", "report"):
         assert files_here[kind].read_bytes() == files_there[kind].read_bytes()
     # The numbers are those of a plain replay of the same cell.
@@ -382,10 +387,10 @@ def test_merge_is_the_same_run_in_process_or_in_local_processes(tmp_path, tiny):
 
 
 def test_merge_rows_are_seed_means_and_best_per_metric(tmp_path, tiny):
-    plan = sweep.write_plan(sweep.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
+    plan = sweep_plan.write_plan(sweep_spec.load_spec(basic_spec(tmp_path, tiny)), tmp_path / "sw")
     for cell_id in range(plan.cells):
-        sweep.run_cell(plan.out, cell_id)
-    merged = sweep.merge(plan.out)
+        sweep_cell.run_cell(plan.out, cell_id)
+    merged = sweep_merge.merge(plan.out)
     by = {(c["label"], c["comm_penalty"], c["seed"]): c["metrics"] for c in merged["cells"]}
     row = next(r for r in merged["rows"] if (r["label"], r["comm_penalty"]) == ("fifo", 1.0))
     assert row["seeds"] == [0, 3] and row["seeds_ok"] == 2
@@ -395,7 +400,7 @@ def test_merge_rows_are_seed_means_and_best_per_metric(tmp_path, tiny):
     means = {r["label"]: r["metrics"]["avg_jct_s"] for r in merged["rows"] if r["comm_penalty"] == 1.0}
     assert jct["value"] == min(means.values()) and jct["labels"] == [k for k, v in means.items() if v == jct["value"]]
     assert best[(1.0, "gpu_utilization")]["better"] == "higher"
-    csv_lines = sweep._csv(merged).splitlines()
+    csv_lines = sweep_merge.csv_text(merged).splitlines()
     assert len(csv_lines) == 1 + plan.cells and csv_lines[0].startswith("id,input,label,policy,comm_penalty,seed")
     result = dike_slurm("sweep", "merge", str(plan.out), "--json")
     assert json.loads(result.stdout) == json.loads((plan.out / "merge" / "merged.json").read_text()) == merged
@@ -406,7 +411,7 @@ def test_plan_again_resumes_and_status_reads_the_files(tmp_path, tiny):
     out = tmp_path / "sw"
     first = json.loads(dike_slurm("sweep", "plan", str(spec_path), "--out", str(out), "--json").stdout)
     assert first["cells"] == 8 and first["resumed"] is False
-    sweep.run_cell(out, 0)
+    sweep_cell.run_cell(out, 0)
     again = json.loads(dike_slurm("sweep", "plan", str(spec_path), "--out", str(out), "--local", "2", "--json").stdout)
     assert again["resumed"] is True and again["local"]["ran"] == list(range(1, 8))
     state = json.loads(dike_slurm("sweep", "status", str(out), "--json").stdout)
