@@ -1,5 +1,6 @@
-"""The fidelity harness's pure parts (bench/fidelity.py): the workload, the comparison metrics, the
-reading of a run's sacct dump and its replay. The lab runs themselves are `make fidelity`."""
+"""The comparison of a replay with a real run (dike_slurm.sim.fidelity: its statistics, the reading of a
+run's sacct dump and its replay) and the fidelity harness's pure parts (bench/fidelity.py, loaded by
+path: the workload, the runs, the table). The lab runs themselves are `make fidelity`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from dike_slurm.errors import InputError
+from dike_slurm.sim.fidelity import (JobOutcome, compare, kendall_tau, leaves_of, measured_cycle_s, percentile,
+                                     real_outcomes, replay_outcomes)
 from dike_slurm.state import CycleSummary, StateStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +29,6 @@ def _load():
 
 
 fidelity = _load()
-JobOutcome = fidelity.JobOutcome
 
 
 # ---------------------------------------------------------------------------- the workload
@@ -100,22 +103,22 @@ def test_parse_runs_labels_repeated_runs():
 
 
 def test_kendall_tau():
-    assert fidelity.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1
-    assert fidelity.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1
     # one swapped pair of six: (5 - 1) / 6
-    assert fidelity.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
     # tau-b with ties: x = 1,2,2,3 (one tie), y = 1,2,3,3 (one tie), pairs: C=4, D=0
-    assert fidelity.kendall_tau([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(4 / math.sqrt(5 * 5))
-    assert math.isnan(fidelity.kendall_tau([1, 1], [1, 2]))
-    assert math.isnan(fidelity.kendall_tau([], []))
+    assert kendall_tau([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(4 / math.sqrt(5 * 5))
+    assert math.isnan(kendall_tau([1, 1], [1, 2]))
+    assert math.isnan(kendall_tau([], []))
     with pytest.raises(ValueError):
-        fidelity.kendall_tau([1], [1, 2])
+        kendall_tau([1], [1, 2])
 
 
 def test_percentile_interpolates():
-    assert fidelity.percentile([3, 1, 2], 50) == 2
-    assert fidelity.percentile([0, 10], 95) == pytest.approx(9.5)
-    assert math.isnan(fidelity.percentile([], 50))
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    assert math.isnan(percentile([], 50))
 
 
 def outcome(submit, start, end, nodes=1, leaves=1, preemptions=0):
@@ -135,7 +138,7 @@ def test_compare_job_by_job():
         2: outcome(1, 20, 30, nodes=2, leaves=2),
         4: outcome(5, 5, 6),  # not in the reference: ignored
     }
-    m = fidelity.compare(real, other)
+    m = compare(real, other)
     assert m["jobs"] == 3 and m["missing"] == 1
     assert m["kendall_tau"] == 1
     assert m["start_error_median_s"] == 0 and m["start_error_p95_s"] == pytest.approx(1.8)
@@ -150,20 +153,20 @@ def test_compare_job_by_job():
 
 
 def test_compare_with_nothing_in_common_is_not_an_error():
-    m = fidelity.compare({0: outcome(0, 1, 2)}, {})
+    m = compare({0: outcome(0, 1, 2)}, {})
     assert m["jobs"] == 0 and m["missing"] == 1 and math.isnan(m["kendall_tau"]) and math.isnan(m["same_leaves_share"])
     assert "| x | 0 | - |" in fidelity.table([("x", m)])
 
 
 def test_leaves_of_counts_leaf_switches():
     leaf = {"n1": "s1", "n2": "s1", "n3": "s2", "n4": "s2"}.get
-    assert fidelity.leaves_of(["n1", "n2"], leaf) == 1
-    assert fidelity.leaves_of(["n1", "n3"], leaf) == 2
-    assert fidelity.leaves_of([], leaf) == 0
+    assert leaves_of(["n1", "n2"], leaf) == 1
+    assert leaves_of(["n1", "n3"], leaf) == 2
+    assert leaves_of([], leaf) == 0
 
 
 def test_the_table_has_a_row_per_comparison():
-    m = fidelity.compare({0: outcome(0, 0, 10, nodes=2, leaves=1), 1: outcome(0, 5, 9)},
+    m = compare({0: outcome(0, 0, 10, nodes=2, leaves=1), 1: outcome(0, 5, 9)},
                          {0: outcome(0, 1, 11, nodes=2, leaves=1), 1: outcome(0, 4, 8)})
     text = fidelity.table([("fifo: replay vs lab run 1", m), ("fifo: lab run 2 vs lab run 1 (noise)", m)])
     lines = text.splitlines()
@@ -215,7 +218,7 @@ def write_run(tmp_path: Path) -> Path:
 
 def test_real_outcomes_read_the_runs_jobs(tmp_path):
     run = write_run(tmp_path)
-    outcomes, origin, index_of = fidelity.real_outcomes(run)
+    outcomes, origin, index_of = real_outcomes(run, fidelity.workload_index)
     assert index_of == {101: 0, 102: 1, 103: 2, 105: 3}
     assert set(outcomes) == {0, 1, 2, 3}
     assert outcomes[0] == JobOutcome(0, 0, 10, 2, 1, 0)
@@ -226,8 +229,8 @@ def test_real_outcomes_read_the_runs_jobs(tmp_path):
 
 def test_the_replay_of_a_run_starts_over_requeued_sleeps(tmp_path):
     run = write_run(tmp_path)
-    _, origin, index_of = fidelity.real_outcomes(run)
-    replayed, stats = fidelity.replay_outcomes(run, "fifo", origin, index_of)
+    _, origin, index_of = real_outcomes(run, fidelity.workload_index)
+    replayed, stats = replay_outcomes(run, "fifo", origin, index_of)
     assert set(replayed) == {0, 1, 2, 3}
     # job 1 was requeued on the lab: replayed with its last run's length (8 s), not 3 + 8, and the
     # run's launch and exit (replay.run_overhead_s)
@@ -241,8 +244,8 @@ def test_a_run_without_engine_cycles_is_refused(tmp_path):
     run = write_run(tmp_path)
     (run / "state.sqlite").unlink()
     StateStore(run / "state.sqlite").close()
-    with pytest.raises(fidelity.FidelityError, match="no engine cycle with jobs in scope"):
-        fidelity.measured_cycle_s(run / "state.sqlite")
+    with pytest.raises(InputError, match="no engine cycle with jobs in scope"):
+        measured_cycle_s(run / "state.sqlite")
 
 
 def test_replay_only_writes_the_table_the_json_and_the_plot(tmp_path, capsys):
