@@ -39,6 +39,7 @@ from dike_slurm.sim.metrics import MetricsCollector, summarise
 from dike_slurm.sim.replay import load_input, sim_settings
 from dike_slurm.sim.records import JobResult, Timeline
 from dike_slurm.sim.simulator import Simulator
+from dike_slurm.usage import run_gpu_types
 
 _TIMELINE_BINS = 200
 
@@ -59,6 +60,7 @@ class SimulatedBackend(Backend):
         self.collector = MetricsCollector()
         self.accounts = {t.job_id: t.account for t in trace}
         self.names = {t.job_id: t.name for t in trace}
+        self.partitions = {t.job_id: t.partition for t in trace}
         self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
         self.model = settings.priority_model
         self.raw: dict[int, dict[JobField, Any]] = {}  # every field as written, as Slurm would show it
@@ -188,11 +190,14 @@ class SimulatedBackend(Backend):
         chosen = tuple(r for r in self.records if r.end is not None and start <= r.end <= end)
         return ReadResult(chosen, len(chosen), {}, "simulation")
 
-    def _record(self, job_id: int, user: str, gpus: int, start: float, end: float, state: JobState) -> None:
+    def _record(self, job_id: int, user: str, gpus: int, start: float, end: float, state: JobState,
+                gpu_types: tuple[str, ...]) -> None:
+        """One run as sacct shows it: its partition and the GPU types it held (AllocTRES), which
+        the engine weighs by the site's TRESBillingWeights."""
         self.records.append(AccountingRecord(
             job_id=job_id, display_id=str(job_id), user=user, account=self.accounts.get(job_id, ""), state=state,
             state_text=state.value, submit=start, start=start, end=end, elapsed_s=int(end - start), gpus=gpus,
-            name=self.names.get(job_id, ""),
+            name=self.names.get(job_id, ""), partition=self.partitions.get(job_id, ""), alloc_gpu_types=gpu_types,
         ))
 
     def _finished(self, result: JobResult) -> None:
@@ -200,7 +205,8 @@ class SimulatedBackend(Backend):
         self.collector(result)
         earlier_runs_gpu_s = self.recorded_gpu_s.pop(result.job_id, 0.0)  # a finished job is not requeued again
         last_run_s = (result.gpu_seconds - earlier_runs_gpu_s) / max(result.gpus, 1)
-        self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end, JobState.COMPLETED)
+        self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end, JobState.COMPLETED,
+                     result.gpu_types)
         self.raw.pop(result.job_id, None)
         self.placements.pop(result.job_id, None)
 
@@ -251,7 +257,9 @@ class SimulatedBackend(Backend):
         job = self._job(job_id)
         if job is None or job.state is not JobState.RUNNING or job.start_time is None or self.snapshot is None:
             return WriteOutcome(False, text, "Job is not running", job_gone=True)
-        self._record(job_id, job.user, job.gpus, job.start_time, self.snapshot.time, JobState.REQUEUED)
+        node_types = {node.name: node.gpu_types for node in self.snapshot.nodes}
+        self._record(job_id, job.user, job.gpus, job.start_time, self.snapshot.time, JobState.REQUEUED,
+                     run_gpu_types(job.nodes, node_types))
         self.recorded_gpu_s[job_id] = self.recorded_gpu_s.get(job_id, 0.0) + job.gpus * (self.snapshot.time - job.start_time)
         self.requeues.append(job_id)
         return WriteOutcome(True, text)

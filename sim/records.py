@@ -85,6 +85,8 @@ class JobResult:
     consolidated: bool  # every run within the fewest leaves that can hold the job
     gpu_seconds: float  # GPUs x wall time of every run (restart and slow-down included)
     lost_gpu_s: float = 0.0  # GPU-seconds of runs whose work was lost to preemption, restarts included
+    partition: str = ""
+    gpu_types: tuple[str, ...] = ()  # the GPU types of its last run's nodes (what sacct's AllocTRES shows)
 
 
 @dataclass

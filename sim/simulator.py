@@ -345,14 +345,16 @@ class Simulator:
         """What a GPU-second of this run is charged: the partition's TRESBillingWeights for the
         GPU types of its nodes (1 where the site weighs no GPU), as the engine charges a run."""
         model = self.settings.priority_model
-        if model is None:
-            return 1.0
+        return model.gpu_weight(job.trace.partition, self._gpu_types(nodes)) if model is not None else 1.0
+
+    def _gpu_types(self, nodes: list[int]) -> tuple[str, ...]:
+        """The GPU types of a run's nodes, in order, once each (what its AllocTRES shows)."""
         types: list[str] = []
         for node in nodes:
             for gpu_type in self.cluster.nodes[node].gpu_types:
                 if gpu_type not in types:
                     types.append(gpu_type)
-        return model.gpu_weight(job.trace.partition, types)
+        return tuple(types)
 
     def _stop_run(self, job: SimJob, now: float) -> float:
         """End the current run (finished or preempted); returns its length."""
@@ -404,6 +406,8 @@ class Simulator:
                 consolidated=job.all_consolidated,
                 gpu_seconds=job.gpu_seconds,
                 lost_gpu_s=job.lost_gpu_s,
+                partition=trace.partition,
+                gpu_types=self._gpu_types(job.nodes),
             )
         )
 

@@ -150,6 +150,39 @@ def test_the_engine_driving_the_simulator_reproduces_the_replay_exactly(small_tr
     assert backend.recorded_gpu_s == {}  # what a requeued run used is kept only until its job finishes
 
 
+def two_types_billed(trace: Path, out: Path) -> Path:
+    """The trace's cluster split into two GPU types (n001 and n003 a100, n002 and n004 v100: one of
+    each per leaf) where the site charges an a100 GPU-second three times a v100 one (issue 33)."""
+    out.mkdir()
+    for name in ("sacct.txt", "topology.conf"):
+        (out / name).write_text((trace / name).read_text())
+    conf = (trace / "slurm.conf").read_text()
+    nodes = "NodeName=n[001-004] Gres=gpu:a100:8 "
+    assert nodes in conf and "PartitionName=gpu " in conf
+    conf = conf.replace(nodes, "NodeName=n[002,004] Gres=gpu:v100:8 CPUs=64 RealMemory=512000 State=UNKNOWN\n"
+                                "NodeName=n[001,003] Gres=gpu:a100:8 ")
+    conf = conf.replace("PartitionName=gpu ", "PartitionName=gpu TRESBillingWeights=CPU=0,GRES/gpu:a100=3.0,GRES/gpu:v100=1.0 ")
+    (out / "slurm.conf").write_text(conf)
+    return out
+
+
+def test_the_engine_reproduces_the_replay_on_a_site_that_weighs_gpu_types(small_trace, tmp_path):
+    """Attained service weighs each run's GPU type by the site's TRESBillingWeights in the replay
+    and, through the simulated backend's accounting records (their partition and AllocTRES types),
+    in the engine: the same levels, so the same outcome, bit for bit."""
+    billed = two_types_billed(small_trace, tmp_path / "billed")
+    cfg = config(billed, tmp_path / "state.sqlite")
+    backend, _, _ = run_to_the_end(cfg, apply=True)
+    replay_input = load_input(billed / "sacct.txt", billed / "slurm.conf", None)
+    settings = sim_settings(cfg, replay_input.conf)
+    assert settings.priority_model.gpu_weight("gpu", ("a100",)) == 3.0
+    replayed = run_policy("dike", replay_input, cfg, settings)
+    assert backend.summary() == replayed.metrics.summary
+    ran = [r for r in backend.records if r.end is not None]
+    assert {r.alloc_gpu_types for r in ran} == {("a100",), ("v100",)} and {r.partition for r in ran} == {"gpu"}
+    assert replayed.metrics.summary["preemptions"] > 0  # requeued runs were recorded too
+
+
 def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_path):
     """Dike's node hold writes ExcNodeList on many pending jobs and takes it off again as the
     held job changes: the engine's diff, restores and the simulator's placements stay in step.
