@@ -129,6 +129,8 @@ class Engine:
         # left the queue) of the jobs that left and whose final run is not in accounting yet.
         self._predicted: dict[int, float] = {}
         self._left: dict[int, tuple[float, float]] = {}
+        # the GPU types of the nodes the last plan read (what `explain` says a running job is charged)
+        self.node_types: Mapping[str, tuple[str, ...]] = {}
 
     # ---------------------------------------------------------------- the span written
 
@@ -205,7 +207,7 @@ class Engine:
         active_in_scope, outside = [], []
         for job in cluster.jobs:
             (active_in_scope if in_scope(job, self.config) else outside).append(job)
-        node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
+        node_types = self.node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope, self.site_priority, node_types))
         service = job_service(runs, now)
         fairness_by = self.policy.usage_owner(self.params)

@@ -49,6 +49,7 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "write_reasons": [w.reason for w in found.writes],
             "head_window": plan.window or None,
             "tolerance": engine.config.engine.priority_tolerance,
+            "billing": billing(engine, found.job),
         }}
         if found.job.state is JobState.PENDING and found.managed:
             document["standing"] = standing(plan, found)
@@ -83,6 +84,44 @@ def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str
     row = next(r for r in rows if r["job_id"] == found.job_id)
     status = "active" if row["managed"] else "outside-scope"
     return document | {"status": status, "job_id": found.job_id, "job": row}
+
+
+def billing(engine: Engine, job: Job) -> dict[str, Any]:
+    """What a GPU-second of the job is charged in its attained service and fair share (issue 33):
+    the weight of its run's GPU type under the site's TRESBillingWeights (the partition's, else
+    slurm.conf's), or, pending, the weight of each type it may run on; 1 where the site weighs none."""
+    from dike_slurm.usage import run_gpu_types
+
+    model = engine.site_priority
+    weighs = model.billing_of(job.partition) if model is not None else None
+    set_by = None
+    if model is not None and weighs is not None:
+        own = model.partitions.get(job.partition)
+        set_by = (f"partition {job.partition}'s TRESBillingWeights" if own is not None and own.billing is not None
+                  else "the cluster's TRESBillingWeights")
+    weight_of = model.gpu_weight if model is not None else (lambda _partition, _types: 1.0)
+    if job.state is JobState.RUNNING:
+        types = run_gpu_types(job.nodes, engine.node_types)
+        return {"set_by": set_by, "run_gpu_types": list(types), "weight": weight_of(job.partition, types),
+                "weights": {t: weight_of(job.partition, (t,)) for t in types}}
+    usable = job.gpu_types or tuple(sorted({t for types in engine.node_types.values() for t in types}))
+    return {"set_by": set_by, "run_gpu_types": None,
+            "weight": None if usable else weight_of(job.partition, ()),  # untyped GPUs: one weight
+            "weights": {t: weight_of(job.partition, (t,)) for t in usable}}
+
+
+def _billing_line(charged: dict[str, Any]) -> str:
+    why = (f"by {charged['set_by']}" if charged["set_by"] is not None
+           else "the site weighs no GPU in TRESBillingWeights, so every GPU counts 1")
+    if charged["run_gpu_types"] is not None:
+        types = "/".join(charged["run_gpu_types"]) or "untyped"
+        return f"  a GPU-hour of its run counts {charged['weight']:g} in its service and fair share ({types} GPUs, {why})"
+    if not charged["weights"]:
+        return (f"  a GPU-hour counts {charged['weight']:g} in its service and fair share once it runs (untyped GPUs, "
+                f"{why})")
+    each = ", ".join(f"{t} {w:g}" for t, w in charged["weights"].items())
+    return (f"  a GPU-hour will count, by the type of the nodes it gets: {each} in its service and fair share "
+            f"({why})")
 
 
 def standing(plan: CyclePlan, mine: JobPlan) -> dict[str, Any]:
@@ -165,6 +204,7 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
             f"  attained service: {job['attained_gpu_hours']:.2f} GPU-hours over {job['run_count']} run(s)"
             + (f", {job['forgiven_gpu_hours']:.2f} forgiven by a promotion" if job["forgiven_gpu_hours"] else ""),
         ]
+        lines.append(_billing_line(job["billing"]))
         if job["slurm_reason"]:
             lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
         elif job["state"] == "PENDING":

@@ -392,3 +392,51 @@ def test_a_runs_service_is_weighed_by_the_type_it_held(version):
     plain = decayed_usage(current_runs(cluster.jobs), now, 3600.0)
     weighed = decayed_usage(current.values(), now, 3600.0)
     assert weighed["root"] > plain["root"] > 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
+    """`explain` on the recorded two-type lab: a running job's GPU-hour counts its nodes' type's
+    weight from the partition's TRESBillingWeights (scontrol show partition -o), a pending job's
+    the weight of each type it may run on; where the site weighs no GPU, every one counts 1."""
+    from dike_slurm.backends.base import FakeBackend
+    from dike_slurm.backends.cli import partitions_from_scontrol
+    from dike_slurm.cli.explain import explain, explain_lines
+    from dike_slurm.config import Config
+    from dike_slurm.engine import Engine
+    from dike_slurm.slurm_priority import build_model
+    from dike_slurm.state import StateStore
+
+    cluster = _json_cluster(version)
+    partitions, nodes, cpus = partitions_from_scontrol(_fixture(version, "scontrol-show-partition-o.txt"))
+    live = build_model({}, partitions, nodes, cpus, {}, "scontrol show partition -o")
+    now = max(j.start_time for j in cluster.jobs if j.start_time is not None) + 100.0
+    by_name = {j.name: j.job_id for j in cluster.jobs}
+
+    def documents(model, state):
+        config = Config.model_validate({"engine": {"state_db": str(tmp_path / state)}})
+        engine = Engine(config, FakeBackend(cluster.jobs, cluster.nodes, time=now, priority=model),
+                        StateStore(config.engine.state_db, read_only=True))
+        return {name: explain(engine, (job_id, None), str(job_id)) for name, job_id in by_name.items()}
+
+    weighed = documents(live, "weighed.sqlite")
+    charged = {name: d["job"]["billing"] for name, d in weighed.items()}
+    set_by = "partition gpu's TRESBillingWeights"
+    assert charged["a100-running"] == {"set_by": set_by, "run_gpu_types": ["a100"], "weight": 2.0,
+                                       "weights": {"a100": 2.0}}
+    assert charged["v100-running"]["weight"] == charged["feature-running"]["weight"] == 1.0
+    # an untyped job is charged the type of the nodes Slurm gave it
+    untyped = cluster.jobs[[j.name for j in cluster.jobs].index("untyped-running")]
+    assert charged["untyped-running"]["weight"] == (2.0 if NODE_TYPES[untyped.nodes[0]] == ("a100",) else 1.0)
+    assert charged["a100-blocked"] == {"set_by": set_by, "run_gpu_types": None, "weight": None,
+                                       "weights": {"a100": 2.0}}
+    assert charged["either-blocked"]["weights"] == {"a100": 2.0, "v100": 1.0}
+    text = "\n".join(explain_lines(weighed["a100-running"]))
+    assert ("a GPU-hour of its run counts 2 in its service and fair share (a100 GPUs, by partition gpu's "
+            "TRESBillingWeights)") in text
+    assert ("a GPU-hour will count, by the type of the nodes it gets: a100 2, v100 1 in its service and fair "
+            "share (by partition gpu's TRESBillingWeights)") in "\n".join(explain_lines(weighed["either-blocked"]))
+    plain = documents(None, "plain.sqlite")  # the site's weights unknown: every GPU counts 1
+    assert plain["a100-running"]["job"]["billing"] == {"set_by": None, "run_gpu_types": ["a100"], "weight": 1.0,
+                                                       "weights": {"a100": 1.0}}
+    assert "every GPU counts 1" in "\n".join(explain_lines(plain["a100-blocked"]))
