@@ -27,9 +27,13 @@ demo: $(STAMP)
 # cluster of each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each
 # lab started before and stopped after (also when tests fail). A version in
 # SLURM_VERSIONS_IF_BUILDS runs too when its chroot builds, and is skipped with the reason
-# when it does not. DIKE_SKIP_SLURM=1 skips the clusters explicitly.
+# when it does not (25.11 without DIKE_SLURM_SRC, SchedMD's source: see docs/slurm-lab.md).
+# DIKE_SKIP_SLURM=1 skips the clusters explicitly. A version in SLURM_VERSIONS_INSIDE runs its
+# tests inside its chroot (`slurm-lab run`: pyslurm needs that Slurm's library and glibc), with the
+# engine on the pyslurm backend.
 SLURM_VERSIONS ?= 22.05 24.11
-SLURM_VERSIONS_IF_BUILDS ?= 26.05
+SLURM_VERSIONS_IF_BUILDS ?= 26.05 25.11
+SLURM_VERSIONS_INSIDE = 25.11
 # Mixed GPU generations (issue 33): these files run again on the lab restarted with two GPU types.
 TWO_TYPES = a100,v100
 TWO_TYPE_TESTS = tests/integration/test_gpu_types_lab.py
@@ -47,14 +51,16 @@ test: $(STAMP) chromium systemd-analyze prometheus
 	                summary="$$summary Slurm $$v: skipped;"; continue; \
 	            fi; echo "$$out" | sed '$$d' ;; \
 	        esac; \
+	        case " $(SLURM_VERSIONS_INSIDE) " in *" $$v "*) py="$(LAB) --slurm $$v run pytest" ;; \
+	            *) py="env DIKE_LAB_SLURM=$$v $(BIN)/pytest" ;; esac; \
 	        echo "==== Slurm $$v: integration tests (scripts/slurm-lab --slurm $$v) ===="; \
 	        if $(LAB) --slurm $$v up; then \
-	            if DIKE_LAB_SLURM=$$v $(BIN)/pytest tests/integration; then r=passed; else r=FAILED; status=1; fi; \
+	            if $$py tests/integration; then r=passed; else r=FAILED; status=1; fi; \
 	        else r="FAILED (lab did not come up)"; status=1; fi; \
 	        $(LAB) --slurm $$v down || true; \
 	        echo "==== Slurm $$v: the two-type lab (DIKE_LAB_GPU_TYPES=$(TWO_TYPES)) ===="; \
 	        if DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v up; then \
-	            DIKE_LAB_SLURM=$$v $(BIN)/pytest $(TWO_TYPE_TESTS) || { r="$$r, two types FAILED"; status=1; }; \
+	            $$py $(TWO_TYPE_TESTS) || { r="$$r, two types FAILED"; status=1; }; \
 	        else r="$$r, two-type lab FAILED (did not come up)"; status=1; fi; \
 	        DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v down || true; \
 	        echo "==== Slurm $$v: integration tests $$r"; summary="$$summary Slurm $$v: $$r;"; \

@@ -58,7 +58,9 @@ class SlurmLab:
         self.slurm_conf = Path(env["SLURM_CONF"])
         self.version = env.get("DIKE_LAB_SLURM", "22.05")
         self.bin_dir = Path(env.get("DIKE_LAB_BIN", "/usr/bin"))  # the lab's Slurm commands
-        self.in_chroot = self.version != "22.05"
+        # Slurm commands reach a chroot lab through its wrappers (a user's through DIKE_LAB_USER);
+        # tests run inside the chroot (`slurm-lab --slurm 25.11 run pytest`) call them directly
+        self.in_chroot = self.bin_dir != Path("/usr/bin")
         self.submitted: set[int] = set()  # jobs sbatch'ed since the queue was last emptied
 
     def run(self, *argv: str, user: str | None = None, check: bool = True,
