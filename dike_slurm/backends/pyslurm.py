@@ -3,14 +3,23 @@
 pyslurm builds only against the matching Slurm release (pyslurm 25.11 needs Slurm 25.11), so
 this backend is chosen only when `import pyslurm` works and its version is 25.11; otherwise
 `PyslurmBackend.create` says why and which backend to use instead. The translation from
-pyslurm objects to the domain model follows pyslurm's documented attributes (`pyslurm.Job`,
-`pyslurm.Node`, `pyslurm.db.Job`, `pyslurm.JobSubmitDescription`) and is unit-tested with
-objects of that shape; it has not been run against a live Slurm 25.11 here (see
-docs/engine.md).
+pyslurm objects to the domain model is unit-tested on the attributes of real objects recorded
+on a Slurm 25.11.7 lab with pyslurm 25.11.2 (tests/fixtures/pyslurm-25.11), and the backend's
+reads are compared with the command-line backend's on that lab (tests/integration/test_pyslurm_lab.py).
+
+GPU counts come from the TRES Slurm tracks (Job.gpus, Node.allocated_gres, db.Job.gres): without
+`gres/gpu` in AccountingStorageTRES they are empty, so the backend refuses such a cluster with
+one line (the check `dike-slurm doctor` makes for both backends).
 
 What pyslurm cannot give: SiteFactor (as with scontrol, the engine relies on what it wrote),
-the switch tree (read from topology.conf), and earlier runs of requeued jobs (the database
-API returns the last run; the engine keeps earlier ones in its state store).
+the switch tree (read from topology.conf), earlier runs of requeued jobs (the database API
+returns the last run; the engine keeps earlier ones in its state store), and the GPU type of a
+per-job request (`--gpus=a100:2`: pyslurm 25.11.2 reads tres_per_job as None).
+
+What pyslurm cannot write: Switches (pyslurm 25.11.0-25.11.2's `_set_switches` raises
+"name 'kwargs' is not defined"), and clearing Features, ExcNodeList or ReqNodeList (an empty value
+returns ok but Slurm keeps the old one). Those go through `scontrol update`, the command-line
+backend's write; every placement write is read back.
 """
 
 from __future__ import annotations
@@ -29,13 +38,16 @@ from dike_slurm.backends.base import (
     JobUpdate,
     SwitchRequest,
     WriteOutcome,
+    placement_value,
 )
+from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import DikeError, InputError, SlurmError
 from dike_slurm.model import Job, JobState, Node, Placement, Topology
 from dike_slurm.parsing.durations import format_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
+from dike_slurm.parsing.tres import tracks_gpus
 
 SUPPORTED_RELEASE = "25.11"
 _JOB_GONE = ("Invalid job id", "already finished", "no longer pending")
@@ -69,41 +81,57 @@ def _hosts(value: Any) -> tuple[str, ...]:
 
 
 def _gpu_count(value: Any) -> int:
-    """A GRES dict's value: an int, or an object with an int ``count`` (pyslurm.db.tres.GPU)."""
+    """A GRES dict's value: an int, digits, or an object with an int ``count`` (pyslurm.db.tres.GPU)."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     count = getattr(value, "count", None)
     return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
-def gres_gpus(gres: Any) -> int:
-    """GPUs in a pyslurm GRES dict, in the shapes pyslurm 25.11 gives.
-
-    ``{"gpu": 8}``, ``{"gpu:a100": 4, "gpu:v100": 2}``; ``Job.gres_per_node`` names them
-    ``{"gres/gpu": 1}`` (Slurm's TRES name), and ``Job.gres``/``db.Job.gres`` hold
-    ``pyslurm.db.tres.GPU`` objects, whose ``count`` is the figure (both seen on Slurm 25.11.7
-    with pyslurm 25.11.2, issue 34).
-    """
+def _gpu_entries(gres: Any) -> list[tuple[str, int]]:
+    """(type, count) of each GPU entry of a pyslurm GRES dict; type "" for the untyped one."""
     if not isinstance(gres, Mapping):
-        return 0
-    total = 0
+        return []
+    entries = []
     for name, value in gres.items():
-        kind = str(name).removeprefix("gres/").split(":", 1)[0]
+        kind, _, gpu_type = str(name).removeprefix("gres/").partition(":")
         if kind == "gpu":
-            total += _gpu_count(value)
-    return total
+            entries.append((gpu_type, _gpu_count(value)))
+    return entries
+
+
+def gres_gpus(gres: Any) -> int:
+    """GPUs in a pyslurm GRES dict, in the shapes pyslurm 25.11 gives (tests/fixtures/pyslurm-25.11).
+
+    A TRES dict (``Job.gpus``, ``Node.allocated_gres``, ``db.Job.gres``) names the same GPUs twice,
+    as the total and by type: ``{"gpu": GPU(12), "gpu:a100": GPU(12)}`` or ``{"gpu": 8, "gpu:a100":
+    8}``: the untyped total counts. A configured or requested GRES (``Node.configured_gres``,
+    ``Job.gres_per_node``: ``{"gpu:a100": 8}``, ``{"gres/gpu": 2}``) has one entry per type: their sum.
+    """
+    entries = _gpu_entries(gres)
+    untyped = [count for gpu_type, count in entries if not gpu_type]
+    return sum(untyped) if untyped else sum(count for _, count in entries)
 
 
 def gres_gpu_types(gres: Any) -> tuple[str, ...]:
-    """GPU types in a pyslurm GRES dict, in order: {"gpu:a100": 4, "gpu:v100": 2} -> ("a100", "v100")."""
-    if not isinstance(gres, Mapping):
-        return ()
+    """GPU types in a pyslurm GRES dict, in order: {"gres/gpu:a100": 4, "gpu:v100": 2} -> ("a100", "v100")."""
     types: list[str] = []
-    for name in gres:
-        kind, _, gpu_type = str(name).partition(":")
-        if kind == "gpu" and gpu_type and gpu_type not in types:
+    for gpu_type, _ in _gpu_entries(gres):
+        if gpu_type and gpu_type not in types:
             types.append(gpu_type)
     return tuple(types)
+
+
+def _tres_count(tres: Any, kind: str) -> int | None:
+    """The count of one TRES (cpu, node) of a pyslurm TrackableResources."""
+    return _int(getattr(getattr(tres, kind, None), "count", None)) if tres is not None else None
+
+
+def _tres_gres(tres: Any) -> Any:
+    """The GRES dict of a pyslurm TrackableResources (None when Slurm gave none)."""
+    return getattr(tres, "gres", None) if tres is not None else None
 
 
 def job_from_pyslurm(job: Any) -> Job:
@@ -120,7 +148,7 @@ def job_from_pyslurm(job: Any) -> Job:
         user=_text(job.user_name),
         state=state,
         submit_time=_epoch(job.submit_time) or 0.0,
-        gpus=gres_gpus(job.gres_per_node) * num_nodes,
+        gpus=gres_gpus(job.gpus),  # the tracked TRES: allocated while running, else requested
         num_nodes=num_nodes,
         cpus=_int(job.cpus) or 1,
         account=_text(job.account),
@@ -188,18 +216,41 @@ def record_from_pyslurm_db(job: Any) -> AccountingRecord:
         end=_epoch(job.end_time),
         elapsed_s=_int(job.elapsed_time) or 0,
         time_limit_s=limit_min * 60 if limit_min is not None else None,
-        num_nodes=_int(job.num_nodes) or 1,
-        cpus=_int(job.cpus) or 1,
-        gpus=gres_gpus(job.gres),  # documented: what the run allocated, or requested if it never ran
+        # a run that never started has 0 nodes and CPUs: its request, as sacct prints it
+        num_nodes=_int(job.num_nodes) or _tres_count(job.requested_tres, "node") or 1,
+        cpus=_int(job.cpus) or _tres_count(job.requested_tres, "cpu") or 1,
+        gpus=gres_gpus(job.gres),  # what the run allocated, or requested if it never ran
         nodes=_hosts(job.nodelist),
         priority=_int(job.priority),
+        gpu_types=gres_gpu_types(_tres_gres(job.requested_tres)),
+        alloc_gpu_types=gres_gpu_types(_tres_gres(job.allocated_tres)),
+        constraints=",".join(job.constraints) if isinstance(job.constraints, (list, tuple)) else _text(job.constraints),
     )
 
 
-def submit_description_fields(update: JobUpdate) -> dict[str, Any]:
-    """JobSubmitDescription keyword arguments for an update (Priority None is hold+release)."""
-    fields: dict[str, Any] = {}
+_CLEARABLE = (JobField.FEATURES, JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES)
+
+
+def split_update(update: JobUpdate) -> tuple[dict[JobField, Any], dict[JobField, Any]]:
+    """The fields pyslurm writes, and those written with `scontrol update` instead: Switches (pyslurm
+    25.11.0-25.11.2's `_set_switches` raises "name 'kwargs' is not defined") and a cleared Features,
+    ExcNodeList or ReqNodeList (pyslurm returns ok for '' and (), and Slurm keeps the old value;
+    `scontrol update ExcNodeList=` clears it). Both seen on Slurm 25.11.7 with pyslurm 25.11.2."""
+    through_pyslurm: dict[JobField, Any] = {}
+    through_scontrol: dict[JobField, Any] = {}
     for key, value in update.values:
+        if key is JobField.SWITCHES or (key in _CLEARABLE and not value):
+            through_scontrol[key] = value
+        else:
+            through_pyslurm[key] = value
+    return through_pyslurm, through_scontrol
+
+
+def submit_description_fields(values: Mapping[JobField, Any]) -> dict[str, Any]:
+    """JobSubmitDescription keyword arguments for the fields pyslurm writes (Priority None is
+    hold+release, Switches go through scontrol: see split_update)."""
+    fields: dict[str, Any] = {}
+    for key, value in values.items():
         if key is JobField.SITE_FACTOR:
             fields["site_factor"] = value
         elif key is JobField.PRIORITY and value is not None:
@@ -211,16 +262,21 @@ def submit_description_fields(update: JobUpdate) -> dict[str, Any]:
         elif key is JobField.FEATURES:
             fields["constraints"] = value
         elif key is JobField.EXCLUDED_NODES:
-            fields["excluded_nodes"] = list(value or ())  # type: ignore[arg-type]
+            fields["excluded_nodes"] = list(value)
         elif key is JobField.REQUIRED_NODES:
-            fields["required_nodes"] = list(value or ())  # type: ignore[arg-type]
-        elif key is JobField.SWITCHES:
-            assert isinstance(value, SwitchRequest)
-            switches: dict[str, Any] = {"count": value.count}
-            if value.count and value.wait_s is not None:
-                switches["max_wait_time"] = format_duration(value.wait_s)
-            fields["switches"] = switches
+            fields["required_nodes"] = list(value)
     return fields
+
+
+def _same_placement_value(key: JobField, wanted: Any, read: Any) -> bool:
+    """Whether Slurm holds what was written: node lists as sets; Switches by count (Slurm caps the
+    wait at max_switch_wait: 1@00:10:00 is stored as 1@00:05:00)."""
+    if key is JobField.SWITCHES:
+        assert isinstance(wanted, SwitchRequest) and isinstance(read, SwitchRequest)
+        return wanted.count == read.count
+    if key in (JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES):
+        return set(wanted or ()) == set(read or ())
+    return bool(wanted == read)
 
 
 def _topology(settings: SlurmSettings) -> Topology:
@@ -242,16 +298,19 @@ def _values(collection: Any) -> Iterable[Any]:
 
 
 class PyslurmBackend(Backend):
-    """Slurm through pyslurm; same contract as the command-line backend."""
+    """Slurm through pyslurm; same contract as the command-line backend. `scontrol` is the
+    command-line backend on the same cluster, for the writes pyslurm cannot make (split_update)."""
 
     name = "pyslurm"
 
-    def __init__(self, settings: SlurmSettings, module: ModuleType | Any, *,
+    def __init__(self, settings: SlurmSettings, module: ModuleType | Any, *, scontrol: Backend,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pyslurm = module
+        self.scontrol = scontrol
         self.clock = clock
         self.topology = _topology(settings)
+        self._gpus_tracked = False  # checked on the first read (slurmctld's AccountingStorageTRES)
 
     @classmethod
     def create(cls, settings: SlurmSettings) -> PyslurmBackend:
@@ -269,7 +328,7 @@ class PyslurmBackend(Backend):
                 f"pyslurm {version or '(unknown version)'} is installed; this backend supports pyslurm "
                 f"{SUPPORTED_RELEASE} for Slurm {SUPPORTED_RELEASE}; use backend 'cli'"
             )
-        return cls(settings, pyslurm)
+        return cls(settings, pyslurm, scontrol=SlurmCliBackend(settings))
 
     def _call(self, what: str, function: Callable[[], Any]) -> Any:
         self.calls += 1
@@ -278,8 +337,22 @@ class PyslurmBackend(Backend):
         except Exception as exc:  # pyslurm raises RPCError and friends; all become SlurmError
             raise SlurmError(f"pyslurm {what}: {exc}") from None
 
+    def _check_gpus_tracked(self) -> None:
+        """pyslurm 25.11 counts GPUs only from the TRES Slurm tracks: refuse a cluster without gres/gpu."""
+        if self._gpus_tracked:
+            return
+        config = self._call("slurmctld.Config.load()", self.pyslurm.slurmctld.Config.load)
+        tracked = ",".join(str(t) for t in config.accounting_storage_tres or ())
+        if not tracks_gpus(tracked):
+            raise SlurmError(
+                f"the pyslurm backend cannot count GPUs on this cluster: AccountingStorageTRES={tracked or '(unset)'} "
+                "does not track gres/gpu, and pyslurm 25.11 takes jobs' and nodes' GPUs from the tracked TRES; add "
+                "gres/gpu to AccountingStorageTRES (needs slurmdbd) or use slurm.backend = 'cli' (dike-slurm doctor)")
+        self._gpus_tracked = True
+
     def read_cluster(self) -> ClusterState:
         now = self.clock()
+        self._check_gpus_tracked()
         jobs: list[Job] = []
         admin_comments: dict[int, str] = {}
         for raw in _values(self._call("Jobs.load()", self.pyslurm.Jobs.load)):
@@ -298,6 +371,7 @@ class PyslurmBackend(Backend):
         )
 
     def accounting(self, start: float, end: float) -> ReadResult:
+        self._check_gpus_tracked()
         db = self.pyslurm.db
         query = db.JobFilter(start_time=int(start), end_time=int(end))
         loaded = self._call("db.Jobs.load()", lambda: db.Jobs.load(query))
@@ -305,24 +379,52 @@ class PyslurmBackend(Backend):
         return ReadResult(records, len(records), {}, "pyslurm.db")
 
     def describe(self, update: JobUpdate) -> str:
+        through_pyslurm, through_scontrol = split_update(update)
         parts = []
-        fields = submit_description_fields(update)
+        fields = submit_description_fields(through_pyslurm)
         if fields:
             arguments = ", ".join(f"{k}={v!r}" for k, v in fields.items())
             parts.append(f"pyslurm.Job({update.job_id}).modify(JobSubmitDescription({arguments}))")
         if any(k is JobField.PRIORITY and v is None for k, v in update.values):
             parts += [f"pyslurm.Job({update.job_id}).hold()", f"pyslurm.Job({update.job_id}).release()"]
+        if through_scontrol:
+            parts.append(self.scontrol.describe(JobUpdate.of(update.job_id, through_scontrol)))
         return "; ".join(parts)
 
     def apply(self, update: JobUpdate) -> WriteOutcome:
+        text = self.describe(update)
+        through_pyslurm, through_scontrol = split_update(update)
         job = self.pyslurm.Job(update.job_id)
         steps: list[Callable[[], Any]] = []
-        fields = submit_description_fields(update)
+        fields = submit_description_fields(through_pyslurm)
         if fields:
             steps.append(lambda: job.modify(self.pyslurm.JobSubmitDescription(**fields)))
         if any(k is JobField.PRIORITY and v is None for k, v in update.values):
             steps += [job.hold, job.release]
-        return self._write(self.describe(update), steps)
+        outcome = self._write(text, steps)
+        if outcome.ok and through_scontrol:
+            done = self.scontrol.apply(JobUpdate.of(update.job_id, through_scontrol))
+            if not done.ok:
+                return WriteOutcome(False, text, done.message, job_gone=done.job_gone)
+        if outcome.ok and any(k.is_placement for k in update.fields):
+            return self._read_back(update, text)
+        return outcome
+
+    def _read_back(self, update: JobUpdate, text: str) -> WriteOutcome:
+        """The written placement fields as Slurm holds them now: a write Slurm did not take fails."""
+        self.calls += 1
+        try:
+            placement = job_from_pyslurm(self.pyslurm.Job.load(update.job_id)).placement
+        except Exception as exc:  # the job left meanwhile, or slurmctld did not answer
+            message = str(exc)
+            return WriteOutcome(False, text, f"reading the job back: {message}",
+                                job_gone=any(m in message for m in _JOB_GONE))
+        kept = [f"{key.name} is {placement_value(placement, key)!r}, not {value!r}"
+                for key, value in update.values
+                if key.is_placement and not _same_placement_value(key, value, placement_value(placement, key))]
+        if kept:
+            return WriteOutcome(False, text, "Slurm did not take the write: " + "; ".join(kept))
+        return WriteOutcome(True, text)
 
     def signal(self, job_id: int, signal: str) -> WriteOutcome:
         job = self.pyslurm.Job(job_id)
@@ -342,4 +444,3 @@ class PyslurmBackend(Backend):
                 message = str(exc)
                 return WriteOutcome(False, text, message, job_gone=any(m in message for m in _JOB_GONE))
         return WriteOutcome(True, text)
-

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from dike_slurm.cli import app, console
 from dike_slurm.cli.common import CONFIG_OPTION, JSON_OPTION, emit_json, load, safe, say_source, table
 from dike_slurm.errors import DikeError
+from dike_slurm.parsing.tres import tracks_gpus
 
 if TYPE_CHECKING:  # the model loads when doctor runs, not with the CLI
     from dike_slurm.slurm_priority import SlurmPriorityModel
@@ -112,13 +113,14 @@ def diagnose(
                             "queue` and `explain` read the engine's levels from the AdminComment it writes on each "
                             "job (docs/deployment.md, \"Who can read what\"); without it they see none"))
     tracked = [tres.strip() for tres in config.get("AccountingStorageTRES", "").split(",") if tres.strip()]
-    if "gres/gpu" in tracked:
+    if tracks_gpus(",".join(tracked)):
         checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))
     else:
         # One cause, two symptoms: pyslurm 25.11 takes a job's and a node's GPUs from the tracked
-        # TRES too (Job.gpus, Node.allocated_gres are empty without it: issue 34).
-        pyslurm_too = (", and the pyslurm backend counts 0 GPUs for every job and node"
-                       if backend == "pyslurm" else "")
+        # TRES too (Job.gpus, Node.allocated_gres are empty without it: issue 34), so the pyslurm
+        # backend refuses to read such a cluster (the same test: parsing.tres.tracks_gpus).
+        pyslurm_too = (", and the pyslurm backend cannot count any job's or node's GPUs: it refuses to read the "
+                       "cluster" if backend == "pyslurm" else "")
         checks.append(Check("AccountingStorageTRES", ",".join(tracked) or "unset", FAIL,
                             f"AccountingStorageTRES={','.join([*tracked, 'gres/gpu'])} (without gres/gpu, sacct "
                             f"shows finished runs with 0 GPUs and every job's attained service is 0{pyslurm_too})"))

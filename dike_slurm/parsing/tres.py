@@ -130,3 +130,10 @@ def requested_gpu_types(per_job: str, per_node: str) -> tuple[str, ...]:
     """The GPU types a job's GRES request names (squeue's tres_per_job, else tres_per_node); () for
     any type. Never the allocation: Slurm types an untyped job's (gres/gpu:a100=2 on an a100 node)."""
     return parse_gres_gpu_types(per_job) or parse_gres_gpu_types(per_node)
+
+
+def tracks_gpus(accounting_storage_tres: str) -> bool:
+    """Whether slurm.conf's AccountingStorageTRES (`gres/gpu,cpu,...`) tracks GPUs. Without it sacct
+    records runs without GPUs and pyslurm 25.11 gives jobs and nodes none: doctor and the pyslurm
+    backend ask this one question."""
+    return "gres/gpu" in {item.strip().lower() for item in accounting_storage_tres.split(",")}

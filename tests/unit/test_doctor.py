@@ -235,7 +235,7 @@ def test_gpus_not_tracked_in_accounting_fail_with_the_line_to_add():
     with_pyslurm = load_config(None, environ={"DIKE_SLURM__BACKEND": "pyslurm"})
     check = {c.name: c for c in gather(with_pyslurm, "root", runner)}["AccountingStorageTRES"]
     assert check.verdict == FAIL
-    assert check.advice.endswith("and the pyslurm backend counts 0 GPUs for every job and node)")
+    assert check.advice.endswith("the pyslurm backend cannot count any job's or node's GPUs: it refuses to read the cluster)")
 
 
 def test_the_advice_names_the_user_who_runs_the_engine():
