@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from dike_slurm.model import Node, Placement, Topology
+from dike_slurm.model import Node, Placement, Topology, may_use_gpus
 from dike_slurm.parsing.slurm_conf import ClusterConf
+
+
+class WrongGpuType(RuntimeError):
+    """A bug: the simulator started a job on a node without any GPU type the job asked for."""
 
 
 class SimCluster:
@@ -175,6 +179,24 @@ class SimCluster:
             left -= len(taken)
             per_leaf[best] = 0
         return chosen
+
+    def check_gpu_types(self, job: str, gpu_types: Sequence[str], nodes: Iterable[int]) -> None:
+        """The invariant, at every start of a typed job: no job runs on a GPU type it did not ask for."""
+        for node in nodes:
+            template = self.nodes[node]
+            if not may_use_gpus(gpu_types, template.gpu_types):
+                raise WrongGpuType(
+                    f"job {job} asked for GPU types {'|'.join(gpu_types)} and was "
+                    f"started on {template.name} ({'|'.join(template.gpu_types) or 'untyped'})")
+
+    def gpu_types_of(self, nodes: Iterable[int]) -> tuple[str, ...]:
+        """The GPU types of these nodes, each once, in node order (what a run's AllocTRES shows)."""
+        types: list[str] = []
+        for node in nodes:
+            for gpu_type in self.nodes[node].gpu_types:
+                if gpu_type not in types:
+                    types.append(gpu_type)
+        return tuple(types)
 
     def leaves_spanned(self, nodes: Iterable[int]) -> int:
         return len({int(self.leaf_of[n]) for n in nodes})

@@ -6,14 +6,21 @@ cycle costs O(window) per cycle: in a million-job replay the 30-day window holds
 and that copy, with the list's O(window) inserts and deletes, took most of Dike's replay time.
 Here the values sit in immutable sorted blocks of at most 2 x BLOCK: a change copies one block,
 and a view copies only the list of blocks; a view never changes after it is taken.
+
+`FinishedService` keeps the finished jobs of the window: their sorted service, and the service
+prior learned from the same jobs, each for a policy that reads it.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import overload
+
+from dike_slurm.service_prior import FinishedJob, PriorLearner
+from dike_slurm.sim.trace import TraceJob
 
 BLOCK = 512
 
@@ -122,3 +129,37 @@ class SortedBlocks:
         if self._view is None:
             self._view = SortedView(tuple(self._blocks))
         return self._view
+
+
+class FinishedService:
+    """The jobs finished within the history window: their GPU service, sorted (`keeps_service`:
+    for a policy that reads it), and the service prior learned from them (`prior`: for a policy
+    that reads one)."""
+
+    def __init__(self, window_s: float, keeps_service: bool, prior: PriorLearner | None) -> None:
+        self.window_s = window_s
+        self.keeps_service = keeps_service
+        self.prior = prior
+        self.service = SortedBlocks()
+        self.ends: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
+        self.prior_jobs: deque[FinishedJob] = deque()  # in end order
+
+    def add(self, end: float, trace: TraceJob, attained: float) -> None:
+        """A job finished at `end` with `attained` GPU service."""
+        if self.keeps_service:
+            self.ends.append((end, attained))
+            self.service.add(attained)
+        if self.prior is not None:
+            finished = FinishedJob(trace.user, trace.name, trace.gpus, attained / trace.gpus if trace.gpus else 0.0, end)
+            self.prior.add(finished)
+            self.prior_jobs.append(finished)
+
+    def forget(self, now: float) -> None:
+        """Jobs that ended more than the window ago leave it."""
+        horizon = now - self.window_s
+        while self.ends and self.ends[0][0] < horizon:
+            _, oldest = self.ends.popleft()
+            self.service.remove(oldest)
+        if self.prior is not None:
+            while self.prior_jobs and self.prior_jobs[0].end < horizon:
+                self.prior.remove(self.prior_jobs.popleft())

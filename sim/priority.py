@@ -10,7 +10,8 @@ configuration: mapped onto [1, span - reserve] against the policy's ceiling (a p
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
 order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine's own functions);
 beyond the head window a value is handed back (dike_slurm/head_window.py). `within_budget` keeps
-the writes the engine's guardrails and write budget let through in one cycle.
+the writes the engine's guardrails and write budget let through in one cycle; `cycle_writes` is
+the whole of one cycle: the priority writes and the constraints (placements) the engine would write.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from functools import partial
 from typing import NamedTuple
 
 from dike_slurm.backends.base import JobField
-from dike_slurm.decisions import Decisions, SetPriority
-from dike_slurm.model import Job, JobState
+from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.head_window import policy_window
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement
 from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, score_ceiling, wanted_value
 from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
@@ -194,3 +196,56 @@ def _release(job: SimJob) -> None:
     """The engine hands the value back: SiteFactor/Nice 0 (the trace's jobs carry none of their
     own), Priority back to Slurm's factors."""
     job.written, job.written_level, job.owned = 0, None, False
+
+
+def cycle_writes(decisions: Decisions, jobs: Mapping[int, SimJob], engine_placed: set[int],
+                 declared_ceiling: float | None, settings: SimSettings, views: Mapping[int, Job],
+                 decided_at: float) -> tuple[list[SimWrite], set[int], int, int]:
+    """The writes the live engine would land for decisions made on the views of `decided_at`
+    (inside the head window, within the guardrails' cap and the write budget, first jobs first):
+    the priority writes, the jobs whose constraint it would not write this cycle, and how many
+    counted writes land and are held back."""
+    ranked = decisions.ranked()
+    rank = {decision.job_id: index for index, decision in enumerate(ranked)}
+    latest = {decision.job_id: decision for decision in decisions.priorities}
+    inside = policy_window(ranked, latest, views, decided_at, settings.head_window)
+    writes = engine_writes(decisions, jobs, declared_ceiling, settings, views, inside, ranked, rank)
+    unranked, held = len(rank), set()
+    for job_id, placement in wanted_placements(decisions, engine_placed).items():
+        job = jobs.get(job_id)
+        if job is None or job.state != PENDING:
+            continue
+        if inside is not None and job_id not in inside:
+            held.add(job_id)  # beyond the window: its constraint waits until it comes near the head
+        elif placement != job.placement:
+            writes.append(SimWrite(rank.get(job_id, unranked), job_id, "placement", True, _no_op))
+    kept = within_budget(writes, settings.writes_per_cycle)
+    landed = sum(1 for w in kept if w.counted)
+    held_back = sum(1 for w in writes if w.counted) - landed
+    held |= {w.job_id for w in writes if w.kind == "placement"} - {w.job_id for w in kept if w.kind == "placement"}
+    return [w for w in kept if w.kind == "priority"], held, landed, held_back
+
+
+def wanted_placements(decisions: Decisions, engine_placed: set[int]) -> dict[int, Placement]:
+    """The constraint each job should carry after the cycle: the policy's, none where it asks to
+    clear one, none for a job the engine constrained (`engine_placed`) that the cycle does not name
+    again."""
+    wanted = policy_placements(decisions)
+    for job_id in engine_placed:
+        wanted.setdefault(job_id, NO_PLACEMENT)
+    return wanted
+
+
+def policy_placements(decisions: Decisions) -> dict[int, Placement]:
+    """The constraint the cycle's decisions ask of each job they name (none to clear one)."""
+    wanted: dict[int, Placement] = {}
+    for decision in decisions.placements:
+        if isinstance(decision, SetPlacement):
+            wanted[decision.job_id] = decision.placement
+        elif isinstance(decision, ClearPlacement):
+            wanted[decision.job_id] = NO_PLACEMENT
+    return wanted
+
+
+def _no_op() -> None:
+    """A constraint write lands in the simulator's placements (after the queue order, as it always did)."""

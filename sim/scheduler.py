@@ -30,6 +30,22 @@ def next_tick(origin: float, period: float, after: float) -> float:
     return origin + math.ceil((after - origin) / period) * period
 
 
+def main_pass_time(settings: SimSettings, origin: float, last_pass: float, now: float) -> float:
+    """When Slurm's main scheduler runs after a change at `now` (22.05 controller.c): a change
+    asks for a pass, which runs once `batch_sched_delay` has passed since the last pass, or at
+    the periodic full pass (every `sched_interval`) if that comes first. With a delay of 0 (the
+    SimSettings default) the pass runs at once."""
+    delay = settings.batch_sched_delay_s
+    if delay <= 0:
+        return now
+    period = settings.sched_interval_s
+    previous_full = origin + math.floor((now - origin) / period) * period
+    if previous_full == now:
+        return now
+    last = max(last_pass, previous_full)
+    return min(max(now, last + delay), previous_full + period)
+
+
 class Reservations:
     """The GPUs one scheduling pass has promised to blocked higher-priority jobs."""
 

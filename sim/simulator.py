@@ -10,9 +10,8 @@ left, Slurm's passes follow as one more round (sim/scheduler.py): the main pass 
 changed, the backfill pass if its tick fell and something changed since its last pass. See
 docs/replay.md for the semantics and the simplifications.
 
-Over 500 lines for a reason: the loop, the job lifecycle, the policy cycle and the snapshot views
-share the jobs' mutable state (the views are cached per job and invalidated by the lifecycle);
-split further, each part would reach into the others' fields.
+Beside it: the snapshot views (sim/views.py), the rooms preemptions free (sim/rooms.py), the
+finished jobs' service (sim/history.py) and the engine's writes (sim/priority.py).
 """
 
 from __future__ import annotations
@@ -20,39 +19,39 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, service_forgiven
+from dike_slurm.decisions import Decisions, service_forgiven
 from dike_slurm.errors import DikeError
-from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
-from dike_slurm.head_window import policy_window
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement, Snapshot, may_use_gpus
+from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
-from dike_slurm.service_prior import FinishedJob, PriorLearner
+from dike_slurm.service_prior import PriorLearner
 from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.history import SortedBlocks
-from dike_slurm.sim.priority import SimWrite, SlurmOrder, engine_writes, within_budget
+from dike_slurm.sim.history import FinishedService
+from dike_slurm.sim.priority import SlurmOrder, cycle_writes, policy_placements
 from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
 from dike_slurm.sim.records import JobResult, SimSettings, SimStats, Timeline
-from dike_slurm.sim.scheduler import Shape, SlurmScheduler, next_tick
+from dike_slurm.sim.rooms import FreedRooms
+from dike_slurm.sim.scheduler import Shape, SlurmScheduler, main_pass_time, next_tick
 from dike_slurm.sim.trace import TraceJob
 from dike_slurm.sim.usage import DecayedUsage
+from dike_slurm.sim.views import SnapshotViews
 
-# Event kinds, in the order they are handled within a round; the passes make a round of their own.
-FINISH, SUBMIT, WAKE, LAND, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS = range(8)
+# Entry kinds, in the order they are handled within a round; the passes make a round of their own.
+# END_INSTANT closes an instant: it schedules the instant's passes.
+FINISH, SUBMIT, WAKE, LAND, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS, END_INSTANT = range(9)
+# An instant's end goes this many rounds behind the event that opened the instant: no instant
+# has as many rounds (each round is at least one event of the instant), so it is handled last.
+INSTANT_ROUNDS = 1 << 40
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
 
 
 class SimulationStuck(DikeError):
     """The replay cannot progress: jobs wait forever on an idle cluster."""
-
-
-class WrongGpuType(RuntimeError):
-    """A bug: the simulator started a job on a node without any GPU type the job asked for."""
 
 
 class EmptySchedule(DikeError):
@@ -109,14 +108,13 @@ class Simulator:
         self.sequence = 0
         self.now = -INFINITY
         self.round = 0  # of the event being handled
-        self.instant_open = False  # events of this instant were handled, its passes are not scheduled yet
+        self.instant_open = False  # events of this instant were handled, its end is on the heap
         self.awaiting: Awaiting | None = None
         # A cycle's decisions on their way to Slurm: (decisions, the snapshot's views and time, written)
         self.landing: tuple[Decisions, Mapping[int, Job], float, Mapping[int, int] | None] | None = None
         self.active: dict[int, SimJob] = {}  # submit order
         self.engine_placed: set[int] = set()  # jobs carrying a constraint the policy asked for
-        # beneficiary -> (the nodes freed for it, victims, the cycle by which it must have started)
-        self.freed_rooms: dict[int, tuple[frozenset[str], int, int]] = {}
+        self.freed_rooms = FreedRooms(cluster.names, self.stats)
         self.pending_count = 0
         self.cycle_armed = False
         self.backfill_armed = False
@@ -131,105 +129,86 @@ class Simulator:
         # Usage is kept per owner as the live engine keeps it: by account when the policy's
         # fairness is by account.
         self.usage_by_account = policy.usage_owner(params) == "account"
-        # Finished jobs' GPU service for the snapshot, kept only for a policy that reads it.
-        self.keeps_history = policy.reads_completed_service(params)
-        self.history: deque[tuple[float, float]] = deque()  # (end, GPU service) in end order
-        # The service prior, learned from the same finished jobs, for a policy that reads it.
-        self.prior = PriorLearner() if policy.reads_service_prior(params) else None
-        self.prior_history: deque[FinishedJob] = deque()  # in end order
-        self.history_sorted = SortedBlocks()
-        self.node_views: list[Node] = list(cluster.nodes)
-        self.dirty_nodes: set[int] = set()
+        # Finished jobs' GPU service and the service prior learned from them, each kept only for
+        # a policy that reads it.
+        self.finished = FinishedService(settings.history_window_s, policy.reads_completed_service(params),
+                                        PriorLearner() if policy.reads_service_prior(params) else None)
+        self.views = SnapshotViews(cluster, settings)
         self.shares = dict(settings.user_shares)
+        # by entry kind
+        self.handlers: tuple[Callable[[float, int, SimJob | None], None], ...] = (
+            self._on_finish, self._on_submit, self._on_wake, self._on_land, self._on_cycle, self._on_backfill_tick,
+            self._on_main_pass, self._on_backfill_pass, self._on_end_instant)
         self._push_next_submit()
 
     # ------------------------------------------------------------------ the loop
 
     def run(self, until: float | None = None) -> SimStats:
         """Step until simulated time `until` (events at `until` are left) or to the end; stop early
-        when a policy cycle awaits decisions (`decides=False`). Returns the counters."""
+        when a policy cycle awaits decisions (`decides=False`). Returns the counters. An `until`
+        not after the current time is an error: the simulation cannot run into its past."""
+        if until is not None and until <= self.now:
+            raise ValueError(f"run(until={until:g}): the simulation is at {self.now:g} already; "
+                             "until must be later")
         limit = INFINITY if until is None else until
         while self.awaiting is None and self.peek() < limit:
             self.step()
         return self.stats
 
     def peek(self) -> float:
-        """The time of the next step (infinity when nothing is left)."""
-        if self.instant_open:
-            return self.now
+        """The time of the next entry on the heap (infinity when nothing is left)."""
         return self.events[0][0] if self.events else INFINITY
 
     def step(self) -> None:
-        """Handle the next event; when the current instant has no event left, schedule its passes first."""
+        """Take the next entry off the heap and handle it. The first event of an instant puts the
+        instant's end on the heap, behind every round the instant may still have."""
         if self.awaiting is not None:
             raise DikeError("a policy cycle awaits its decisions (Simulator.decide)")
-        events = self.events
-        if self.instant_open and not (events and events[0][0] == self.now):
-            self._end_instant()
-            if not events:
-                return
-        if not events:
+        if not self.events:
             raise EmptySchedule("the simulation has no event left")
-        now, self.round, kind, token, job = heapq.heappop(events)
+        now, self.round, kind, token, job = heapq.heappop(self.events)
         self.now = now
-        if kind >= MAIN_PASS:
-            if kind == MAIN_PASS:
-                if now != self.main_pass_due:
-                    return  # superseded by an earlier pass
-                self.main_pass_due = None
-                self.last_main_pass = now
-                self.changed = False  # the pass sees everything so far
-                self._pass(self.scheduler.main_pass, now)
-            elif self.backfill_changed:
-                self.backfill_changed = False
-                self._pass(self.scheduler.backfill_pass, now)
-            return
-        self.instant_open = True
-        self.stats.events += 1
-        if kind == FINISH:
-            if job is not None and job.finish_token == token:
-                self._finish(job, now)
-        elif kind == SUBMIT:
-            self._submit(job, now)  # type: ignore[arg-type]
-        elif kind == WAKE:
-            if job is not None and job.state == PENDING:
-                self.scheduler.count_eligible(job)  # it became eligible
-            self._touch()
-        elif kind == LAND:
-            self._land()
-        elif kind == CYCLE:
-            self._cycle(now)
-        else:
-            self._backfill_tick(now)
+        if kind < MAIN_PASS:  # an event of the instant (not a pass, not the instant's end)
+            if not self.instant_open:
+                self.instant_open = True
+                self._push(now, END_INSTANT, round_=self.round + INSTANT_ROUNDS)
+            self.stats.events += 1
+        self.handlers[kind](now, token, job)
 
-    def _end_instant(self) -> None:
+    def _on_finish(self, now: float, token: int, job: SimJob | None) -> None:
+        if job is not None and job.finish_token == token:
+            self._finish(job, now)
+
+    def _on_wake(self, now: float, token: int, job: SimJob | None) -> None:
+        if job is not None and job.state == PENDING:
+            self.scheduler.count_eligible(job)  # it became eligible
+        self._touch()
+
+    def _on_main_pass(self, now: float, token: int, job: SimJob | None) -> None:
+        if now != self.main_pass_due:
+            return  # superseded by an earlier pass
+        self.main_pass_due = None
+        self.last_main_pass = now
+        self.changed = False  # the pass sees everything so far
+        self._pass(self.scheduler.main_pass, now)
+
+    def _on_backfill_pass(self, now: float, token: int, job: SimJob | None) -> None:
+        if self.backfill_changed:
+            self.backfill_changed = False
+            self._pass(self.scheduler.backfill_pass, now)
+
+    def _on_end_instant(self, now: float, token: int, job: SimJob | None) -> None:
         """The instant's events are handled: Slurm's passes follow, as the instant's last round."""
         self.instant_open = False
         if self.changed:
             self.changed = False
-            due = self._main_pass_time(self.now)
+            due = main_pass_time(self.settings, self.timeline.origin, self.last_main_pass, now)
             if self.main_pass_due is None or due < self.main_pass_due:
                 self.main_pass_due = due
                 self._push(due, MAIN_PASS)
         if self.backfill_due:
             self.backfill_due = False
-            self._push(self.now, BACKFILL_PASS)
-
-    def _main_pass_time(self, now: float) -> float:
-        """When Slurm's main scheduler runs after a change at `now` (22.05 controller.c): a change
-        asks for a pass, which runs once `batch_sched_delay` has passed since the last pass, or at
-        the periodic full pass (every `sched_interval`) if that comes first. With a delay of 0 (the
-        SimSettings default) the pass runs at once."""
-        delay = self.settings.batch_sched_delay_s
-        if delay <= 0:
-            return now
-        period = self.settings.sched_interval_s
-        origin = self.timeline.origin
-        previous_full = origin + math.floor((now - origin) / period) * period
-        if previous_full == now:
-            return now
-        last = max(self.last_main_pass, previous_full)
-        return min(max(now, last + delay), previous_full + period)
+            self._push(now, BACKFILL_PASS)
 
     def _pass(self, scheduler_pass: Callable[[float, set[Shape]], None], now: float) -> None:
         """A scheduling pass; a postponed cycle is evaluated first if a job it covers could start."""
@@ -250,17 +229,19 @@ class Simulator:
         self.changed = True
         self.backfill_changed = True
 
-    def _backfill_tick(self, now: float) -> None:
+    def _on_backfill_tick(self, now: float, token: int, job: None) -> None:
         if not self.pending_count:
             self.backfill_armed = False
             return
         self.backfill_due = True
         self._push(now + self.settings.bf_interval_s, BACKFILL, None)
 
-    def _push(self, time: float, kind: int, job: SimJob | None = None) -> int:
+    def _push(self, time: float, kind: int, job: SimJob | None = None, *, round_: int | None = None) -> int:
         """Schedule an event; one for the current instant goes to the round after this one."""
         self.sequence += 1
-        heapq.heappush(self.events, (time, self.round + 1 if time == self.now else 0, kind, self.sequence, job))
+        if round_ is None:
+            round_ = self.round + 1 if time == self.now else 0
+        heapq.heappush(self.events, (time, round_, kind, self.sequence, job))
         return self.sequence
 
     def _wake(self, time: float) -> None:
@@ -274,7 +255,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ job life
 
-    def _submit(self, job: SimJob, now: float) -> None:
+    def _on_submit(self, now: float, token: int, job: SimJob) -> None:
         self.stats.first_submit = min(self.stats.first_submit, now)
         self.active[job.trace.job_id] = job
         self.slurm_order.join(job, now)
@@ -297,24 +278,15 @@ class Simulator:
             self.backfill_armed = True
             self._push(next_tick(origin, self.settings.bf_interval_s, self.now), BACKFILL)
 
-    def _check_gpu_types(self, job: SimJob, nodes: list[int]) -> None:
-        """The invariant, at every start of a typed job: no job runs on a GPU type it did not ask for."""
-        for node in nodes:
-            template = self.cluster.nodes[node]
-            if not may_use_gpus(job.trace.gpu_types, template.gpu_types):
-                raise WrongGpuType(
-                    f"job {job.trace.display_id} asked for GPU types {'|'.join(job.trace.gpu_types)} and was "
-                    f"started on {template.name} ({'|'.join(template.gpu_types) or 'untyped'})")
-        self.stats.typed_starts += 1
-
     def _start(self, job: SimJob, nodes: list[int], now: float) -> None:
         """The scheduler starts a pending job on `nodes`."""
         trace = job.trace
         if trace.gpu_types:
-            self._check_gpu_types(job, nodes)
+            self.cluster.check_gpu_types(trace.display_id, trace.gpu_types, nodes)
+            self.stats.typed_starts += 1
         self.pending_count -= 1
         if self.freed_rooms:
-            self._settle_freed_room(job, nodes)
+            self.freed_rooms.settle(job, nodes)
         job.state = RUNNING
         job.pending_total += now - job.pending_since
         job.start = now
@@ -334,27 +306,15 @@ class Simulator:
         if job.first_start is None:
             job.first_start = now
         self.scheduler.occupy(job)
-        self.dirty_nodes.update(nodes)
-        job.billing = self._billing(job, nodes)
+        self.views.dirty_nodes.update(nodes)
+        # a GPU-second of this run is charged the partition's TRESBillingWeights for the GPU types
+        # of its nodes (1 where the site weighs no GPU), as the engine charges a run
+        model = self.settings.priority_model
+        job.billing = 1.0 if model is None else model.gpu_weight(trace.partition, self.cluster.gpu_types_of(nodes))
         billed = trace.gpus * job.billing
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, billed)
         self.slurm_order.change_rate(job, now, billed)
         self.stats.starts += 1
-
-    def _billing(self, job: SimJob, nodes: list[int]) -> float:
-        """What a GPU-second of this run is charged: the partition's TRESBillingWeights for the
-        GPU types of its nodes (1 where the site weighs no GPU), as the engine charges a run."""
-        model = self.settings.priority_model
-        return model.gpu_weight(job.trace.partition, self._gpu_types(nodes)) if model is not None else 1.0
-
-    def _gpu_types(self, nodes: list[int]) -> tuple[str, ...]:
-        """The GPU types of a run's nodes, in order, once each (what its AllocTRES shows)."""
-        types: list[str] = []
-        for node in nodes:
-            for gpu_type in self.cluster.nodes[node].gpu_types:
-                if gpu_type not in types:
-                    types.append(gpu_type)
-        return tuple(types)
 
     def _stop_run(self, job: SimJob, now: float) -> float:
         """End the current run (finished or preempted); returns its length."""
@@ -365,7 +325,7 @@ class Simulator:
         job.gpu_seconds += trace.gpus * length
         job.last_run_s = length
         self.scheduler.vacate(job)
-        self.dirty_nodes.update(job.nodes)
+        self.views.dirty_nodes.update(job.nodes)
         self.usage.change_rate(trace.account if self.usage_by_account else trace.user, now, -billed)
         self.slurm_order.change_rate(job, now, -billed)
         self.timeline.add_busy(job.start, now, trace.gpus)
@@ -379,12 +339,7 @@ class Simulator:
             job.lost_gpu_s += job.trace.gpus * min(length, self.settings.restart_cost_s)
         job.state = DONE
         del self.active[job.trace.job_id]
-        self._remember_service(job.attained)
-        if self.prior is not None:
-            trace = job.trace
-            finished = FinishedJob(trace.user, trace.name, trace.gpus, job.attained / trace.gpus if trace.gpus else 0.0, now)
-            self.prior.add(finished)
-            self.prior_history.append(finished)
+        self.finished.add(now, job.trace, job.attained)
         self.stats.last_end = max(self.stats.last_end, now)
         trace = job.trace
         self.on_finish(
@@ -407,46 +362,18 @@ class Simulator:
                 gpu_seconds=job.gpu_seconds,
                 lost_gpu_s=job.lost_gpu_s,
                 partition=trace.partition,
-                gpu_types=self._gpu_types(job.nodes),
+                gpu_types=self.cluster.gpu_types_of(job.nodes),
             )
         )
 
     def _freed_for(self, beneficiary: int | None, decisions: Decisions) -> None:
-        """Follow one requeue's room: landed if the job it was freed for starts on it, wasted if that
-        job starts elsewhere or is still waiting `WASTED_AFTER_CYCLES` cycles after the victims' end
-        (here the requeue itself; the live engine first sees it at its next cycle, hence the +1)."""
+        """Follow one requeue's room (sim/rooms.py)."""
         if beneficiary is None:
             return
-        pin = decisions.placement_of(beneficiary)
-        nodes = frozenset(pin.placement.require_nodes) if isinstance(pin, SetPlacement) else frozenset()
-        _, victims, _ = self.freed_rooms.get(beneficiary, (None, 0, 0))
-        self.freed_rooms[beneficiary] = (nodes, victims + 1, self.stats.cycles + 1 + WASTED_AFTER_CYCLES)
+        self.freed_rooms.freed(beneficiary, decisions)
         job = self.active.get(beneficiary)
         if job is not None:
             job.pending_view = None  # protected from now on
-
-    def _room_is_pinned(self, job: SimJob) -> bool:
-        """A preemption freed nodes for the job, it has not started, and it is pinned to them."""
-        room = self.freed_rooms.get(job.trace.job_id)
-        return room is not None and room[0] == frozenset(job.placement.require_nodes)
-
-    def _settle_freed_room(self, job: SimJob, nodes: list[int]) -> None:
-        room = self.freed_rooms.pop(job.trace.job_id, None)
-        if room is None:
-            return
-        names = {self.cluster.names[n] for n in nodes}
-        if room[0] and names <= room[0]:
-            self.stats.landed_preemptions += room[1]
-        else:
-            self.stats.wasted_preemptions += room[1]
-
-    def _expire_freed_rooms(self) -> None:
-        cycles = self.stats.cycles
-        for job_id in [j for j, (_, _, due) in self.freed_rooms.items() if due <= cycles]:
-            self.stats.wasted_preemptions += self.freed_rooms.pop(job_id)[1]
-            job = self.active.get(job_id)
-            if job is not None:
-                job.pending_view = None  # no longer protected
 
     def _preempt(self, job: SimJob, now: float) -> None:
         """Requeue a running job: it keeps its attained service and its last checkpoint, loses the
@@ -468,25 +395,9 @@ class Simulator:
         if job.eligible_at > now:
             self._push(job.eligible_at, WAKE, job)
 
-    def _remember_service(self, gpu_seconds: float) -> None:
-        if not self.keeps_history:
-            return
-        self.history.append((self.now, gpu_seconds))
-        self.history_sorted.add(gpu_seconds)
-
-    def _forget_old_history(self, now: float) -> None:
-        """Jobs that ended more than the history window ago leave the snapshot's history."""
-        horizon = now - self.settings.history_window_s
-        while self.history and self.history[0][0] < horizon:
-            _, oldest = self.history.popleft()
-            self.history_sorted.remove(oldest)
-        if self.prior is not None:
-            while self.prior_history and self.prior_history[0].end < horizon:
-                self.prior.remove(self.prior_history.popleft())
-
     # ------------------------------------------------------------------ policy cycles
 
-    def _cycle(self, now: float) -> None:
+    def _on_cycle(self, now: float, token: int, job: None) -> None:
         """A policy cycle is due. It is evaluated now if one of the jobs waiting now could start
         (or the policy may requeue); otherwise it is postponed until one could, as until then its
         decisions would change nothing the scheduler does for those jobs."""
@@ -496,7 +407,10 @@ class Simulator:
         self.stats.cycles += 1
         self.stats.most_pending = max(self.stats.most_pending, self.pending_count)
         if self.freed_rooms:
-            self._expire_freed_rooms()
+            for job_id in self.freed_rooms.expire():
+                job = self.active.get(job_id)
+                if job is not None:
+                    job.pending_view = None  # no longer protected
         self._check_not_stuck(now)
         self._push(now + self.settings.interval_s, CYCLE)
         self.postponed_cycle = now
@@ -565,7 +479,7 @@ class Simulator:
         if awaiting.then is not None:
             awaiting.then()
 
-    def _land(self) -> None:
+    def _on_land(self, now: float, token: int, job: None) -> None:
         """A cycle's decisions reach Slurm."""
         assert self.landing is not None
         decisions, views, decided_at, written = self.landing
@@ -574,85 +488,21 @@ class Simulator:
         self._touch()
 
     def _snapshot(self, at: float) -> tuple[Snapshot, dict[int, Job]]:
-        views: dict[int, Job] = {}
-        new, set_dict = object.__new__, object.__setattr__
-        for job_id, job in self.active.items():
-            if job.state == PENDING:
-                views[job_id] = job.pending_view or self._pending_view(job)
-                continue
-            # A running job: a copy of its frozen per-run view with the two fields that move
-            # with time (dataclasses.replace re-runs __init__ over every field, which would
-            # dominate the cycle at scale).
-            fields = (job.running_base or self._running_base(job)).__dict__.copy()
-            reported = math.floor(job.start)  # Slurm reports StartTime in whole seconds
-            elapsed = at - reported if at > reported else 0.0
-            fields["attained_gpu_s"] = job.attained + job.trace.gpus * job.billing * elapsed
-            fields["last_run_s"] = elapsed
-            view = new(Job)
-            set_dict(view, "__dict__", fields)
-            views[job_id] = view
-        for node in self.dirty_nodes:
-            self.node_views[node] = self._node_view(node)
-        self.dirty_nodes.clear()
-        self._forget_old_history(at)
+        views = self.views.jobs(self.active, at, self.freed_rooms.pinned)
+        nodes = self.views.nodes()
+        self.finished.forget(at)
         snapshot = Snapshot(
             time=at,
             jobs=tuple(views.values()),
-            nodes=tuple(self.node_views),
+            nodes=nodes,
             topology=self.cluster.topology,
             user_usage_gpu_s=self.usage.snapshot(at),
             user_shares=self.shares,
-            completed_service_gpu_s=self.history_sorted.view(),
+            completed_service_gpu_s=self.finished.service.view(),
             site_priority=self.settings.priority_model,
-            service_prior=self.prior.view() if self.prior is not None else None,
+            service_prior=self.finished.prior.view() if self.finished.prior is not None else None,
         )
         return snapshot, views
-
-    def _job_fields(self, job: SimJob) -> dict:
-        trace = job.trace
-        return dict(
-            job_id=trace.job_id, user=trace.user, submit_time=trace.submit, gpus=trace.gpus,
-            num_nodes=trace.num_nodes, cpus=trace.cpus, account=trace.account, partition=trace.partition,
-            qos=trace.qos, name=trace.name, comment=trace.comment, array_job_id=trace.array_job_id,
-            array_task_id=trace.array_task_id, eligible_time=job.eligible_at, pending_since=job.pending_since,
-            time_limit_s=trace.time_limit_s, attained_at_promotion_gpu_s=job.promoted_at,
-            run_count=job.run_count, preemptions=job.preemptions,
-            requeueable=self.settings.requeueable and job.preemptible, gpu_types=trace.gpu_types,
-            # The oracle's "true duration": the work left when this run (or wait) began.
-            true_duration_s=job.work_left + (self.settings.restart_cost_s if job.restart_due else 0.0),
-        )
-
-    def _pending_view(self, job: SimJob) -> Job:
-        view = Job(
-            state=JobState.PENDING, attained_gpu_s=job.attained, last_run_s=job.last_run_s,
-            placement=job.placement,
-            pinned_for_preemption=self._room_is_pinned(job),
-            **self._job_fields(job),
-        )
-        job.pending_view = view
-        return view
-
-    def _running_base(self, job: SimJob) -> Job:
-        base = Job(
-            state=JobState.RUNNING, start_time=math.floor(job.start), attained_gpu_s=job.attained, placement=job.placement,
-            nodes=tuple(self.cluster.names[n] for n in job.nodes), **self._job_fields(job),
-        )
-        job.running_base = base
-        return base
-
-    def _node_view(self, node: int) -> Node:
-        cluster = self.cluster
-        template = cluster.nodes[node]
-        total = int(cluster.gpus[node])
-        allocated = total - int(cluster.free_gpus[node])
-        if allocated <= 0 and cluster.free_cpus[node] == cluster.cpus[node]:
-            state = "IDLE"
-        elif allocated >= total and total > 0:
-            state = "ALLOCATED"
-        else:
-            state = "MIXED"
-        return Node(template.name, total, allocated, template.cpus, state, template.features, template.partitions,
-                    template.gpu_types)
 
     def _apply(self, decisions: Decisions, views: Mapping[int, Job], decided_at: float,
                written: Mapping[int, int] | None) -> None:
@@ -670,7 +520,10 @@ class Simulator:
                 job.pending_view = None
         held: set[int] = set()  # jobs whose constraints the engine does not write this cycle
         if written is None:
-            landing, held = self._engine_writes(decisions, views, decided_at)
+            landing, held, landed, held_back = cycle_writes(
+                decisions, self.active, self.engine_placed, self.declared_ceiling, self.settings, views, decided_at)
+            self.stats.engine_writes += landed
+            self.stats.writes_held += held_back
             for write in landing:
                 write.land()
         else:
@@ -691,45 +544,10 @@ class Simulator:
                 self._freed_for(requeue.for_job, decisions)
         self.timeline.add_levels(now, Counter(map(attrgetter("level"), decisions.priorities)))
 
-    def _engine_writes(self, decisions: Decisions, views: Mapping[int, Job],
-                       decided_at: float) -> tuple[list[SimWrite], set[int]]:
-        """The priority writes the live engine would land for decisions made on the views of
-        `decided_at` (inside the head window, within the guardrails' cap and the write budget, first
-        jobs first), and the jobs whose constraint it would not write this cycle."""
-        settings = self.settings
-        ranked = decisions.ranked()
-        rank = {decision.job_id: index for index, decision in enumerate(ranked)}
-        latest = {decision.job_id: decision for decision in decisions.priorities}
-        inside = policy_window(ranked, latest, views, decided_at, settings.head_window)
-        writes = engine_writes(decisions, self.active, self.declared_ceiling, settings, views, inside, ranked, rank)
-        unranked, held = len(rank), set()
-        for job_id, placement in self._wanted_placements(decisions).items():
-            job = self.active.get(job_id)
-            if job is None or job.state != PENDING:
-                continue
-            if inside is not None and job_id not in inside:
-                held.add(job_id)  # beyond the window: its constraint waits until it comes near the head
-            elif placement != job.placement:
-                writes.append(SimWrite(rank.get(job_id, unranked), job_id, "placement", True, _no_op))
-        kept = within_budget(writes, settings.writes_per_cycle)
-        landed = sum(1 for w in kept if w.counted)
-        self.stats.engine_writes += landed
-        self.stats.writes_held += sum(1 for w in writes if w.counted) - landed
-        held |= {w.job_id for w in writes if w.kind == "placement"} - {w.job_id for w in kept if w.kind == "placement"}
-        return [w for w in kept if w.kind == "priority"], held
-
-    def _wanted_placements(self, decisions: Decisions) -> dict[int, Placement]:
-        """The constraint each job should carry after the cycle: the policy's, none where it asks to
-        clear one, none for a job the engine constrained that the cycle does not name again."""
-        wanted = _policy_placements(decisions)
-        for job_id in self.engine_placed:
-            wanted.setdefault(job_id, NO_PLACEMENT)
-        return wanted
-
     def _apply_placements(self, decisions: Decisions, held: set[int]) -> None:
         """The cycle's placements are the wanted constraints: one not re-asserted is removed.
         `held`: jobs whose constraint the engine does not write this cycle (they keep theirs)."""
-        wanted = _policy_placements(decisions)
+        wanted = policy_placements(decisions)
         active = self.active
         for job_id, placement in wanted.items():
             if job_id in held:
@@ -755,18 +573,3 @@ class Simulator:
         job.pending_view = None
         job.running_base = None
         self.scheduler.constrain(job, placement, self.now)
-
-
-def _no_op() -> None:
-    """A constraint write lands in _apply_placements (after the queue order, as it always did)."""
-
-
-def _policy_placements(decisions: Decisions) -> dict[int, Placement]:
-    """The constraint the cycle's decisions ask of each job they name (none to clear one)."""
-    wanted: dict[int, Placement] = {}
-    for decision in decisions.placements:
-        if isinstance(decision, SetPlacement):
-            wanted[decision.job_id] = decision.placement
-        elif isinstance(decision, ClearPlacement):
-            wanted[decision.job_id] = NO_PLACEMENT
-    return wanted

@@ -19,7 +19,7 @@ from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
 from dike_slurm.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
 from dike_slurm.parsing.slurm_conf import parse_slurm_conf
 from dike_slurm.parsing.tres import parse_gres_gpu_types
-from dike_slurm.sim.simulator import WrongGpuType
+from dike_slurm.sim.cluster import WrongGpuType
 from dike_slurm.sim.trace import EXCLUDED_NO_GPU_TYPE, NOTE_TYPES_IGNORED, build_trace
 
 from test_sim import job as trace_job

@@ -15,7 +15,7 @@ from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.records import JobResult, SimSettings, Timeline
-from dike_slurm.sim.simulator import SimulationStuck, Simulator
+from dike_slurm.sim.simulator import BACKFILL_PASS, END_INSTANT, MAIN_PASS, SUBMIT, EmptySchedule, SimulationStuck, Simulator
 from dike_slurm.sim.trace import TraceJob
 
 ONE_NODE = "NodeName=n1 Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n"
@@ -474,7 +474,7 @@ def test_a_policy_that_does_not_read_finished_jobs_service_is_not_handed_it():
     two_nodes = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2] Default=YES\n"
     _, simulator = simulate(trace, policy, PreemptParams(min_runtime_s=1e9), conf=two_nodes)
     assert len(policy.snapshots) > 5 and all(s.completed_service_gpu_s == () for s in policy.snapshots)
-    assert not simulator.history and not simulator.history_sorted  # nothing kept for it either
+    assert not simulator.finished.ends and not simulator.finished.service  # nothing kept for it either
 
 
 def test_determinism_of_two_runs():
@@ -536,6 +536,48 @@ def test_run_until_leaves_the_events_at_that_time_and_stepping_on_ends_as_one_ru
         stepped.step()
         steps += 1
     assert steps > 0 and results.results == whole_results.results and stepped.stats == whole.stats
+
+
+def test_each_step_takes_exactly_one_entry_off_the_heap_and_peek_is_its_head():
+    whole, whole_results = stepping_simulator()
+    whole.run()
+    simulator, results = stepping_simulator()
+    steps = 0
+    while simulator.events:
+        head = simulator.events[0]
+        assert simulator.peek() == head[0]
+        pushed, size = simulator.sequence, len(simulator.events)
+        simulator.step()
+        steps += 1
+        assert simulator.now == head[0] and simulator.round == head[1]  # the head was taken
+        assert len(simulator.events) == size - 1 + (simulator.sequence - pushed)  # one off, the pushes on
+    assert simulator.peek() == float("inf") and steps == simulator.sequence  # every entry pushed was one step
+    assert results.results == whole_results.results and simulator.stats == whole.stats
+    with pytest.raises(EmptySchedule, match="no event left"):
+        simulator.step()
+
+
+def test_an_instant_ends_with_an_entry_of_its_own_after_all_its_rounds():
+    simulator, _ = stepping_simulator()
+    simulator.step()  # job 1's submission opens the instant 0 and puts its end on the heap
+    assert simulator.now == 0.0 and [e[0] for e in simulator.events if e[2] == END_INSTANT] == [0.0]
+    kinds = [SUBMIT]
+    while simulator.peek() == 0.0:
+        kinds.append(simulator.events[0][2])
+        simulator.step()
+    end = kinds.index(END_INSTANT)
+    assert kinds.count(END_INSTANT) == 1 and all(kind < MAIN_PASS for kind in kinds[:end])  # the events first
+    assert kinds[end + 1:] == [MAIN_PASS, BACKFILL_PASS] and simulator.stats.starts == 1  # then the passes it scheduled
+
+
+def test_run_into_the_past_is_an_error():
+    simulator, _ = stepping_simulator()
+    simulator.run(until=100.0)
+    for until in (simulator.now, simulator.now - 1.0):
+        with pytest.raises(ValueError, match=r"the simulation is at .* already; until must be later"):
+            simulator.run(until=until)
+    simulator.run(until=100.5)  # later is fine
+    assert simulator.now == 100.0
 
 
 def test_a_simulator_that_does_not_decide_stops_at_each_cycle_until_decide():
