@@ -201,7 +201,9 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
 def trace_for(jobs: int, root: Path = RESULTS / "traces") -> Path:
     """The generated trace of `jobs` jobs on 1,000 nodes (leaves of 20, fan-out 5), 200 users,
     offered load 0.7, seed 11 (made once, then reused)."""
-    from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
+    from dike_slurm.sim.synthetic_cluster import ClusterSpec
+    from dike_slurm.sim.tracegen import generate_sample
+    from dike_slurm.sim.workload_model import WorkloadModel
 
     folder = root / f"trace-{jobs}-{NODES}-{LOAD:g}-{SEED}"
     if not (folder / "sacct.txt").is_file():

@@ -72,7 +72,8 @@ def trace_generate_command(
 ) -> None:
     """Write a synthetic deep-learning workload (docs/workload.md) as a sacct dump plus its cluster."""
     from dike_slurm.sim.synthetic_cluster import ClusterSpec
-    from dike_slurm.sim.tracegen import WorkloadModel, generate_sample
+    from dike_slurm.sim.tracegen import generate_sample
+    from dike_slurm.sim.workload_model import WorkloadModel
 
     try:
         cluster = ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,

@@ -13,7 +13,9 @@ import pytest
 
 from dike_slurm.errors import InputError
 from dike_slurm.sim import eval_report, evaluate
-from dike_slurm.sim.tracegen import ClusterSpec, WorkloadModel, generate_sample
+from dike_slurm.sim.synthetic_cluster import ClusterSpec
+from dike_slurm.sim.tracegen import generate_sample
+from dike_slurm.sim.workload_model import WorkloadModel
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,6 +31,7 @@ from dike_slurm.sim.sacct_writer import (
 )
 from dike_slurm.sim.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
 from dike_slurm.sim.stats import trace_stats
+from dike_slurm.sim.workload_model import WorkloadModel
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "examples" / "sample"
@@ -44,10 +45,10 @@ STATE_RE = re.compile(r"^(COMPLETED|FAILED|TIMEOUT|NODE_FAIL|REQUEUED|CANCELLED 
 
 
 def _dump(n_jobs: int, seed: int, cluster: ClusterSpec | None = None,
-          model: tracegen.WorkloadModel | None = None) -> str:
+          model: WorkloadModel | None = None) -> str:
     buf = io.StringIO()
     write_sacct_parsable2(
-        tracegen.generate_jobs(model or tracegen.WorkloadModel(), n_jobs,
+        tracegen.generate_jobs(model or WorkloadModel(), n_jobs,
                                cluster or ClusterSpec(), seed), buf)
     return buf.getvalue()
 
@@ -213,7 +214,7 @@ def test_requeued_jobs_have_two_records(rows5k):
 
 
 def test_requeue_duplicates_can_be_switched_off():
-    model = replace(tracegen.WorkloadModel(), emit_requeue_duplicates=False)
+    model = replace(WorkloadModel(), emit_requeue_duplicates=False)
     rows = _rows(_dump(3000, seed=3, model=model))
     full = _rows(_dump(3000, seed=3))
     assert not any(r["State"] == "REQUEUED" for r in rows)
@@ -308,7 +309,7 @@ def test_offered_load_follows_target():
         loads.append(_stats(_dump(4000, seed, cluster), total_gpus=cluster.total_gpus)["offered_load"])
     mean = sum(loads) / len(loads)
     assert 0.75 < mean < 1.3, loads
-    half = replace(tracegen.WorkloadModel(), target_load=0.5)
+    half = replace(WorkloadModel(), target_load=0.5)
     stats = _stats(_dump(4000, 1, cluster, half), total_gpus=cluster.total_gpus)
     assert stats["submit_span_days"] > 1.5 * _stats(_dump(4000, 1, cluster))["submit_span_days"]
 
