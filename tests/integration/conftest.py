@@ -96,7 +96,7 @@ class SlurmLab:
 
     def sacct_records(self, *argv: str) -> dict[int, list[Any]]:
         """`sacct --json ARGV` read by dike_slurm's own reader: job id -> its runs (AccountingRecord)."""
-        from dike_slurm.accounting import read_sacct_json
+        from dike_slurm.accounting_json import read_sacct_json
 
         result = read_sacct_json(self.run("sacct", "--json", *argv).stdout, "sacct --json")
         assert result.skipped == {}, result.skipped

@@ -15,9 +15,9 @@ from dike_slurm.accounting import (
     SKIP_REPEATED_HEADER,
     SKIP_STEP,
     read_sacct_file,
-    read_sacct_json,
     read_sacct_parsable2,
 )
+from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.errors import InputError
 from dike_slurm.model import JobState
 from dike_slurm.parsing.durations import parse_timestamp
@@ -332,8 +332,6 @@ def test_file_reader_sniffs_the_format_and_names_the_file(tmp_path: Path):
 
 
 def test_sacct_json_nan_and_infinity_are_skipped_rows_not_crashes():
-    from dike_slurm.accounting import read_sacct_json
-
     for literal in ("NaN", "Infinity", "-Infinity"):
         result = read_sacct_json('{"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "jobs": [{"job_id": %s}]}'
                                  % literal, "dump.json")

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.accounting import read_sacct_json, read_sacct_parsable2
+from dike_slurm.accounting import read_sacct_parsable2
+from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import ClusterState
 from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend, topology_from_scontrol

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dike_slurm.accounting import read_sacct_json, read_sacct_parsable2
+from dike_slurm.accounting import read_sacct_parsable2
+from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends.base import ClusterState
 from dike_slurm.backends.pyslurm import job_from_pyslurm, node_from_pyslurm
 from dike_slurm.backends.squeue_format import read_jobs, read_nodes

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.accounting import read_sacct_json
+from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
 from dike_slurm.config import SlurmSettings
 from dike_slurm.model import JobState
