@@ -37,3 +37,7 @@ class RegistryError(DikeError):
 
 class SlurmError(DikeError):
     """A Slurm command failed, timed out or printed something we cannot read."""
+
+
+class StateError(DikeError):
+    """The state file cannot be opened, is from a newer version, or is locked."""

@@ -8,21 +8,21 @@ its record; the file survives restarts.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
-from dike_slurm.errors import DikeError
+from dike_slurm.audit_export import append_audit_lines
+from dike_slurm.errors import StateError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
+from dike_slurm.state_records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
 from dike_slurm.usage import Run
 
 SCHEMA_VERSION = 4  # 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights)
@@ -58,82 +58,6 @@ CREATE TABLE IF NOT EXISTS freed_rooms (
     job_id INTEGER PRIMARY KEY, nodes TEXT NOT NULL, victims TEXT NOT NULL, requeued_at REAL NOT NULL,
     cycles_since_end INTEGER NOT NULL);
 """
-
-
-class StateError(DikeError):
-    """The state file cannot be opened, is from a newer version, or is locked."""
-
-
-@dataclass(frozen=True)
-class SiteSpan:
-    """The span the engine writes, as last read from the site: kept for a cycle whose read fails."""
-
-    mode: str  # engine.priority_mode
-    configured: int  # engine.priority_span
-    span: int
-    source: str  # the commands read
-    read_at: float
-    reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
-
-
-@dataclass(frozen=True)
-class JobMemory:
-    """What the engine remembers of one job between cycles."""
-
-    job_id: int
-    last_seen: float
-    level: int | None = None  # the level the policy gave it last
-    written_level: int | None = None  # the level its priority was last written for
-    attained_gpu_s: float = 0.0
-    attained_at_promotion_gpu_s: float = 0.0
-    promotions: int = 0
-    requeues: int = 0  # preemptions by the engine
-    hands_off: tuple[JobField, ...] = ()  # fields the engine leaves alone: a user changed what it set
-    hands_off_reason: str = ""
-    reason: str = ""  # the policy's last reason
-
-
-@dataclass(frozen=True)
-class OwnedField:
-    """A job field the engine changed: the value it replaced and the value it wrote."""
-
-    job_id: int
-    field: JobField
-    original: FieldValue
-    written: FieldValue
-    written_at: float
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One engine action, with the exact command and the command that undoes it."""
-
-    at: float
-    cycle: int
-    job_id: int
-    action: str  # update | requeue | revert
-    change: str  # "SiteFactor 0 -> 5000; AdminComment '' -> 'dike:level=0 ...'"
-    command: str
-    undo: str
-    ok: bool
-    message: str = ""
-    reason: str = ""
-    id: int | None = None
-    user: str = ""  # the job's owner; for engine-wide rows (job 0), who ran the command
-
-
-@dataclass(frozen=True)
-class CycleSummary:
-    started: float
-    seconds: float
-    policy: str
-    applied: bool
-    jobs: int
-    managed: int
-    writes: int
-    errors: int
-    slurm_calls: int
-    note: str = ""
 
 
 def encode_value(value: FieldValue) -> str:
@@ -556,7 +480,7 @@ class StateStore:
         entries = [_audit_entry(row) for row in rows[:limit]]
         if not entries:
             return Pruned("audit", 0, False)
-        exported_length = _append_lines(export, entries, self._export_length(export)) if export is not None else None
+        exported_length = append_audit_lines(export, entries, self._export_length(export)) if export is not None else None
         with self._db:
             self._db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_ids (id INTEGER PRIMARY KEY)")
             self._db.execute("DELETE FROM prune_ids")
@@ -616,77 +540,6 @@ class StateStore:
                 for name in ("audit", "cycles", "jobs", "owned", "runs", "meta")}
 
 
-@dataclass(frozen=True)
-class Pruned:
-    """What one retention pass did to one table."""
-
-    table: str
-    deleted: int
-    more: bool  # older rows are left for the next cycles (at most `limit` go per cycle)
-    exported: int = 0
-
-
-def audit_json_line(entry: AuditEntry) -> str:
-    """One audit entry as a JSON line (the fields of `audit --json`'s entries; the id is unique), in
-    ASCII: any text, lone surrogates included, is escaped."""
-    return json.dumps({
-        "id": entry.id, "at": entry.at, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.at)),
-        "cycle": entry.cycle, "job_id": entry.job_id, "user": entry.user, "action": entry.action,
-        "change": entry.change, "command": entry.command, "undo": entry.undo, "ok": entry.ok, "message": entry.message,
-        "reason": entry.reason,
-    }) + "\n"
-
-
-def _append_lines(path: Path, entries: list[AuditEntry], committed: int | None) -> int:
-    """Append the entries to `path` and fsync; the file's new length. Bytes past `committed` (an
-    export that a crash left without its delete) are cut off first. On failure (disk full) the file
-    is cut back to where it was, and the OSError names the file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot open audit export {path}: {exc.strerror}") from None
-    try:
-        length = os.fstat(handle).st_size
-        if committed is not None and committed < length:
-            os.ftruncate(handle, committed)
-            length = committed
-        try:
-            data = "".join(audit_json_line(e) for e in entries).encode("ascii")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(handle, view):]
-            os.fsync(handle)
-        except OSError as exc:
-            try:
-                os.ftruncate(handle, length)
-            except OSError:
-                pass  # cut off by the next export (its committed length is `length`)
-            raise OSError(exc.errno, f"cannot write audit export {path}: {exc.strerror}") from None
-        return length + len(data)
-    finally:
-        os.close(handle)
-
-
-def export_audit(entries: Iterable[AuditEntry], path: Path) -> int:
-    """Write the entries as JSON lines to `path`, whole or not at all (a temporary file, flushed,
-    then renamed over it); how many."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    try:
-        with open(temporary, "w", encoding="ascii") as handle:
-            for entry in entries:
-                handle.write(audit_json_line(entry))
-                count += 1
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise StateError(f"cannot write audit export {path}: {exc.strerror or exc}") from None
-    return count
-
-
 def _audit_entry(row: sqlite3.Row) -> AuditEntry:
     return AuditEntry(row["at"], row["cycle"], row["job_id"], row["action"], row["change"], row["command"],
                       row["undo"], bool(row["ok"]), row["message"], row["reason"], row["id"],
@@ -734,35 +587,3 @@ def _read_only_uri(path: Path) -> str:
     wal = Path(f"{path}-wal")
     mode = "mode=ro" if wal.exists() and Path(f"{path}-shm").exists() else "immutable=1"
     return f"file:{path}?{mode}"
-
-
-@contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an advisory lock so that two engines never write the same cluster at once."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from None
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(handle)
-            raise StateError(
-                f"another dike-slurm engine holds {path}" + (f" (pid {holder})" if holder else "")
-            ) from None
-        # flock dies with its process: a lock file left by a dead engine is simply taken over.
-        os.ftruncate(handle, 0)
-        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(handle)
-
-
-def _read_pid(handle: int) -> int | None:
-    try:
-        text = os.pread(handle, 32, 0).decode("ascii", errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None

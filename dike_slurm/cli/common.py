@@ -71,7 +71,7 @@ def open_engine(config: Config, *, writing: bool) -> Engine:
 
 
 def lock(config: Config):
-    from dike_slurm.state import exclusive_lock
+    from dike_slurm.lock import exclusive_lock
 
     return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
 

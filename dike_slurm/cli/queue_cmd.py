@@ -347,7 +347,8 @@ def audit_command(
     A user PrivateData=jobs restricts sees the rows of their own jobs only, where they can read
     the state store at all (it is private to the service unless the site opens it)."""
     from dike_slurm.cli.views import audit_row
-    from dike_slurm.state import StateStore, export_audit
+    from dike_slurm.audit_export import export_audit
+    from dike_slurm.state import StateStore
 
     start = parse_since(since, time.time()) if since is not None else None
     config, source = load(config_path)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dike_slurm.audit_export import audit_json_line
 from dike_slurm.backends.base import JobField, SwitchRequest
+from dike_slurm.lock import exclusive_lock
 from dike_slurm.state import (
     AuditEntry,
     CycleSummary,
@@ -19,10 +21,8 @@ from dike_slurm.state import (
     Pruned,
     StateError,
     StateStore,
-    audit_json_line,
     decode_value,
     encode_value,
-    exclusive_lock,
 )
 from dike_slurm.usage import Run
 
