@@ -37,7 +37,8 @@ def parse_tres(text: str) -> Tres:
         key, sep, value = item.partition("=")
         if not sep:
             raise InputError(f"TRES item without '=': {item!r} in {text!r}")
-        key = key.strip().lower()
+        name = key.strip()
+        key = name.lower()
         value = value.strip()
         if key == "mem":
             mem = _parse_mem(value, text)
@@ -51,7 +52,7 @@ def parse_tres(text: str) -> Tres:
             elif key == "gres/gpu":
                 untyped = count
             elif key.startswith("gres/gpu:"):
-                typed[key.split(":", 1)[1]] = count
+                typed[name.split(":", 1)[1]] = count  # a type as the site spells it, as Gres= and squeue keep it
     gpus = untyped if untyped is not None else sum(typed.values())
     return Tres(cpus=cpus, mem_mb=mem, nodes=nodes, gpus=gpus, gpu_types=tuple(sorted(typed.items())))
 

@@ -8,7 +8,7 @@ from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import compress_hostlist, expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
-from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,14 @@ def test_tres_only_typed_gpus_are_summed():
     tres = parse_tres("cpu=16,gres/gpu:a100=4,gres/gpu:v100=2,node=2")
     assert tres.gpus == 6
     assert tres.nodes == 2
+
+
+def test_tres_keeps_a_gpu_types_case_as_gres_does():
+    """OpenB's models (T4, V100M16) as typed GRES: sacct prints the type as the site spells it, and
+    a node's Gres=gpu:T4:2 keeps it; lowercasing one side made such jobs fit no node (issue 33)."""
+    tres = parse_tres("billing=4,cpu=4,gres/gpu:T4=1,gres/gpu=1,mem=16G,node=1")
+    assert (tres.gpus, tres.gpu_types) == (1, (("T4", 1),))
+    assert parse_gres_gpu_types("gpu:T4:2") == ("T4",)
 
 
 def test_tres_without_gpus_is_a_cpu_job():
