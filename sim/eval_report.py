@@ -41,21 +41,41 @@ def _geomean(ratios: list[float]) -> dict:
             "max": max(ratios), "cases": len(ratios)}
 
 
-def overall(result: dict) -> dict:
+def cases_of(result: dict, heterogeneous: bool = False) -> list[dict]:
+    """The cases on one GPU type, or (`heterogeneous`) those whose cluster mixes GPU types (issue
+    33): the mixed ones have their own tables, outside the overall means and the targets."""
+    return [case for case in result["cases"] if case.get("heterogeneous", False) == heterogeneous]
+
+
+def overall(result: dict, heterogeneous: bool = False) -> dict:
     """Per variant and setting, the geometric mean over cases of fifo/policy and of
-    multifactor/policy average JCT (min, max, cases)."""
+    multifactor/policy average JCT (min, max, cases); over the mixed-GPU cases with `heterogeneous`."""
     table = {}
+    cases = cases_of(result, heterogeneous)
     for setting in result["settings"]:
         for variant in result["variants"]:
             cell = {}
             for baseline in (FIFO, MULTIFACTOR):
-                ratios = [row[f"{baseline}_ratio"] for case in result["cases"]
+                ratios = [row[f"{baseline}_ratio"] for case in cases
                           if (row := row_or_baseline(case, variant, setting["key"])) and row.get(f"{baseline}_ratio")]
                 if ratios:
                     cell[baseline] = _geomean(ratios)
             if cell:
                 table.setdefault(variant["label"], {})[setting["key"]] = cell
     return table
+
+
+def gpu_type_invariant(result: dict) -> dict:
+    """Issue 33's invariant, no job runs on a GPU type it did not ask for, over every replay: per
+    case the starts, the typed starts the simulator checked against their nodes' types, and the
+    violations. The simulator stops a replay at the first (sim.simulator.WrongGpuType), so an
+    evaluation that finished has none."""
+    cases = [{"case": case["name"], "gpu_types": case.get("gpu_types", []), "replays": len(case["runs"]),
+              "starts": sum(r.get("starts", 0) for r in case["runs"]),
+              "typed_starts": sum(r.get("typed_starts", 0) for r in case["runs"]), "violations": 0}
+             for case in result["cases"]]
+    return {"cases": cases, **{key: sum(c[key] for c in cases) for key in ("replays", "starts", "typed_starts",
+                                                                         "violations")}}
 
 
 # ---------------------------------------------------------------------------------------- targets
@@ -101,7 +121,7 @@ def _capture_cell(fifo_jct: float, dike_jct: float, oracle: dict | None, oracle_
 def targets(result: dict) -> dict:
     """PASS/FAIL per case and criterion, from the rows' numbers."""
     cases = []
-    for case in result["cases"]:
+    for case in cases_of(result):
         fifo, dike = row_of(case, FIFO, TARGET_SETTING), row_of(case, "dike", TARGET_SETTING)
         cells: dict[str, dict] = {}
         if fifo is None or dike is None:
@@ -159,7 +179,7 @@ NONE_ORACLE_GAIN = 1.05
 def share_targets(result: dict) -> dict:
     """PASS/FAIL per case and issue 27 criterion (penalty 1: none, half and every job preemptible)."""
     cases = []
-    for case in result["cases"]:
+    for case in cases_of(result):
         fifo, multifactor = row_of(case, FIFO, TARGET_SETTING), row_of(case, MULTIFACTOR, TARGET_SETTING)
         none, half, every = (row_of(case, "dike", key) for key in ("pen1_none", "pen1_half", TARGET_SETTING))
         oracle, tiresias = row_of(case, NON_PREEMPTIVE_ORACLE, TARGET_SETTING), row_of(case, "tiresias", TARGET_SETTING)
@@ -256,21 +276,8 @@ def tables(result: dict) -> list[Table]:
     """Finished tables (strings) for the terminal, markdown and HTML: overall per setting, targets,
     then the cases."""
     labels = {s["key"]: s["label"] for s in result["settings"]}
-    out = []
-    for setting in result["settings"]:
-        rows = []
-        for variant in result["variants"]:
-            cell = result["overall"].get(variant["label"], {}).get(setting["key"])
-            if cell is None:
-                continue
-            rows.append([variant["label"]] + [
-                f"{cell[b]['geomean']:.3f} ({cell[b]['min']:.2f}-{cell[b]['max']:.2f})" if b in cell else "-"
-                for b in (FIFO, MULTIFACTOR)
-            ])
-        if rows:
-            out.append(Table(f"overall, {setting['label']}: geometric mean over cases of baseline/policy avg JCT (min-max)",
-                             ["policy", "fifo/policy", "multifactor/policy"], rows,
-                             [f"{len(result['cases'])} cases; above 1 is better than the baseline."]))
+    out = _overall_tables(result, result["overall"], "overall, {label}: geometric mean over cases",
+                          f"{len(cases_of(result))} cases; above 1 is better than the baseline.")
     out.append(_target_table(
         "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
         "Capture and tiresias apply where srtf_preemptive gains >= 10% over fifo (oracle = srtf_preemptive); "
@@ -283,6 +290,15 @@ def tables(result: dict) -> list[Table]:
             "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
     if result["skipped_variants"]:
         out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
+    mixed = cases_of(result, heterogeneous=True)
+    if mixed:
+        out += _overall_tables(
+            result, result.get("heterogeneous_overall") or overall(result, heterogeneous=True),
+            "mixed GPU generations (issue 33), {label}: geometric mean over the heterogeneous cases",
+            f"{len(mixed)} cases whose clusters mix GPU types ({', '.join(c['name'] for c in mixed)}), outside the "
+            "overall means and the targets above; above 1 is better than the baseline.")
+    if "gpu_type_invariant" in result:
+        out.append(_invariant_table(result["gpu_type_invariant"]))
     for case in result["cases"]:
         rows = []
         for row in case["rows"]:
@@ -295,7 +311,9 @@ def tables(result: dict) -> list[Table]:
                 _num(m["p99_preemptions_per_job"], "g"), _ratio_cell(row, FIFO), _ratio_cell(row, MULTIFACTOR),
             ])
         info = case["input"]
-        notes = [f"{info['jobs_replayed']} jobs on {info['gpus']} GPUs ({info['nodes']} nodes, "
+        mixed_types = f" of {len(case['gpu_types'])} types ({', '.join(case['gpu_types'])})" if case.get(
+            "heterogeneous") else ""
+        notes = [f"{info['jobs_replayed']} jobs on {info['gpus']} GPUs{mixed_types} ({info['nodes']} nodes, "
                  f"{info['leaf_switches']} leaf switches), average run time {_num(case['avg_run_h'], '.2f')} h"
                  f"{_headroom(case)}; replays took {case['wall_s']:.0f} s ({case['cpu_s']:.0f} CPU-s)."]
         if any(row["setting"] in BASELINE_SETTING for row in case["rows"]):
@@ -303,6 +321,38 @@ def tables(result: dict) -> list[Table]:
                          "seed's ratio); their baselines are the pen 1 rows (fifo and multifactor never preempt).")
         out.append(Table(f"case {case['name']}", list(CASE_HEADERS), rows, notes))
     return out
+
+
+def _overall_tables(result: dict, table: dict, title: str, note: str) -> list[Table]:
+    """One table per setting: each variant's geometric mean of baseline/policy (min-max)."""
+    out = []
+    for setting in result["settings"]:
+        rows = []
+        for variant in result["variants"]:
+            cell = table.get(variant["label"], {}).get(setting["key"])
+            if cell is None:
+                continue
+            rows.append([variant["label"]] + [
+                f"{cell[b]['geomean']:.3f} ({cell[b]['min']:.2f}-{cell[b]['max']:.2f})" if b in cell else "-"
+                for b in (FIFO, MULTIFACTOR)
+            ])
+        if rows:
+            out.append(Table(f"{title.format(label=setting['label'])} of baseline/policy avg JCT (min-max)",
+                             ["policy", "fifo/policy", "multifactor/policy"], rows, [note]))
+    return out
+
+
+def _invariant_table(invariant: dict) -> Table:
+    rows = [[c["case"], ", ".join(c["gpu_types"]) or "untyped", str(c["replays"]), str(c["starts"]),
+             str(c["typed_starts"]), str(c["violations"])] for c in invariant["cases"]]
+    rows.append(["all", "", str(invariant["replays"]), str(invariant["starts"]), str(invariant["typed_starts"]),
+                 str(invariant["violations"])])
+    return Table(
+        "invariant (issue 33): no job runs on a GPU type it did not ask for, over every start of every replay",
+        ["case", "GPU types", "replays", "starts", "typed starts checked", "violations"], rows,
+        ["Every start of a job that asks for GPU types (typed GRES, or a constraint naming them) is checked against "
+         "the GPU types of the nodes it starts on; a job that asks for none may run on any. A violation stops the "
+         "replay (WrongGpuType), so an evaluation that finished shows 0."])
 
 
 def markdown(result: dict, table_list: Sequence[Table]) -> str:

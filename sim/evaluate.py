@@ -191,7 +191,7 @@ def evaluate(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Run every replay of the plan and return the whole result (JSON-ready, every number)."""
-    from dike_slurm.sim.eval_report import overall, share_targets, targets  # it imports this module's tables
+    from dike_slurm.sim.eval_report import gpu_type_invariant, overall, share_targets, targets  # it imports this module's tables
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
 
     log = log or (lambda _line: None)
@@ -227,12 +227,18 @@ def evaluate(
                     "variant": variant.label, "setting": setting.key, "seed": seed,
                     "comm_penalty": setting.comm_penalty, "preemptible": preemptible,
                     "summary": dict(run.metrics.summary), "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+                    # issue 33's invariant: every start of a typed job was checked against its nodes' types
+                    "starts": run.stats.starts, "typed_starts": run.stats.typed_starts,
                 })
             log(f"{case.name}: {len(tasks)} replays (preemptible {preemptible:g}, seed {seed}) "
                 f"in {time.perf_counter() - group_started:.0f} s")
+        gpu_types = sorted({t for node in replay_input.conf.nodes for t in node.gpu_types})
         case_results.append({
             "name": case.name,
             "folder": str(case.folder),
+            "gpu_types": gpu_types,
+            # mixed GPU generations (issue 33): tabled on their own, outside the overall means
+            "heterogeneous": len(gpu_types) > 1,
             "input": replay_input.input_summary(),
             "avg_run_h": _avg_run_h(replay_input),
             "sim_settings": used,
@@ -255,6 +261,8 @@ def evaluate(
         "cases": case_results,
     }
     result["overall"] = overall(result)
+    result["heterogeneous_overall"] = overall(result, heterogeneous=True)
+    result["gpu_type_invariant"] = gpu_type_invariant(result)
     result["targets"] = targets(result)
     result["share_targets"] = share_targets(result)
     result["wall_s"] = round(time.perf_counter() - started, 1)

@@ -233,3 +233,70 @@ def test_a_failing_report_keeps_the_numbers(result, tmp_path, monkeypatch):
     written = json.loads((out / "eval.json").read_text(encoding="utf-8"))
     assert written["html_error"] == "RuntimeError: no plot today"
     assert written["targets"] == json.loads(json.dumps(result["targets"]))
+
+
+# ---------------------------------------------------------------------------------------- mixed GPU types (issue 33)
+
+
+def make_mixed_case(folder: Path, seed: int) -> None:
+    """A generated case on a cluster of two GPU types (n001 and n003 a100, n002 and n004 v100);
+    the generator's jobs that ask for a100 may use only half of it."""
+    make_case(folder, seed)
+    conf = (folder / "slurm.conf").read_text(encoding="utf-8")
+    nodes = "NodeName=n[001-004] Gres=gpu:a100:8 "
+    assert nodes in conf
+    (folder / "slurm.conf").write_text(conf.replace(
+        nodes, "NodeName=n[002,004] Gres=gpu:v100:8 CPUs=64 RealMemory=512000 State=UNKNOWN\n"
+               "NodeName=n[001,003] Gres=gpu:a100:8 "), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mixed")
+    make_case(root / "plain", 4)
+    make_mixed_case(root / "mixed", 4)
+    return root
+
+
+def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixed_corpus):
+    plan = evaluate.make_plan([mixed_corpus], quick=True)
+    result = evaluate.evaluate(plan, evaluate.load_config(None), workers=1, command="test")
+    mixed, plain = result["cases"]  # folder order
+    assert (plain["name"], plain["heterogeneous"], plain["gpu_types"]) == ("plain", False, ["a100"])
+    assert (mixed["name"], mixed["heterogeneous"], mixed["gpu_types"]) == ("mixed", True, ["a100", "v100"])
+    # the overall means and the targets are the one-type cases'; the mixed ones have their own
+    dike_plain = eval_report.row_of(plain, "dike", "pen1")["fifo_ratio"]
+    dike_mixed = eval_report.row_of(mixed, "dike", "pen1")["fifo_ratio"]
+    assert result["overall"]["dike"]["pen1"]["fifo"] == pytest.approx(
+        {"geomean": dike_plain, "min": dike_plain, "max": dike_plain, "cases": 1})
+    assert result["heterogeneous_overall"]["dike"]["pen1"]["fifo"]["geomean"] == pytest.approx(dike_mixed)
+    assert [c["case"] for c in result["targets"]["cases"]] == [c["case"] for c in result["share_targets"]["cases"]] == [
+        "plain"]
+    invariant = result["gpu_type_invariant"]
+    by_case = {c["case"]: c for c in invariant["cases"]}
+    # the generator's a100 jobs are typed on either cluster: each of their starts was checked
+    assert 0 < by_case["plain"]["typed_starts"] < by_case["plain"]["starts"]
+    assert 0 < by_case["mixed"]["typed_starts"] <= by_case["mixed"]["starts"]
+    assert by_case["mixed"]["starts"] == sum(r["starts"] for r in mixed["runs"]) and by_case["mixed"]["replays"] == len(
+        mixed["runs"])
+    assert invariant["violations"] == 0
+    assert invariant["typed_starts"] == by_case["mixed"]["typed_starts"] + by_case["plain"]["typed_starts"]
+    titles = [t.title for t in eval_report.tables(result)]
+    assert "mixed GPU generations (issue 33), pen 1: geometric mean over the heterogeneous cases of baseline/policy avg " \
+           "JCT (min-max)" in titles
+    assert titles.index("case mixed") > titles.index(next(t for t in titles if t.startswith("invariant (issue 33)")))
+    overall_table = next(t for t in eval_report.tables(result) if t.title.startswith("overall, pen 1:"))
+    assert overall_table.notes[0].startswith("1 cases;")
+
+
+def test_the_evaluation_stops_when_the_simulator_breaks_the_invariant(mixed_corpus, monkeypatch):
+    from dike_slurm.sim.cluster import SimCluster
+    from dike_slurm.sim.simulator import WrongGpuType
+
+    def ignore_types(self, partition, placement, gpu_types=()):
+        return self.partition_masks.get(partition, self.all_nodes)  # a simulator that forgot the types
+
+    monkeypatch.setattr(SimCluster, "allowed_mask", ignore_types)
+    plan = evaluate.make_plan([mixed_corpus / "mixed"], only=("fifo",))
+    with pytest.raises(WrongGpuType, match="asked for GPU types a100 and was started on n00[24] \\(v100\\)"):
+        evaluate.evaluate(replace(plan, settings=plan.settings[-1:]), evaluate.load_config(None), workers=1)
