@@ -68,7 +68,7 @@ def overall(result: dict, heterogeneous: bool = False) -> dict:
 def gpu_type_invariant(result: dict) -> dict:
     """Issue 33's invariant, no job runs on a GPU type it did not ask for, over every replay: per
     case the starts, the typed starts the simulator checked against their nodes' types, and the
-    violations. The simulator stops a replay at the first (sim.simulator.WrongGpuType), so an
+    violations. The simulator stops a replay at the first (sim.cluster.WrongGpuType), so an
     evaluation that finished has none."""
     cases = [{"case": case["name"], "gpu_types": case.get("gpu_types", []), "replays": len(case["runs"]),
               "starts": sum(r.get("starts", 0) for r in case["runs"]),

@@ -291,7 +291,7 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
 
 def test_the_evaluation_stops_when_the_simulator_breaks_the_invariant(mixed_corpus, monkeypatch):
     from dike_slurm.sim.cluster import SimCluster
-    from dike_slurm.sim.simulator import WrongGpuType
+    from dike_slurm.sim.cluster import WrongGpuType
 
     def ignore_types(self, partition, placement, gpu_types=()):
         return self.partition_masks.get(partition, self.all_nodes)  # a simulator that forgot the types
