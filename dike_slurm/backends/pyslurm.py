@@ -17,9 +17,10 @@ returns the last run; the engine keeps earlier ones in its state store), and the
 per-job request (`--gpus=a100:2`: pyslurm 25.11.2 reads tres_per_job as None).
 
 What pyslurm cannot write: Switches (pyslurm 25.11.0-25.11.2's `_set_switches` raises
-"name 'kwargs' is not defined"), and clearing Features, ExcNodeList or ReqNodeList (an empty value
-returns ok but Slurm keeps the old one). Those go through `scontrol update`, the command-line
-backend's write; every placement write is read back.
+"name 'kwargs' is not defined"), Nice=0 and SiteFactor=0 (never sent), and clearing Features,
+ExcNodeList, ReqNodeList or AdminComment (an empty value returns ok but Slurm keeps the old one).
+Those go through `scontrol update`, the command-line backend's write; every placement write is
+read back.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def job_from_pyslurm(job: Any) -> Job:
     state = JobState.parse(_text(job.state))
     num_nodes = _int(job.num_nodes) or 1
     limit_min = _int(job.time_limit)
-    switches = _int(job.required_switches) or 0
+    # as squeue's: a running job's Switches are history, not a constraint the engine may change
+    switches = (_int(job.required_switches) or 0) if state is JobState.PENDING else 0
     constraints = job.constraints
     features = ",".join(constraints) if isinstance(constraints, (list, tuple)) else _text(constraints)
     array_id = _int(job.array_id) or None
@@ -228,18 +230,25 @@ def record_from_pyslurm_db(job: Any) -> AccountingRecord:
     )
 
 
-_CLEARABLE = (JobField.FEATURES, JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES)
+def _skipped_by_pyslurm(key: JobField, value: Any) -> bool:
+    """A value pyslurm 25.11.2's JobSubmitDescription does not send: it tests `if self.nice:` and
+    `if self.site_factor:` (0 is never written), and sends '' and () as unset (Slurm keeps
+    Features, ExcNodeList, ReqNodeList, AdminComment). Seen on Slurm 25.11.7 (the lab tests)."""
+    if key in (JobField.NICE, JobField.SITE_FACTOR):
+        return value == 0
+    if key in (JobField.FEATURES, JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES, JobField.ADMIN_COMMENT):
+        return not value
+    return False
 
 
 def split_update(update: JobUpdate) -> tuple[dict[JobField, Any], dict[JobField, Any]]:
     """The fields pyslurm writes, and those written with `scontrol update` instead: Switches (pyslurm
-    25.11.0-25.11.2's `_set_switches` raises "name 'kwargs' is not defined") and a cleared Features,
-    ExcNodeList or ReqNodeList (pyslurm returns ok for '' and (), and Slurm keeps the old value;
-    `scontrol update ExcNodeList=` clears it). Both seen on Slurm 25.11.7 with pyslurm 25.11.2."""
+    25.11.0-25.11.2's `_set_switches` raises "name 'kwargs' is not defined"), and the values pyslurm
+    does not send (_skipped_by_pyslurm: `scontrol update ExcNodeList= Nice=0` does clear them)."""
     through_pyslurm: dict[JobField, Any] = {}
     through_scontrol: dict[JobField, Any] = {}
     for key, value in update.values:
-        if key is JobField.SWITCHES or (key in _CLEARABLE and not value):
+        if key is JobField.SWITCHES or _skipped_by_pyslurm(key, value):
             through_scontrol[key] = value
         else:
             through_pyslurm[key] = value
@@ -427,9 +436,11 @@ class PyslurmBackend(Backend):
         return WriteOutcome(True, text)
 
     def signal(self, job_id: int, signal: str) -> WriteOutcome:
+        # pyslurm looks names up in Python's signal.Signals: SIGUSR1, not scancel's USR1
+        name = signal if signal.isdigit() or signal.upper().startswith("SIG") else f"SIG{signal.upper()}"
         job = self.pyslurm.Job(job_id)
         return self._write(
-            f"pyslurm.Job({job_id}).send_signal({signal!r}, steps='batch')", [lambda: job.send_signal(signal, steps="batch")]
+            f"pyslurm.Job({job_id}).send_signal({name!r}, steps='batch')", [lambda: job.send_signal(name, steps="batch")]
         )
 
     def requeue(self, job_id: int) -> WriteOutcome:

@@ -257,6 +257,28 @@ def test_writes_pyslurm_cannot_make_go_through_scontrol_and_are_read_back():
     # Switches are compared by count: Slurm stores 1@00:10:00 as 1@00:05:00 (max_switch_wait)
 
 
+def test_values_pyslurm_does_not_send_go_through_scontrol():
+    # pyslurm 25.11.2 sends neither nice 0 nor site_factor 0 (`if self.nice:`), nor '' for AdminComment:
+    # the engine's reverts (seen on the 25.11 lab: Nice stayed 77)
+    fake, scontrol = FakePyslurm(), FakeScontrol()
+    zeros = {JobField.SITE_FACTOR: 0, JobField.NICE: 0, JobField.ADMIN_COMMENT: ""}
+    assert backend(fake, scontrol).apply(JobUpdate.of(63, {**zeros, JobField.PRIORITY: 0})).ok
+    assert fake.calls == [("modify", 63, {"priority": 0})] and scontrol.updates == [JobUpdate.of(63, zeros)]
+
+
+def test_signals_are_named_as_python_names_them():
+    fake = FakePyslurm()
+    fake.Job.send_signal = lambda self, name, steps: self._record("send_signal", (name, steps))
+    pyslurm = backend(fake)
+    assert pyslurm.signal(63, "USR1").ok and pyslurm.signal(63, "SIGTERM").ok and pyslurm.signal(63, "10").ok
+    assert [c[2] for c in fake.calls] == [("SIGUSR1", "batch"), ("SIGTERM", "batch"), ("10", "batch")]
+
+
+def test_a_running_job_carries_no_switches():
+    two_nodes = by_name(recorded_objects("jobs"), "running_a100_2nodes")
+    assert job_from_pyslurm(SimpleNamespace(**{**vars(two_nodes), "required_switches": 1})).placement.max_switches is None
+
+
 def test_a_write_slurm_did_not_take_fails_on_reading_back():
     job = held_job()  # Slurm kept ExcNodeList=n3
     outcome = backend(FakePyslurm(loaded={job.id: job})).apply(JobUpdate.of(job.id, {JobField.EXCLUDED_NODES: ()}))
