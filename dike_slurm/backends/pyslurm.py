@@ -11,7 +11,8 @@ GPU counts come from the TRES Slurm tracks (Job.gpus, Node.allocated_gres, db.Jo
 `gres/gpu` in AccountingStorageTRES they are empty, so the backend refuses such a cluster with
 one line (the check `dike-slurm doctor` makes for both backends).
 
-What pyslurm cannot give: SiteFactor (as with scontrol, the engine relies on what it wrote),
+The site's priority model (weights, QOS, partitions' TRESBillingWeights) is read with Slurm's
+commands, as the command-line backend reads it. What pyslurm cannot give: SiteFactor (as with scontrol, the engine relies on what it wrote),
 the switch tree (read from topology.conf), earlier runs of requeued jobs (the database API
 returns the last run; the engine keeps earlier ones in its state store), and the GPU type of a
 per-job request (`--gpus=a100:2`: pyslurm 25.11.2 reads tres_per_job as None).
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.backends.base import (
@@ -49,8 +50,10 @@ from dike_slurm.parsing.durations import format_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.parsing.tres import tracks_gpus
+from dike_slurm.slurm_priority import SlurmPriorityModel
 
 SUPPORTED_RELEASE = "25.11"
+_T = TypeVar("_T")
 _JOB_GONE = ("Invalid job id", "already finished", "no longer pending")
 
 
@@ -387,6 +390,20 @@ class PyslurmBackend(Backend):
         records = tuple(record_from_pyslurm_db(j) for j in _values(loaded))
         return ReadResult(records, len(records), {}, "pyslurm.db")
 
+    def priority_model(self) -> SlurmPriorityModel | None:
+        """The site's priority weights, QOS and partitions (TRESBillingWeights among them) as the
+        command-line backend reads them (scontrol show config / partition, sacctmgr): once at the
+        engine's start and after a reload. Without them every GPU-second would weigh 1."""
+        return self._via_scontrol(self.scontrol.priority_model)
+
+    def _via_scontrol(self, function: Callable[[], _T]) -> _T:
+        """A call through the command-line backend, its Slurm commands counted as this backend's calls."""
+        before = self.scontrol.calls
+        try:
+            return function()
+        finally:
+            self.calls += self.scontrol.calls - before
+
     def describe(self, update: JobUpdate) -> str:
         through_pyslurm, through_scontrol = split_update(update)
         parts = []
@@ -412,7 +429,7 @@ class PyslurmBackend(Backend):
             steps += [job.hold, job.release]
         outcome = self._write(text, steps)
         if outcome.ok and through_scontrol:
-            done = self.scontrol.apply(JobUpdate.of(update.job_id, through_scontrol))
+            done = self._via_scontrol(lambda: self.scontrol.apply(JobUpdate.of(update.job_id, through_scontrol)))
             if not done.ok:
                 return WriteOutcome(False, text, done.message, job_gone=done.job_gone)
         if outcome.ok and any(k.is_placement for k in update.fields):

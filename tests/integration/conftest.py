@@ -63,6 +63,16 @@ class SlurmLab:
         self.in_chroot = self.bin_dir != Path("/usr/bin")
         self.submitted: set[int] = set()  # jobs sbatch'ed since the queue was last emptied
 
+    @property
+    def engine_backend(self) -> str:
+        """The backend the lab's dike.toml gives the engine: "cli", or "pyslurm" on the 25.11 lab."""
+        import tomllib
+
+        path = Path(self.env.get("DIKE_CONFIG", ""))
+        if not path.is_file():
+            return "cli"
+        return str(tomllib.loads(path.read_text(encoding="utf-8")).get("slurm", {}).get("backend", "cli"))
+
     def run(self, *argv: str, user: str | None = None, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command (as ``user`` when given) and capture its output.

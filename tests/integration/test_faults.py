@@ -115,8 +115,11 @@ def wrapper_bin(lab: SlurmLab, tmp: Path, **scripts: str) -> Path:
 
 
 class Engine(LabEngine):
+    """The engine on the command-line backend on every lab (the 25.11 lab's dike.toml says pyslurm):
+    the faults are injected through Slurm's commands (wrappers in bin_dir) and counted in them."""
+
     def __init__(self, lab: SlurmLab, state_dir: Path) -> None:
-        super().__init__(lab, state_dir, DIKE_SLURM__COMMAND_TIMEOUT_S="15")
+        super().__init__(lab, state_dir, DIKE_SLURM__COMMAND_TIMEOUT_S="15", DIKE_SLURM__BACKEND="cli")
 
     def __call__(self, *args: str, timeout: float = 180, **extra: str) -> subprocess.CompletedProcess[str]:
         return self.run(*args, timeout=timeout, **extra)

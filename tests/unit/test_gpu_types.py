@@ -178,7 +178,7 @@ def test_pyslurm_jobs_and_nodes_carry_types():
         cpus=1, account="", partition="gpu", qos="", name="x", comment="", array_id=None, array_task_id=None,
         eligible_time=None, start_time=None, time_limit=None, allocated_nodes=None, required_switches=0,
         max_wait_time_switches=0, constraints=None, excluded_nodes=None, required_nodes=None, priority=1, nice=0,
-        is_requeueable=False, state_reason="None",
+        is_requeueable=False, state_reason="None", gpus={"gpu": 4, "gpu:a100": 4},
     )
     assert job_from_pyslurm(job).gpu_types == ("a100",)
     assert job_from_pyslurm(SimpleNamespace(**{**vars(job), "gres_per_node": {"gpu": 4}})).gpu_types == ()

@@ -195,11 +195,17 @@ class FakeScontrol:
     def __init__(self, outcome: WriteOutcome | None = None) -> None:
         self.updates: list[JobUpdate] = []
         self.outcome = outcome
+        self.calls = 0
+        self.model = object()  # stands in for the SlurmPriorityModel it reads with commands
+
+    def priority_model(self) -> object:
+        return self.model
 
     def describe(self, update: JobUpdate) -> str:
         return f"scontrol update JobId={update.job_id} " + " ".join(f.name for f in update.fields)
 
     def apply(self, update: JobUpdate) -> WriteOutcome:
+        self.calls += 1
         self.updates.append(update)
         return self.outcome or WriteOutcome(True, self.describe(update))
 
@@ -246,8 +252,10 @@ def test_writes_pyslurm_cannot_make_go_through_scontrol_and_are_read_back():
         JobField.SITE_FACTOR: 5000, JobField.ADMIN_COMMENT: "dike:level=1,attained=3.2gpuh",
         JobField.SWITCHES: SwitchRequest(1, 600), JobField.FEATURES: "", JobField.EXCLUDED_NODES: ("n3",),
     })
-    outcome = backend(fake, scontrol).apply(update)
+    pyslurm = backend(fake, scontrol)
+    outcome = pyslurm.apply(update)
     assert outcome.ok, outcome
+    assert pyslurm.calls == 3  # modify, scontrol update, the read-back
     assert fake.calls == [("modify", job.id, {"site_factor": 5000, "admin_comment": "dike:level=1,attained=3.2gpuh",
                                              "excluded_nodes": ["n3"]}),
                           ("load", job.id, None)]
@@ -285,6 +293,12 @@ def test_a_write_slurm_did_not_take_fails_on_reading_back():
     assert not outcome.ok and "EXCLUDED_NODES is ('n3',), not ()" in outcome.message
     cleared = held_job(excluded_nodes=None)
     assert backend(FakePyslurm(loaded={job.id: cleared})).apply(JobUpdate.of(job.id, {JobField.EXCLUDED_NODES: ()})).ok
+
+
+def test_the_sites_priority_model_is_read_with_slurms_commands():
+    # TRESBillingWeights weigh a run's GPUs: without the model every GPU weighed 1 (seen on the 25.11 lab)
+    scontrol = FakeScontrol()
+    assert backend(FakePyslurm(), scontrol).priority_model() is scontrol.model
 
 
 def test_writes_without_placement_are_not_read_back():
