@@ -128,6 +128,16 @@ def gres_gpu_types(gres: Any) -> tuple[str, ...]:
     return tuple(types)
 
 
+def _array_task(job: Any, array_id: int | None) -> int | None:
+    """The task id of an array task. pyslurm 25.11.2 reads 0 as unset (u32_parse's zero_is_noval),
+    so task 0 comes back None, as the record of the tasks still pending does: that one lists them
+    in array_tasks_waiting (`0-2`; `0x7` in accounting), a task does not (seen on the 25.11 lab)."""
+    if not array_id:
+        return None
+    task = _int(job.array_task_id)
+    return 0 if task is None and not job.array_tasks_waiting else task
+
+
 def _tres_count(tres: Any, kind: str) -> int | None:
     """The count of one TRES (cpu, node) of a pyslurm TrackableResources."""
     return _int(getattr(getattr(tres, kind, None), "count", None)) if tres is not None else None
@@ -162,7 +172,7 @@ def job_from_pyslurm(job: Any) -> Job:
         name=_text(job.name),
         comment=_text(job.comment),
         array_job_id=array_id,
-        array_task_id=_int(job.array_task_id) if array_id else None,
+        array_task_id=_array_task(job, array_id),
         eligible_time=_epoch(job.eligible_time),
         start_time=_epoch(job.start_time) if state is JobState.RUNNING else None,
         time_limit_s=limit_min * 60 if limit_min is not None else None,
@@ -200,7 +210,7 @@ def record_from_pyslurm_db(job: Any) -> AccountingRecord:
     """A `pyslurm.db.Job` (one run) as an AccountingRecord."""
     start = _epoch(job.start_time)
     array_id = _int(job.array_id) or None
-    task = _int(job.array_task_id) if array_id else None
+    task = _array_task(job, array_id)
     limit_min = _int(job.time_limit)
     state_text = _text(job.state)
     return AccountingRecord(

@@ -282,6 +282,17 @@ def test_signals_are_named_as_python_names_them():
     assert [c[2] for c in fake.calls] == [("SIGUSR1", "batch"), ("SIGTERM", "batch"), ("10", "batch")]
 
 
+def test_array_task_0_is_not_the_pending_tasks_record():
+    # pyslurm reads task 0 as None (0 is "unset" to it); the record of the pending tasks lists them
+    jobs, db_jobs = recorded_objects("jobs"), recorded_objects("db-jobs")
+    for pending in (by_name(jobs, "pending_array"), by_name(db_jobs, "pending_array")):
+        task0 = SimpleNamespace(**{**vars(pending), "array_tasks_waiting": None})
+        translate = job_from_pyslurm if pending in jobs.values() else record_from_pyslurm_db
+        assert (translate(pending).array_task_id, translate(task0).array_task_id) == (None, 0)
+    assert record_from_pyslurm_db(SimpleNamespace(**{**vars(by_name(db_jobs, "pending_array")),
+                                                     "array_tasks_waiting": None})).display_id == f"{pending.id}_0"
+
+
 def test_a_running_job_carries_no_switches():
     two_nodes = by_name(recorded_objects("jobs"), "running_a100_2nodes")
     assert job_from_pyslurm(SimpleNamespace(**{**vars(two_nodes), "required_switches": 1})).placement.max_switches is None
