@@ -318,8 +318,10 @@ def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
     assert figures["first apply"][1] >= 1000
     if lab.engine_backend == "cli":  # every change written, in batches fed to one scontrol (a job's second alone)
         assert figures["first apply"][3] <= figures["first apply"][1] // 5
-    else:  # pyslurm: one modify per job updated, in process
-        assert figures["first apply"][3] <= figures["first apply"][1]
+    else:  # pyslurm, in process: at most a call per change (a job's SiteFactor a modify, its Switches scontrol:
+        # pyslurm cannot write them), and a read-back of each of the 50 two-node jobs given Switches
+        # (25.11: 1,104 calls for 1,054 changes)
+        assert figures["first apply"][3] <= figures["first apply"][1] + 50
     assert figures["second apply"][3] == 0
     assert figures["second apply"][4] < 10
 
