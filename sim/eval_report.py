@@ -278,18 +278,21 @@ def tables(result: dict) -> list[Table]:
     labels = {s["key"]: s["label"] for s in result["settings"]}
     out = _overall_tables(result, result["overall"], "overall, {label}: geometric mean over cases",
                           f"{len(cases_of(result))} cases; above 1 is better than the baseline.")
-    out.append(_target_table(
-        "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
-        "Capture and tiresias apply where srtf_preemptive gains >= 10% over fifo (oracle = srtf_preemptive); "
-        "capture = log(fifo/dike) / log(fifo/oracle); worst user = worst-user slowdown; half = half of the jobs "
-        "preemptible, every seed must pass."))
-    if "share_targets" in result:
+    if result["targets"]["cases"]:  # none when every case evaluated mixes GPU types
         out.append(_target_table(
-            "targets (issue 27): dike at penalty 1 with none, half and every job preemptible", result["share_targets"],
-            "Capture applies where the non-preemptive oracle (srtf_oracle) gains >= 5% over fifo: "
-            "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
-    if result["skipped_variants"]:
-        out[-1].notes.append("Not run: " + "; ".join(result["skipped_variants"]) + ".")
+            "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
+            "Capture and tiresias apply where srtf_preemptive gains >= 10% over fifo (oracle = srtf_preemptive); "
+            "capture = log(fifo/dike) / log(fifo/oracle); worst user = worst-user slowdown; half = half of the jobs "
+            "preemptible, every seed must pass."))
+        if "share_targets" in result:
+            out.append(_target_table(
+                "targets (issue 27): dike at penalty 1 with none, half and every job preemptible", result["share_targets"],
+                "Capture applies where the non-preemptive oracle (srtf_oracle) gains >= 5% over fifo: "
+                "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
+    skipped = ["Not run: " + "; ".join(result["skipped_variants"]) + "."] if result["skipped_variants"] else []
+    if out:
+        out[-1].notes.extend(skipped)
+        skipped = []
     mixed = cases_of(result, heterogeneous=True)
     if mixed:
         out += _overall_tables(
@@ -299,6 +302,8 @@ def tables(result: dict) -> list[Table]:
             "overall means and the targets above; above 1 is better than the baseline.")
     if "gpu_type_invariant" in result:
         out.append(_invariant_table(result["gpu_type_invariant"]))
+    if out:
+        out[-1].notes.extend(skipped)
     for case in result["cases"]:
         rows = []
         for row in case["rows"]:

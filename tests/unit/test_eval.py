@@ -287,6 +287,13 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
     assert titles.index("case mixed") > titles.index(next(t for t in titles if t.startswith("invariant (issue 33)")))
     overall_table = next(t for t in eval_report.tables(result) if t.title.startswith("overall, pen 1:"))
     assert overall_table.notes[0].startswith("1 cases;")
+    # only mixed cases: no overall and no targets tables (they would be empty), the mixed ones and the invariant
+    alone = dict(result, cases=[mixed], targets=eval_report.targets(dict(result, cases=[mixed])),
+                 share_targets=eval_report.share_targets(dict(result, cases=[mixed])))
+    alone["overall"] = eval_report.overall(alone)
+    titles = [t.title for t in eval_report.tables(alone)]
+    assert not [t for t in titles if t.startswith(("overall", "targets"))]
+    assert titles[0].startswith("mixed GPU generations (issue 33), pen 1:") and "case mixed" in titles
 
 
 def test_the_evaluation_stops_when_the_simulator_breaks_the_invariant(mixed_corpus, monkeypatch):
