@@ -122,7 +122,8 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 
-# Every case of examples/corpus plus the sample under every policy (about 30 min on 2 cores):
+# Every case of examples/corpus plus the sample under every policy (about 37 min on 2 cores; the cases
+# that mix GPU types in their own tables):
 # tables, out/eval/eval.json and report.html, and the generated section of docs/results.md.
 .PHONY: eval
 eval: $(STAMP)
