@@ -25,10 +25,11 @@ def _runuser_starts_python(user: str) -> bool:
     return probe.returncode == 0
 
 
-def as_user(user: str, argv: list[str]) -> list[str]:
-    """`argv` run as `user`; needs root (the caller checks os.geteuid() == 0)."""
+def as_user(user: str, argv: list[str], *, read_anything: bool = False) -> list[str]:
+    """`argv` run as `user`; needs root (the caller checks os.geteuid() == 0). `read_anything`: always
+    through setpriv with CAP_DAC_READ_SEARCH (a test that needs the user able to read root's files)."""
     assert os.geteuid() == 0, "only root can run a command as another user"
-    if _runuser_starts_python(user):
+    if not read_anything and _runuser_starts_python(user):
         return ["runuser", "-u", user, "--", *argv]
     entry = pwd.getpwnam(user)
     groups = ["--init-groups"] if entry.pw_uid != 65534 else ["--clear-groups"]

@@ -12,8 +12,8 @@ GPU counts come from the TRES Slurm tracks (Job.gpus, Node.allocated_gres, db.Jo
 one line (the check `dike-slurm doctor` makes for both backends).
 
 The site's priority model (weights, QOS, partitions' TRESBillingWeights) is read with Slurm's
-commands, as the command-line backend reads it. What pyslurm cannot give: SiteFactor (as with scontrol, the engine relies on what it wrote),
-the switch tree (read from topology.conf), earlier runs of requeued jobs (the database API
+commands, as the command-line backend reads it. SiteFactor, which pyslurm's Job lacks, is read with sprio (eligible pending jobs, as the
+command-line backend reads it). What pyslurm cannot give: the switch tree (read from topology.conf), earlier runs of requeued jobs (the database API
 returns the last run; the engine keeps earlier ones in its state store), and the GPU type of a
 per-job request (`--gpus=a100:2`: pyslurm 25.11.2 reads tres_per_job as None).
 
@@ -325,7 +325,7 @@ class PyslurmBackend(Backend):
 
     name = "pyslurm"
 
-    def __init__(self, settings: SlurmSettings, module: ModuleType | Any, *, scontrol: Backend,
+    def __init__(self, settings: SlurmSettings, module: ModuleType | Any, *, scontrol: SlurmCliBackend,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pyslurm = module
@@ -383,12 +383,15 @@ class PyslurmBackend(Backend):
                 jobs.append(job)
                 admin_comments[job.job_id] = _text(raw.admin_comment)
         nodes = tuple(node_from_pyslurm(n) for n in _values(self._call("Nodes.load()", self.pyslurm.Nodes.load)))
+        # pyslurm's Job has no SiteFactor: sprio's, as the command-line backend reads it (eligible
+        # pending jobs), which users' published view shows (PrivateData=jobs, issue 30)
+        site_factors = self._via_scontrol(self.scontrol._site_factors)  # noqa: SLF001
         return ClusterState(
             time=now,
             jobs=tuple(jobs),
             nodes=nodes,
             topology=self.topology,
-            site_factors=MappingProxyType({}),
+            site_factors=site_factors,
             admin_comments=MappingProxyType(admin_comments),
         )
 

@@ -2,9 +2,9 @@
 dike-slurm command or file, and an admin still sees everything.
 
 The test turns PrivateData=jobs on in the lab's slurm.conf (`scontrol reconfigure`) and back off
-after. dikeuser2 runs the read-only commands: on the host lab as that user (tests/unprivileged.py;
-it keeps CAP_DAC_READ_SEARCH, so it could read the state file, which makes the audit's own filter
-the thing tested); in a chroot lab Slurm sees dikeuser2 through the command wrappers and the view
+after. dikeuser2 runs the read-only commands: on the host lab and inside the 25.11 chroot as that
+user (tests/unprivileged.py, always with CAP_DAC_READ_SEARCH, so it could read the state file,
+which makes the audit's own filter the thing tested); in a chroot lab Slurm sees dikeuser2 through the command wrappers and the view
 takes the login name from USER and LOGNAME, as `getpass.getuser()` does.
 """
 
@@ -71,7 +71,7 @@ def as_dikeuser2(lab: SlurmLab, engine: LiveEngine, *args: str) -> subprocess.Co
         env["DIKE_LAB_USER"] = USER
     else:
         assert os.geteuid() == 0, "the integration tests run as root (the lab needs it)"
-        argv = as_user(USER, argv)
+        argv = as_user(USER, argv, read_anything=True)  # the state file too, wherever this Python lives
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc

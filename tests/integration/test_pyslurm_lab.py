@@ -59,7 +59,7 @@ def job_view(job: Any) -> dict[str, Any]:
 def cluster_view(state: Any) -> dict[str, Any]:
     return {"jobs": {j.job_id: job_view(j) for j in state.jobs},
             "nodes": {n.name: dataclasses.asdict(n) for n in state.nodes},
-            "admin_comments": dict(state.admin_comments)}
+            "admin_comments": dict(state.admin_comments), "site_factors": dict(state.site_factors)}
 
 
 def same_moment(lab: SlurmLab, cli: Any, pyslurm_backend: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -83,16 +83,16 @@ def test_reads_equal_the_command_line_backend(slurm_lab: SlurmLab, backends: tup
     done = lab.sbatch("--gres=gpu:1", "--wrap", "true", user="dikeuser1")
     lab.wait_for(lambda: not lab.unended([done]), 60, f"job {done} ended in accounting")
     running = [
-        lab.sbatch("-N2", "--gres=gpu:3", "--switches=1", "--wrap", "sleep 300", user="dikeuser1"),
+        lab.sbatch("-N2", "-w", "n1,n2", "--gres=gpu:3", "--switches=1", "--wrap", "sleep 300", user="dikeuser1"),
         lab.sbatch("--gpus=2", "--time=30", "--wrap", "sleep 300", user="dikeuser2"),
         lab.sbatch("-n2", "--comment=cpu only", "--wrap", "sleep 300"),
     ]
     lab.wait_for(lambda: all(lab.job_state(j) == "RUNNING" for j in running), 60, f"jobs {running} running")
-    pending = [
+    pending = [  # none can start while those run (n1 and n2 are partly used)
         lab.sbatch("-N2", "--gres=gpu:8", "--exclude=n3", "--constraint=leaf_s1", "--switches=1@00:05:00",
                    "--wrap", "sleep 60", user="dikeuser2"),
         lab.sbatch("--hold", "--nice=50", "--gres=gpu:2", "--requeue", "--wrap", "sleep 60"),
-        lab.sbatch("--array=0-2", "--gres=gpu:8", "-N2", "--wrap", "sleep 60", user="dikeuser1"),
+        lab.sbatch("--array=0-2", "--gres=gpu:8", "-N4", "--wrap", "sleep 60", user="dikeuser1"),
         lab.sbatch("--begin=now+3600", "--nodelist=n2", "--gres=gpu:1", "--wrap", "sleep 60"),
     ]
     lab.run("scontrol", "update", f"JobId={pending[1]}", "AdminComment=dike:level=2,attained=1.0gpuh")
@@ -104,6 +104,7 @@ def test_reads_equal_the_command_line_backend(slurm_lab: SlurmLab, backends: tup
         assert got["jobs"][job_id] == fields, job_id
     assert got["nodes"] == expected["nodes"]
     assert got["admin_comments"] == expected["admin_comments"]
+    assert got["site_factors"] == expected["site_factors"] and expected["site_factors"]  # sprio: eligible jobs
     assert sum(j["gpus"] for j in got["jobs"].values() if j["state"].value == "RUNNING") == 6 + 2
     assert sum(n["gpus_alloc"] for n in got["nodes"].values()) == 8
 

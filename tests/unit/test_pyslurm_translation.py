@@ -201,6 +201,10 @@ class FakeScontrol:
     def priority_model(self) -> object:
         return self.model
 
+    def _site_factors(self) -> dict[int, int]:  # sprio's SiteFactor of each eligible pending job
+        self.calls += 1
+        return {63: 5000}
+
     def describe(self, update: JobUpdate) -> str:
         return f"scontrol update JobId={update.job_id} " + " ".join(f.name for f in update.fields)
 
@@ -221,11 +225,11 @@ def test_read_cluster_and_accounting_through_the_module():
     state = pyslurm.read_cluster()
     assert sorted(str(j.job_id) for j in state.jobs) == sorted(CLI["jobs"])  # finished_a100 is not active
     held = by_name(jobs, "held_nice").id
-    assert state.admin_comments[held] == "dike:level=1,attained=0.5gpuh" and state.site_factors == {}
+    assert state.admin_comments[held] == "dike:level=1,attained=0.5gpuh" and state.site_factors == {63: 5000}
     result = pyslurm.accounting(1796025600.0, 1796026000.0)
     assert ("JobFilter", None, {"start_time": 1796025600, "end_time": 1796026000}) in fake.calls
     assert sorted(str(r.job_id) for r in result.records) == sorted(CLI["accounting"])
-    assert pyslurm.calls == 4  # the configuration once, jobs, nodes, accounting
+    assert pyslurm.calls == 5  # the configuration once, jobs, nodes, sprio, accounting
 
 
 def test_a_cluster_without_gpu_tres_is_refused_with_one_line():
