@@ -32,6 +32,7 @@ from dike_slurm.config import Config
 from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
 from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
+from dike_slurm.frozen import frozen_record
 from dike_slurm.head_window import policy_window
 from dike_slurm.service_prior import Prediction
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan
@@ -429,33 +430,27 @@ def _job_plan(job: Job, managed: bool, note: str, level: int | None, reason: str
               value_now: int | None, value_wanted: int | None, placement_wanted: Placement | None,
               writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str,
               outside_window: bool) -> JobPlan:
-    plan = object.__new__(JobPlan)
-    object.__setattr__(plan, "__dict__", {
+    return frozen_record(JobPlan, {
         "job": job, "managed": managed, "note": note, "level": level, "reason": reason, "promoted": promoted,
         "value_now": value_now, "value_wanted": value_wanted, "placement_wanted": placement_wanted,
         "writes": writes, "hands_off": hands_off, "hands_off_reason": hands_off_reason,
         "outside_window": outside_window,
     })
-    return plan
 
 
 def _job_update(job_id: int, values: tuple[tuple[JobField, FieldValue], ...]) -> JobUpdate:
     """`JobUpdate(job_id, values)`; `values` already in JobField order."""
-    update = object.__new__(JobUpdate)
-    object.__setattr__(update, "__dict__", {"job_id": job_id, "values": values})
-    return update
+    return frozen_record(JobUpdate, {"job_id": job_id, "values": values})
 
 
 def _planned_write(job_id: int, update: JobUpdate, undo: JobUpdate, originals: tuple[tuple[JobField, FieldValue], ...],
                    restores: tuple[JobField, ...], reason: str, rank: int,
                    before: tuple[tuple[JobField, FieldValue], ...], kind: str) -> PlannedWrite:
     """`kind` is stored as the cached `PlannedWrite.kind` would compute it (the caller knows it)."""
-    write = object.__new__(PlannedWrite)
-    object.__setattr__(write, "__dict__", {
+    return frozen_record(PlannedWrite, {
         "job_id": job_id, "update": update, "undo": undo, "originals": originals, "restores": restores,
         "reason": reason, "rank": rank, "before": before, "kind": kind,
     })
-    return write
 
 
 def user_changes(

@@ -22,6 +22,7 @@ from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
 from dike_slurm.audit_export import append_audit_lines
 from dike_slurm.errors import StateError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
+from dike_slurm.frozen import frozen_record
 from dike_slurm.state_records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
 from dike_slurm.usage import Run
 
@@ -372,14 +373,12 @@ class StateStore:
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples: this reads every owned field of every job, every cycle
         cursor.execute("SELECT job_id, field, original, written, written_at FROM owned ORDER BY job_id")
-        new, setattr_ = object.__new__, object.__setattr__
         for job_id, name, original, written, written_at in cursor:
             field = _FIELD_BY_NAME[name]
-            # OwnedField(...) filled in one step (its frozen __init__ sets one field at a time;
-            # 110,000 of them a cycle at 55,000 jobs); tests/unit/test_state_fast_read.py holds them equal
-            owned = new(OwnedField)
-            setattr_(owned, "__dict__", {"job_id": job_id, "field": field, "original": decode_value(field, original),
-                                         "written": decode_value(field, written), "written_at": written_at})
+            # 110,000 of them a cycle at 55,000 jobs; tests/unit/test_state_fast_read.py holds them equal
+            owned = frozen_record(OwnedField, {
+                "job_id": job_id, "field": field, "original": decode_value(field, original),
+                "written": decode_value(field, written), "written_at": written_at})
             fields_of = result.get(job_id)
             if fields_of is None:
                 fields_of = result[job_id] = {}
@@ -570,14 +569,12 @@ def _audit_filter(job_id: int | None, since: float | None, user: str | None = No
 
 
 def _job_memory(row: tuple) -> JobMemory:
-    """JobMemory(*row) filled in one step (its frozen __init__ sets 11 fields one at a time: 55,000
-    jobs a cycle); tests/unit/test_state_fast_read.py holds it equal to the constructor."""
+    """JobMemory(*row), 55,000 jobs a cycle; tests/unit/test_state_fast_read.py holds it equal to
+    the constructor."""
     values = dict(zip(_MEMORY_FIELDS, row))
     hands_off = row[8]
     values["hands_off"] = tuple(_FIELD_BY_NAME[f] for f in hands_off.split(",") if f) if hands_off else ()
-    memory = object.__new__(JobMemory)
-    object.__setattr__(memory, "__dict__", values)
-    return memory
+    return frozen_record(JobMemory, values)
 
 
 def _read_only_uri(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+from dike_slurm.frozen import frozen_record
 from dike_slurm.model import Job, JobState, Node
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.job import PENDING, SimJob
@@ -27,7 +28,6 @@ class SnapshotViews:
         """Each active job as the policy sees it at `at`; `pinned`: whether a pending job is pinned
         to the room a preemption freed for it."""
         views: dict[int, Job] = {}
-        new, set_dict = object.__new__, object.__setattr__
         for job_id, job in active.items():
             if job.state == PENDING:
                 views[job_id] = job.pending_view or self._pending_view(job, pinned(job))
@@ -40,9 +40,7 @@ class SnapshotViews:
             elapsed = at - reported if at > reported else 0.0
             fields["attained_gpu_s"] = job.attained + job.trace.gpus * job.billing * elapsed
             fields["last_run_s"] = elapsed
-            view = new(Job)
-            set_dict(view, "__dict__", fields)
-            views[job_id] = view
+            views[job_id] = frozen_record(Job, fields)
         return views
 
     def nodes(self) -> tuple[Node, ...]:

@@ -30,6 +30,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 
 from dike_slurm.backends.base import SwitchRequest
 from dike_slurm.errors import InputError
+from dike_slurm.frozen import frozen_record
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
@@ -214,9 +215,7 @@ def job_from_fields(row: list[str], excluded: Mapping[int, str]) -> Job:
         gpu_types=requested_gpu_types(_text(per_job), _text(per_node)),
         slurm_reason=reason if state is JobState.PENDING and reason not in _NO_REASON else "",
     )
-    job = object.__new__(Job)
-    object.__setattr__(job, "__dict__", values)
-    return job
+    return frozen_record(Job, values)
 
 
 @dataclass(frozen=True)
