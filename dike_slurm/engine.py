@@ -13,12 +13,12 @@ import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
 from dike_slurm.backends.base import Backend, ClusterState, JobField, WriteOutcome
 from dike_slurm.config import Config
+from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
 from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
@@ -54,23 +54,6 @@ log = logging.getLogger("dike_slurm.engine")
 _NO_SERVICE = JobService()
 
 
-class EnrichInputs(NamedTuple):
-    """What Engine._enrich adds to a job read from Slurm; equal inputs and the same Job object
-    read give last cycle's enriched copy."""
-
-    service: JobService  # over all runs, from accounting and the engine's runs
-    attained_at_promotion_gpu_s: float
-    requeues: int
-    site_factor: int | None
-    pinned: bool  # a preemption freed nodes for it, and it has not started yet
-
-
-class _Enriched(NamedTuple):
-    """One job as Engine._enrich kept it for the next cycle."""
-
-    read: Job  # the Job object the backend's read handed out
-    inputs: EnrichInputs
-    copy: Job  # the enriched Job the cycle used
 _NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
 
 SACCT_OVERLAP_S = 900.0  # each cycle re-reads accounting from this long before the last read
@@ -117,18 +100,12 @@ class Engine:
         self.strategy = config.engine.priority_strategy
         self.strategy_field = STRATEGY_FIELD[self.strategy]
         self.clock = clock
-        # What a running engine keeps from its last cycle to skip the work for unchanged jobs:
-        # each job's enriched copy, and the diff's contexts and plans (the plans come out the same).
-        self._enriched: dict[int, _Enriched] = {}
-        self._diff_memory = reconcile.DiffMemory()
-        # The site's own priority and the span it leaves Dike: read before the first plan, kept
-        # for the engine's life (a reload makes a new engine, which reads them again).
+        # What the engine keeps between cycles (dike_slurm/cycle_memory.py), the backend's reads included.
+        self.memory = CycleMemory()
+        backend.keep_reads_in(self.memory.reads)
+        # The site's own priority: read before the first plan, kept for the engine's life (a
+        # reload makes a new engine, which reads it again).
         self.site_priority: SlurmPriorityModel | None = None
-        self._span: SiteSpan | None = None
-        # The service prior's last prediction (GPU-s) of each active job, and (prediction, when it
-        # left the queue) of the jobs that left and whose final run is not in accounting yet.
-        self._predicted: dict[int, float] = {}
-        self._left: dict[int, tuple[float, float]] = {}
         # the GPU types of the nodes the last plan read (what `explain` says a running job is charged)
         self.node_types: Mapping[str, tuple[str, ...]] = {}
 
@@ -146,8 +123,9 @@ class Engine:
         from the state store, and the next cycle asks again; with none stored, the read's
         SlurmError fails the cycle. The replay sizes its span the same way (sim/replay.py).
         """
-        if self._span is not None:
-            return self._span, None, None
+        memory = self.memory
+        if memory.span is not None:
+            return memory.span, None, None
         engine = self.config.engine
         try:
             model = self.backend.priority_model()
@@ -171,9 +149,9 @@ class Engine:
                      if gap is not None else "no QOS tiers", model.weights.others_total,
                      engine.priority_mode, span, engine.priority_span, reserve)
         self.site_priority = model
-        self._span = SiteSpan(engine.priority_mode, engine.priority_span, span,
-                              model.source if model is not None else "", now, reserve)
-        return self._span, (self._span if model is not None else None), None
+        memory.span = SiteSpan(engine.priority_mode, engine.priority_span, span,
+                               model.source if model is not None else "", now, reserve)
+        return memory.span, (memory.span if model is not None else None), None
 
     def head_window(self) -> int:
         """Pending jobs per partition the engine orders: `engine.head_window`, else its margin over the
@@ -239,7 +217,7 @@ class Engine:
         window = self.head_window()
         plans, notes = reconcile.diff(
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self._diff_memory, span=span.span, reserve=span.reserve, window=window,
+            self.memory.diff, span=span.span, reserve=span.reserve, window=window,
         )
         writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
         prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
@@ -284,19 +262,19 @@ class Engine:
         (or, for a job never seen pending, the first made). A job whose final run has not landed
         SACCT_OVERLAP_S after it left (cancelled while pending, or accounting down) is dropped unjudged."""
         active_ids = {job.job_id: job for job in active}
-        for job_id in self._predicted.keys() - active_ids.keys():
-            self._left[job_id] = (self._predicted.pop(job_id), now)
+        known, left = self.memory.predicted, self.memory.left
+        for job_id in known.keys() - active_ids.keys():
+            left[job_id] = (known.pop(job_id), now)
         judged = []
-        if self._left:
-            totals = finished_totals([run for run in runs if run.job_id in self._left], now)
-            for job_id, (predicted, left_at) in list(self._left.items()):
+        if left:
+            totals = finished_totals([run for run in runs if run.job_id in left], now)
+            for job_id, (predicted, left_at) in list(left.items()):
                 total = totals.get(job_id)
                 if total is not None:
                     judged.append((predicted, total[0]))
                 if total is not None or now - left_at > SACCT_OVERLAP_S:
-                    del self._left[job_id]
+                    del left[job_id]
         pending = JobState.PENDING
-        known = self._predicted
         for job_id, prediction in expected.items():
             job = active_ids.get(job_id)
             if job is not None and (job.state is pending or job_id not in known):
@@ -341,7 +319,8 @@ class Engine:
         record), with the same service, promotion, requeues and site factor, is last cycle's copy.
         """
         enriched = []
-        kept, self._enriched = self._enriched, {}
+        kept, now_kept = self.memory.enriched, {}
+        self.memory.enriched = now_kept
         site_factors = cluster.site_factors
         for job in jobs:
             job_id = job.job_id
@@ -375,7 +354,7 @@ class Engine:
                     site_factor=site_factor,
                     pinned_for_preemption=pinned,
                 )
-            self._enriched[job_id] = _Enriched(job, inputs, copy)
+            now_kept[job_id] = Enriched(job, inputs, copy)
             enriched.append(copy)
         return tuple(enriched)
 

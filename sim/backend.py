@@ -29,6 +29,7 @@ from dike_slurm.backends.base import (
     with_placement_field,
 )
 from dike_slurm.config import Config
+from dike_slurm.cycle_memory import ReadMemory
 from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
 from dike_slurm.model import Job, JobState, Placement, Snapshot
@@ -69,7 +70,7 @@ class SimulatedBackend(Backend):
         self.records: list[AccountingRecord] = []
         self.recorded_gpu_s: dict[int, float] = {}
         self.snapshot: Snapshot | None = None  # the instant the engine is looking at
-        self.served: dict[int, Job] = {}  # the jobs of the last read
+        self.kept = ReadMemory()  # the engine's, once it asks (keep_reads_in)
         self.ended = False
         self.error: DikeError | None = None
         # The engine's policy sits in the simulator's slot only to say what it declares (its
@@ -147,6 +148,9 @@ class SimulatedBackend(Backend):
 
     # ---------------------------------------------------------------- reads
 
+    def keep_reads_in(self, memory: ReadMemory) -> None:
+        self.kept = memory
+
     def read_cluster(self) -> ClusterState:
         self.calls += 1
         if not self.ended:
@@ -158,7 +162,8 @@ class SimulatedBackend(Backend):
             return ClusterState(last, (), self.cluster.nodes, self.cluster.topology)
         snapshot = self.snapshot
         assert snapshot is not None
-        served, self.served = self.served, {}
+        served: dict[int, Job] = {}
+        last_served, self.kept.jobs = self.kept.jobs, served
         for job in snapshot.jobs:
             shown = replace(
                 job,
@@ -166,11 +171,11 @@ class SimulatedBackend(Backend):
                 priority=self.raw.get(job.job_id, {}).get(JobField.PRIORITY),
                 nice=int(self.raw.get(job.job_id, {}).get(JobField.NICE, 0)),
             )
-            last = served.get(job.job_id)
+            last = last_served.get(job.job_id)
             # an unchanged job is last read's Job, as the lean read hands it out (Engine keeps
             # its work for such jobs)
-            self.served[job.job_id] = last if last == shown else shown
-        jobs = tuple(self.served.values())
+            served[job.job_id] = last if last == shown else shown
+        jobs = tuple(served.values())
         pending = [j.job_id for j in jobs if j.state is JobState.PENDING]
         return ClusterState(
             time=snapshot.time,

@@ -18,6 +18,7 @@ from dike_slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.model import Job, JobState, Node, Placement, Topology, with_constraint_gpu_types
 
 if TYPE_CHECKING:
+    from dike_slurm.cycle_memory import ReadMemory
     from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
@@ -174,6 +175,10 @@ class Backend(ABC):
     def finished(self) -> bool:
         """Nothing is left to manage (a simulation at the end of its trace); a real cluster never is."""
         return False
+
+    def keep_reads_in(self, memory: ReadMemory) -> None:
+        """Keep what reads carry to the next read in `memory` (the engine's CycleMemory.reads,
+        dike_slurm/cycle_memory.py); a backend whose reads keep nothing ignores it."""
 
     def limit_reads(self, seconds: float | None) -> None:
         """Bound all reads from now on by `seconds` in total, on top of each call's own timeout

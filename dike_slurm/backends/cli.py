@@ -60,6 +60,7 @@ from dike_slurm.backends.base import (
 from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
 from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
+from dike_slurm.cycle_memory import ReadMemory
 from dike_slurm.errors import ConfigError, InputError, SlurmError
 from dike_slurm.model import Job, Node, Topology
 from dike_slurm.parsing.durations import format_timestamp, parse_duration
@@ -394,8 +395,10 @@ class SlurmCliBackend(Backend):
         self.slurm_format: SlurmFormat | None = None  # of the last squeue read
         self.slurm_release: str | None = None
         self.last_counts: tuple[ReadCount, ...] = ()  # what the last read_cluster printed and read
-        self._jobs_by_record: dict[str, Job] = {}  # the last lean read's jobs, by record (see read_jobs)
-        self._last_parsed: dict[str, tuple[str, object]] = {}  # see _parsed
+        self.kept = ReadMemory()  # the engine's, once it asks (keep_reads_in)
+
+    def keep_reads_in(self, memory: ReadMemory) -> None:
+        self.kept = memory
 
     def _command(self, name: str) -> str:
         return str(self.settings.bin_dir / name) if self.settings.bin_dir is not None else name
@@ -480,8 +483,8 @@ class SlurmCliBackend(Backend):
         excluded_token = self.token()
         excluded = self._read(squeue, "-a", "-o", squeue_format.excluded_format(excluded_token), env=self.lean_env)
         lean = squeue_format.read_jobs(result.stdout, token, "squeue -O", excluded, excluded_token, "squeue -o %A%x",
-                                       known=self._jobs_by_record)
-        self._jobs_by_record = lean.by_record
+                                       known=self.kept.jobs)
+        self.kept.jobs = lean.by_record
         site_factors = self._site_factors()
         node_token = self.token()
         text = self._read(self._command("sinfo"), "-N", "-O", squeue_format.node_format(node_token), env=self.lean_env)
@@ -585,11 +588,12 @@ class SlurmCliBackend(Backend):
     def _parsed(self, kind: str, text: str, parse: Callable[[str], _T]) -> _T:
         """`parse(text)`, or the same value as last time when Slurm printed the same text (sprio
         and the topology of a quiet cluster: nothing may change what is handed out)."""
-        last = self._last_parsed.get(kind)
+        parsed = self.kept.parsed
+        last = parsed.get(kind)
         if last is not None and last[0] == text:
             return last[1]  # type: ignore[return-value]
         value = parse(text)
-        self._last_parsed[kind] = (text, value)
+        parsed[kind] = (text, value)
         return value
 
     def _site_factors(self) -> Mapping[int, int]:

@@ -57,6 +57,9 @@ class SameRead:
     def __init__(self, backend: SimulatedBackend, cluster: ClusterState) -> None:
         self.backend, self.cluster, self.calls = backend, cluster, 0
 
+    def keep_reads_in(self, memory) -> None:
+        pass
+
     def read_cluster(self) -> ClusterState:
         return self.cluster
 
@@ -67,40 +70,43 @@ class SameRead:
         return self.backend.priority_model()
 
 
+class LastRead(SimulatedBackend):
+    """The simulated cluster, keeping the last read it handed out."""
+
+    last: ClusterState | None = None
+
+    def read_cluster(self) -> ClusterState:
+        self.last = super().read_cluster()
+        return self.last
+
+
 def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list, int]:
-    """Every cycle of an engine on the simulated cluster. Each plan is checked against the plan of
-    an engine just started on the same read and state file: what a running engine keeps between
-    cycles (the store's maps, the enriched jobs, the diff's contexts and plans) changes nothing.
-    Also returns how many jobs' sides the diffs kept from the cycle before."""
-    backend = SimulatedBackend.from_config(cfg)
+    """Every cycle of an engine on the simulated cluster, planned then applied (what
+    `Engine.cycle` does). Each plan is checked against the plan of an engine just started on the
+    same read and state file: what a running engine keeps between cycles (its CycleMemory, and the
+    store's maps) changes nothing. Also returns how many jobs' sides the diffs kept from the cycle
+    before."""
+    backend = LastRead.from_config(cfg)
     engine = Engine(cfg, backend, StateStore(cfg.engine.state_db, read_only=not apply))
     reports = []
     carried = 0  # jobs whose side of the diff was kept from the cycle before
-    last_read: ClusterState | None = None
-
-    def read_cluster(read=backend.read_cluster) -> ClusterState:
-        nonlocal last_read
-        last_read = read()
-        return last_read
-
-    def checked_plan(plan=engine.plan) -> CyclePlan:
-        nonlocal carried
-        planned = plan()
-        assert last_read is not None
-        fresh = Engine(cfg, SameRead(backend, last_read), StateStore(cfg.engine.state_db, read_only=True)).plan()
+    while not backend.finished():
+        if apply:
+            planned = engine.plan()
+        else:
+            report = engine.cycle(apply=False)
+            planned = report.plan
+        assert backend.last is not None
+        fresh = Engine(cfg, SameRead(backend, backend.last), StateStore(cfg.engine.state_db, read_only=True)).plan()
         # a new engine reads the site's span (and an applied cycle would store it); a running one read it once
         assert planned == replace(fresh, read_calls=planned.read_calls, site_span=planned.site_span)
         assert fresh.site_span is not None and fresh.site_span.span == engine.priority_span(planned.time)[0].span
-        carried += engine._diff_memory.carried
-        return planned
-
-    backend.read_cluster, engine.plan = read_cluster, checked_plan
-    while not backend.finished():
-        reports.append(engine.cycle(apply=apply))
+        carried += engine.memory.diff.carried
+        reports.append(engine.apply(planned) if apply else report)
         assert len(reports) < 20000, "the simulation did not end"
         if apply:  # the owned fields and jobs the store keeps between cycles are the ones the file holds
-            fresh = StateStore(cfg.engine.state_db, read_only=True)
-            assert engine.store.owned() == fresh.owned() and engine.store.jobs() == fresh.jobs()
+            fresh_store = StateStore(cfg.engine.state_db, read_only=True)
+            assert engine.store.owned() == fresh_store.owned() and engine.store.jobs() == fresh_store.jobs()
     return backend, reports, carried
 
 
