@@ -24,6 +24,7 @@ from dike_slurm.backends.base import (
     PLACEMENT_ORDER,
     ClusterState,
     FieldValue,
+    FakeBackend,
     JobField,
     JobUpdate,
     SwitchRequest,
@@ -682,7 +683,7 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
               for job_id, m in memory.items()}
     scoped = Config.model_validate({"scope": data.draw(st.sampled_from([{}, {"partitions": ["gpu"]}, {"qos": ["low"]}]))})
     assert [in_scope(j, scoped) for j in jobs] == [reference_in_scope(j, scoped) for j in jobs]
-    engine = Engine(config, None, StateStore(None))  # type: ignore[arg-type]
+    engine = Engine(config, FakeBackend((), ()), StateStore(None))  # _enrich reads no backend
 
     def draw_rooms(jobs) -> dict[int, FreedRoom]:  # preemptions followed: on the job's own pin, or on other nodes
         return {j.job_id: FreedRoom(j.job_id, data.draw(st.sampled_from([j.placement.require_nodes, ("n1",)])), (1,), 0.0)
