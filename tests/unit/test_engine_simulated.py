@@ -97,6 +97,8 @@ def run_to_the_end(cfg: Config, *, apply: bool) -> tuple[SimulatedBackend, list,
             report = engine.cycle(apply=False)
             planned = report.plan
         assert backend.last is not None
+        # the backend keeps its reads in the engine's memory: the jobs it served, by job id
+        assert {job.job_id for job in backend.last.jobs} <= engine.memory.reads.jobs.keys()
         fresh = Engine(cfg, SameRead(backend, backend.last), StateStore(cfg.engine.state_db, read_only=True)).plan()
         # a new engine reads the site's span (and an applied cycle would store it); a running one read it once
         assert planned == replace(fresh, read_calls=planned.read_calls, site_span=planned.site_span)
