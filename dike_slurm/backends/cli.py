@@ -485,7 +485,7 @@ class SlurmCliBackend(Backend):
         lean = squeue_format.read_jobs(result.stdout, token, "squeue -O", excluded, excluded_token, "squeue -o %A%x",
                                        known=self.kept.jobs)
         self.kept.jobs = lean.by_record
-        site_factors = self._site_factors()
+        site_factors = self.site_factors()
         node_token = self.token()
         text = self._read(self._command("sinfo"), "-N", "-O", squeue_format.node_format(node_token), env=self.lean_env)
         nodes, node_count = squeue_format.read_nodes(text, node_token, "sinfo -N -O")
@@ -507,7 +507,7 @@ class SlurmCliBackend(Backend):
         self.slurm_format, self.slurm_release = fmt, slurm_release(queue)
         items = entries(queue, "jobs", command)
         switches = self._switch_requests()
-        site_factors = self._site_factors()
+        site_factors = self.site_factors()
         jobs: list[Job] = []
         admin_comments: dict[int, str] = {}
         job_count = ReadCount(command, printed=len(items))
@@ -596,7 +596,7 @@ class SlurmCliBackend(Backend):
         parsed[kind] = (text, value)
         return value
 
-    def _site_factors(self) -> Mapping[int, int]:
+    def site_factors(self) -> Mapping[int, int]:
         """SiteFactor of eligible pending jobs (sprio lists no others)."""
         return self._parsed("sprio", self._read(self._command("sprio"), "-h", "-o", SPRIO_FORMAT), _sprio_factors)
 

@@ -234,7 +234,9 @@ def record_from_pyslurm_db(job: Any) -> AccountingRecord:
         # a run that never started has 0 nodes and CPUs: its request, as sacct prints it
         num_nodes=_int(job.num_nodes) or _tres_count(job.requested_tres, "node") or 1,
         cpus=_int(job.cpus) or _tres_count(job.requested_tres, "cpu") or 1,
-        gpus=gres_gpus(job.gres),  # what the run allocated, or requested if it never ran
+        # pyslurm's db.Job.gres is `(allocated_tres or requested_tres).gres`: a job cancelled before it
+        # started has an allocated TRES without GPUs, so its request is read, as sacct prints it
+        gpus=gres_gpus(job.gres) or gres_gpus(_tres_gres(job.requested_tres)),
         nodes=_hosts(job.nodelist),
         priority=_int(job.priority),
         gpu_types=gres_gpu_types(_tres_gres(job.requested_tres)),
@@ -385,7 +387,7 @@ class PyslurmBackend(Backend):
         nodes = tuple(node_from_pyslurm(n) for n in _values(self._call("Nodes.load()", self.pyslurm.Nodes.load)))
         # pyslurm's Job has no SiteFactor: sprio's, as the command-line backend reads it (eligible
         # pending jobs), which users' published view shows (PrivateData=jobs, issue 30)
-        site_factors = self._via_scontrol(self.scontrol._site_factors)  # noqa: SLF001
+        site_factors = self._via_scontrol(self.scontrol.site_factors)
         return ClusterState(
             time=now,
             jobs=tuple(jobs),

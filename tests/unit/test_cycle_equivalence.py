@@ -728,4 +728,4 @@ def test_the_sprio_read_equals_the_straightforward_read(texts):
     backend = SlurmCliBackend(SlurmSettings(), runner=lambda argv, env, timeout: CommandResult(0, next(printed), ""),
                               environ={})
     for text in texts:
-        assert backend._site_factors() == reference_site_factors(text)
+        assert backend.site_factors() == reference_site_factors(text)

@@ -201,7 +201,7 @@ class FakeScontrol:
     def priority_model(self) -> object:
         return self.model
 
-    def _site_factors(self) -> dict[int, int]:  # sprio's SiteFactor of each eligible pending job
+    def site_factors(self) -> dict[int, int]:  # sprio's SiteFactor of each eligible pending job
         self.calls += 1
         return {63: 5000}
 
@@ -345,3 +345,15 @@ def test_create_refuses_a_missing_or_mismatched_pyslurm(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyslurm", FakePyslurm())
     created = PyslurmBackend.create(SlurmSettings())
     assert isinstance(created, PyslurmBackend) and created.scontrol.name == "cli"
+
+
+def test_a_job_cancelled_before_it_started_counts_its_requested_gpus():
+    # Seen on Slurm 25.11.7 (test_pyslurm_lab): a pending job cancelled before it started has an
+    # allocated TRES without GPUs, and pyslurm's db.Job.gres takes the allocated TRES when there is
+    # one (pyslurm 25.11.2, db/job.pyx: `allocated_tres or requested_tres`). The record below is the
+    # recorded pending job with that allocated TRES put in (invented from what the lab showed).
+    pending = by_name(recorded_objects("db-jobs"), "pending_a100_switches")
+    no_gpus = SimpleNamespace(**{**vars(pending.requested_tres), "gres": {}})
+    cancelled = SimpleNamespace(**{**vars(pending), "state": "CANCELLED", "gres": {}, "allocated_tres": no_gpus})
+    assert record_from_pyslurm_db(cancelled).gpus == record_from_pyslurm_db(pending).gpus == 8
+    assert record_from_pyslurm_db(cancelled).gpu_types == ("a100",)
