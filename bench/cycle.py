@@ -29,7 +29,7 @@ from dike_slurm.config import SlurmSettings  # noqa: E402
 from dike_slurm.gcpause import paused_gc  # noqa: E402
 from dike_slurm.parsing.durations import format_duration  # noqa: E402
 from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
-from dike_slurm.reconcile import CyclePlan  # noqa: E402
+from dike_slurm.cycle_plan import CyclePlan  # noqa: E402
 from synthetic import BASE_TIME, Size, slurm_json, slurm_text, topology  # noqa: E402
 
 POLICIES = ("fifo", "multifactor", "tiresias", "dike")

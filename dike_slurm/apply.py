@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from dike_slurm.backends.base import Backend, JobField, WriteOutcome, started
 from dike_slurm.config import Config
@@ -21,7 +22,9 @@ from dike_slurm.decisions import Requeue, service_forgiven
 from dike_slurm.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
 from dike_slurm.model import Job
 from dike_slurm.parsing.durations import format_timestamp
-from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, PlannedWrite, describe_value
+from dike_slurm.cycle_plan import CyclePlan, PlannedWrite
+from dike_slurm.field_values import describe_value
+from dike_slurm.reconcile import STRATEGY_FIELD
 from dike_slurm.requeue_guard import requeue_groups
 from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, StateStore
 
@@ -46,6 +49,16 @@ FIRST_BATCH = 4
 MAX_BATCH = 512
 
 
+class Stop(Enum):
+    """Why a cycle stopped writing (its text is among the report's notes)."""
+
+    PAUSED = "paused"  # an operator's pause, before the first write
+    BREAKER = "breaker"  # the circuit breaker latched, before the first write (by an earlier cycle or this plan)
+    FAILED_WRITES = "failed_writes"  # breaker_max_errors writes failed: the breaker trips
+    DEADLINE = "deadline"  # the cycle deadline passed: the rest waits for the next cycle
+    DENIED = "denied"  # Slurm refused a write for lack of rights
+
+
 @dataclass(frozen=True)
 class CycleReport:
     """What a cycle did (nothing but the plan when not applied)."""
@@ -66,6 +79,7 @@ class CycleReport:
     paused: bool = False  # an operator's pause stopped the writes (`dike-slurm pause`)
     breaker_latched: bool = False  # the circuit breaker is latched after this cycle
     write_seconds: float = 0.0  # the writes, requeues and the memory of the cycle
+    stopped: Stop | None = None  # why the cycle stopped writing (None: it did not)
 
 
 def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
@@ -115,13 +129,16 @@ class Applier:
         errors = 0
         succeeded: set[tuple[int, JobField]] = set()
         stopped = denied = ""
+        stop: Stop | None = None
         paused = self.store.paused()
         tripped = self.store.breaker()
         if paused is None and tripped is None and plan.breaker:
             tripped = self._trip(plan.breaker)
         if paused is not None:
+            stop = Stop.PAUSED
             stopped = f"paused ({paused}): nothing is written until an operator runs `dike-slurm resume`"
         elif tripped is not None:
+            stop = Stop.BREAKER
             stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
                        f"`dike-slurm breaker reset`")
         stopped_before = bool(stopped)
@@ -145,9 +162,11 @@ class Applier:
                              f"{budget_held} write(s) further down the queue wait for the next cycle")
                 break
             if errors >= engine.breaker_max_errors:
+                stop = Stop.FAILED_WRITES
                 stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
                 self._trip(f"{errors} failed writes in cycle {cycle}")
             elif left < 0:
+                stop = Stop.DEADLINE
                 stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
             if stopped:
                 notes.append(stopped)
@@ -168,7 +187,7 @@ class Applier:
                     if not denied and any(words in outcome.message for words in _DENIED):
                         denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
             if denied:  # every other write would fail alike
-                stopped = denied
+                stop, stopped = Stop.DENIED, denied
                 notes.append(stopped)
                 self._audit_skipped(plan, cycle, writes[index:], stopped)
                 break
@@ -216,7 +235,7 @@ class Applier:
             plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
             plan.read_calls + write_calls, write_calls, tuple(notes), denied, self.store.preemption_totals(),
             budget_held, signals, paused is not None, self.store.breaker() is not None,
-            time.perf_counter() - phase_started,
+            time.perf_counter() - phase_started, stop,
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))

@@ -26,7 +26,8 @@ from dike_slurm.head_window import DEFAULT_DEPTH, window_size
 from dike_slurm.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.policies.base import Policy
-from dike_slurm.reconcile import STRATEGY_FIELD, CyclePlan, JobPlan, PlannedWrite, is_exempt
+from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
+from dike_slurm.reconcile import STRATEGY_FIELD, is_exempt
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
@@ -219,7 +220,7 @@ class Engine:
             snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
             self.memory.diff, span=span.span, reserve=span.reserve, window=window,
         )
-        writes, held_back, guard_notes = reconcile.guardrails(plans, owned, self.config)
+        writes, held_back, guards = reconcile.guardrails(plans, owned, self.config)
         prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
         phase_seconds = {"read": read_s, "decide": decided - phase_started - read_s,
                          "diff": time.perf_counter() - decided}
@@ -238,14 +239,14 @@ class Engine:
             writes=writes,
             held_back=held_back,
             requeues=requeues[: max(0, self.config.engine.max_changes_per_cycle - len(writes))],
-            notes=tuple(notes + guard_notes),
+            notes=tuple(notes + [g.text for g in guards]),
             out_of_scope=len(outside),
             outside=tuple(outside),
             new_runs=tuple(new_runs),
             accounting_skipped=dict(skipped),
             read_calls=self.backend.calls - calls_before,
             accounting_ok=accounting_note is None,
-            breaker=next((n for n in guard_notes if n.startswith("circuit breaker")), ""),
+            guards=tuple(guards),
             site_span=site_span,
             freed_rooms=tuple(rooms),
             room_outcomes=tuple(room_outcomes),

@@ -30,7 +30,7 @@ def frozen_records() -> tuple[type, ...]:
     """The classes built with frozen_record (imported late: they import this module)."""
     from dike_slurm.model import Job
     from dike_slurm.backends.base import JobUpdate
-    from dike_slurm.reconcile import JobPlan, PlannedWrite
+    from dike_slurm.cycle_plan import JobPlan, PlannedWrite
     from dike_slurm.state_records import JobMemory, OwnedField
 
     return Job, JobPlan, JobUpdate, PlannedWrite, JobMemory, OwnedField

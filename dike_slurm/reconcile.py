@@ -9,10 +9,9 @@ user took over are left alone; then the guardrails (mass-rewrite breaker, writes
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -24,96 +23,24 @@ from dike_slurm.backends.base import (
     FieldValue,
     JobField,
     JobUpdate,
-    SwitchRequest,
     placement_fields,
     placement_value,
 )
 from dike_slurm.config import Config
-from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.cycle_plan import Guard, GuardNote, JobPlan, PlannedWrite
+from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.field_values import describe_value, is_unset, values_match
 from dike_slurm.model import Job, JobState, Placement, Snapshot
-from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.frozen import frozen_record
 from dike_slurm.head_window import policy_window
-from dike_slurm.service_prior import Prediction
-from dike_slurm.state import JobMemory, OwnedField, SiteSpan
-from dike_slurm.usage import Run
+from dike_slurm.priority_scale import score_ceiling, wanted_value
+from dike_slurm.state import JobMemory, OwnedField
 
 STRATEGY_FIELD = {
     "site_factor": JobField.SITE_FACTOR,
     "priority": JobField.PRIORITY,
     "nice": JobField.NICE,
 }
-
-
-@dataclass(frozen=True)
-class PlannedWrite:
-    """One call that changes some fields of one job, with the update that undoes it."""
-
-    job_id: int
-    update: JobUpdate
-    undo: JobUpdate
-    originals: tuple[tuple[JobField, FieldValue], ...]  # value before the engine first changed each field
-    restores: tuple[JobField, ...]  # fields put back to their original: the engine lets go of them
-    reason: str
-    rank: int  # position of the job in the policy order; guardrails keep the first ones
-    before: tuple[tuple[JobField, FieldValue], ...] = ()  # what Slurm held for each field just before this write
-
-    @functools.cached_property  # a sort key of the guardrails, over every write of the cycle
-    def kind(self) -> str:
-        return "placement" if any(f.is_placement for f in self.update.fields) else "priority"
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """What the engine decided for one in-scope job, and why."""
-
-    job: Job
-    managed: bool
-    note: str  # why the job is not managed, or what the engine leaves alone
-    level: int | None
-    reason: str
-    promoted: bool
-    value_now: int | None  # the strategy field (SiteFactor, Priority or Nice) as Slurm has it
-    value_wanted: int | None
-    placement_wanted: Placement | None  # None: the policy asks for no constraint
-    writes: tuple[PlannedWrite, ...]
-    hands_off: tuple[JobField, ...] = ()
-    hands_off_reason: str = ""
-    outside_window: bool = False  # pending beyond the head window: Slurm's own factors order it
-
-
-@dataclass(frozen=True)
-class CyclePlan:
-    """Everything one cycle would do; `writes` and `requeues` passed the guardrails."""
-
-    time: float
-    policy: str
-    strategy: str
-    jobs: tuple[JobPlan, ...]
-    writes: tuple[PlannedWrite, ...]
-    held_back: tuple[PlannedWrite, ...]
-    requeues: tuple[Requeue, ...]
-    notes: tuple[str, ...]
-    out_of_scope: int
-    new_runs: tuple[Run, ...] = ()
-    accounting_skipped: Mapping[str, int] = field(default_factory=dict)
-    read_calls: int = 0
-    accounting_ok: bool = True  # False: sacct failed; levels come from the state store alone
-    breaker: str = ""  # why the mass-rewrite breaker tripped in this plan ("" when it did not)
-    outside: tuple[Job, ...] = ()  # the active jobs outside the scope (`queue` and `explain` name them)
-    site_span: SiteSpan | None = None  # the span just read from the site (an applied cycle stores it)
-    freed_rooms: tuple[FreedRoom, ...] = ()  # preemptions still followed after this cycle's look
-    room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
-    expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
-    window: int = 0  # pending jobs per partition the engine orders (head_window); 0: every one
-    # seconds of each phase (read, decide, diff) of the plan; the metrics export them
-    phase_seconds: Mapping[str, float] = field(default_factory=dict, compare=False)
-    # (predicted, attained) GPU-seconds of the jobs that finished since the last cycle, their
-    # prediction being the service prior's last one while they were pending (the metrics export it)
-    prior_judged: tuple[tuple[float, float], ...] = field(default=(), compare=False)
-
-    def job(self, job_id: int) -> JobPlan | None:
-        return next((p for p in self.jobs if p.job.job_id == job_id), None)
 
 
 @dataclass(slots=True)
@@ -188,67 +115,6 @@ class DiffMemory:
 
 def is_exempt(job: Job, config: Config) -> bool:
     return config.scope.exempt_tag in (job.comment or "")
-
-
-def score_ceiling(decisions: Decisions, declared: float | None) -> float:
-    """What scores are mapped against: the policy's own bound, else a power of two above them all.
-
-    Scores are mapped onto [1, span] against this ceiling. A fixed bound (Dike: the number of
-    levels) keeps every job's value still while other jobs come and go; for unbounded scores a
-    power of two changes only when the largest score crosses one.
-    """
-    if declared is not None and declared > 0:
-        return float(declared)
-    top = max((p.score for p in decisions.priorities), default=1.0)
-    return float(2 ** max(0, math.ceil(math.log2(max(top, 1.0)))))
-
-
-def priority_value(score: float, ceiling: float, span: int, reserve: int = 0) -> int:
-    """A policy score as an integer in [1, span - reserve]; higher runs first. The top `reserve`
-    values are kept for protected jobs (`wanted_value`)."""
-    clamped = min(max(score, 0.0), ceiling)
-    top = span - reserve if span - reserve > 1 else 1
-    return 1 + round((top - 1) * clamped / ceiling)
-
-
-def wanted_value(decision: SetPriority, protected: Collection[int], ceiling: float, span: int, reserve: int) -> int:
-    """The value the engine writes for a decision: `span` for a job a preemption freed nodes for
-    (Decisions.protected: above every other job of its tier, slurm_priority.protection_reserve),
-    else its score mapped onto [1, span - reserve]."""
-    if decision.job_id in protected:
-        return span
-    return priority_value(decision.score, ceiling, span, reserve)
-
-
-def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:
-    """Whether Slurm holds the wanted value (Slurm caps a Switches wait at max_switch_wait)."""
-    if key is JobField.SWITCHES:
-        assert isinstance(current, SwitchRequest) and isinstance(wanted, SwitchRequest)
-        if current.count != wanted.count:
-            return False
-        if not wanted.count or wanted.wait_s is None or current.wait_s is None:
-            return True
-        return current.wait_s <= wanted.wait_s
-    if key in (JobField.EXCLUDED_NODES, JobField.REQUIRED_NODES):
-        return set(current or ()) == set(wanted or ())  # type: ignore[arg-type]
-    return current == wanted
-
-
-def is_unset(key: JobField, value: FieldValue) -> bool:
-    """A placement field the job does not use (no user request to preserve)."""
-    if key is JobField.SWITCHES:
-        return isinstance(value, SwitchRequest) and value.count == 0
-    return not value
-
-
-def describe_value(value: FieldValue) -> str:
-    if isinstance(value, SwitchRequest):
-        return f"{value.count}@{value.wait_s}s" if value.count and value.wait_s is not None else str(value.count)
-    if isinstance(value, tuple):
-        return ",".join(value) or "''"
-    if value is None:
-        return "(Slurm's own)"
-    return repr(value) if isinstance(value, str) else str(value)
 
 
 def strategy_now(
@@ -651,17 +517,17 @@ def placement_write(
 
 def guardrails(
     plans: list[JobPlan], owned: Mapping[int, Mapping[JobField, OwnedField]], config: Config
-) -> tuple[tuple[PlannedWrite, ...], tuple[PlannedWrite, ...], list[str]]:
+) -> tuple[tuple[PlannedWrite, ...], tuple[PlannedWrite, ...], list[GuardNote]]:
     """Circuit breaker on mass rewrites, then at most max_changes_per_cycle calls, first jobs first.
 
-    Returns (writes kept, writes held back for a later cycle, notes).
+    Returns (writes kept, writes held back for a later cycle, what each guardrail that acted did).
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
     candidates = sorted(
         (w for p in plans for w in p.writes), key=lambda w: (w.rank, w.job_id, w.kind)
     )
-    notes = []
+    notes: list[GuardNote] = []
     previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, _NOTHING_OWNED)]
     # a value handed back (a job leaving the head window) undoes the engine: not what the breaker guards against
     rewritten = [p for p in previously_written
@@ -671,15 +537,17 @@ def guardrails(
         and previously_written
         and len(rewritten) / len(previously_written) > engine.breaker_change_fraction
     ):
-        notes.append(
+        notes.append(GuardNote(
+            Guard.BREAKER,
             f"circuit breaker: {len(rewritten)} of {len(previously_written)} jobs the engine already set would "
-            f"change (> {engine.breaker_change_fraction:.0%}); nothing written this cycle"
-        )
+            f"change (> {engine.breaker_change_fraction:.0%}); nothing written this cycle",
+        ))
         return (), tuple(candidates), notes
     limit = engine.max_changes_per_cycle
     changing = [w for w in candidates if w.update.values]
     releases_only = [w for w in candidates if not w.update.values]
     kept, held = changing[:limit], changing[limit:]
     if held:
-        notes.append(f"max_changes_per_cycle={limit}: {len(held)} write(s) left for the next cycle")
+        notes.append(GuardNote(Guard.MAX_CHANGES,
+                               f"max_changes_per_cycle={limit}: {len(held)} write(s) left for the next cycle"))
     return tuple(kept + releases_only), tuple(held), notes

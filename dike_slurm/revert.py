@@ -17,7 +17,8 @@ from dike_slurm.backends.base import (
     placement_value,
 )
 from dike_slurm.model import Job, JobState
-from dike_slurm.reconcile import PlannedWrite, describe_value, values_match
+from dike_slurm.cycle_plan import PlannedWrite
+from dike_slurm.field_values import describe_value, values_match
 from dike_slurm.state import AuditEntry, StateStore
 
 

@@ -8,7 +8,7 @@ decayed with the site's PriorityDecayHalfLife, recalculated with the order at ev
 `engine_writes` turns a policy's decisions into the values the live engine writes with the same
 configuration: mapped onto [1, span - reserve] against the policy's ceiling (a protected job: span), left alone within the
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
-order (reconcile.priority_value, score_ceiling and keep_policy_order: the engine's own functions);
+order (priority_scale.priority_value, score_ceiling and reconcile.keep_policy_order: the engine's own functions);
 beyond the head window a value is handed back (dike_slurm/head_window.py). `within_budget` keeps
 the writes the engine's guardrails and write budget let through in one cycle; `cycle_writes` is
 the whole of one cycle: the priority writes and the constraints (placements) the engine would write.
@@ -25,7 +25,8 @@ from dike_slurm.backends.base import JobField
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.head_window import policy_window
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement
-from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order, score_ceiling, wanted_value
+from dike_slurm.priority_scale import score_ceiling, wanted_value
+from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order
 from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
 from dike_slurm.sim.records import SimSettings

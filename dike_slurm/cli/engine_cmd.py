@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` nee
     from dike_slurm.apply import CycleReport
     from dike_slurm.config import Config, ConfigSource
     from dike_slurm.engine import Engine
-    from dike_slurm.reconcile import CyclePlan
+    from dike_slurm.cycle_plan import CyclePlan
 
 _LOG_RECORD_KEYS = ("job", "action", "changes", "ok")
 

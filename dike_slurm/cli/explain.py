@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from dike_slurm.backends.base import ClusterState
     from dike_slurm.engine import CyclePlan, Engine
     from dike_slurm.model import Job
-    from dike_slurm.reconcile import JobPlan
+    from dike_slurm.cycle_plan import JobPlan
 
 
 def _matches(job: Job, wanted: tuple[int, int | None]) -> bool:
@@ -174,7 +174,7 @@ def _utc(at: float) -> str:
 
 
 def _value(value: object) -> str:
-    from dike_slurm.reconcile import describe_value
+    from dike_slurm.field_values import describe_value
 
     return describe_value(value)  # type: ignore[arg-type]
 

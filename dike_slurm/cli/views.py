@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
     from dike_slurm.backends.base import ClusterState, JobField
     from dike_slurm.model import Job, Placement
-    from dike_slurm.reconcile import CyclePlan, JobPlan, PlannedWrite
+    from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
     from dike_slurm.service_prior import Prediction
     from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
@@ -187,7 +187,7 @@ def cycle_row(cycle: CycleSummary | None) -> dict[str, Any] | None:
 
 
 def owned_rows(owned: dict) -> list[dict[str, Any]]:
-    from dike_slurm.reconcile import describe_value
+    from dike_slurm.field_values import describe_value
 
     mine: Iterable[OwnedField] = owned.values()
     return [{"field": o.field.value, "written": describe_value(o.written), "original": describe_value(o.original),
@@ -197,7 +197,7 @@ def owned_rows(owned: dict) -> list[dict[str, Any]]:
 def write_row(write: PlannedWrite, job_plan: JobPlan | None, result: str | None) -> dict[str, Any]:
     """One planned (or written) update: the job, each field from what Slurm held to the new value."""
     from dike_slurm.apply import field_changes
-    from dike_slurm.reconcile import describe_value
+    from dike_slurm.field_values import describe_value
 
     job = job_plan.job if job_plan is not None else None
     return {

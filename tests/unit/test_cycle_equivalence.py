@@ -35,19 +35,16 @@ from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
 from dike_slurm.config import Config, SlurmSettings
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
+from dike_slurm.cycle_plan import JobPlan, PlannedWrite
+from dike_slurm.field_values import is_unset, values_match
+from dike_slurm.priority_scale import priority_value, score_ceiling
 from dike_slurm.reconcile import (
     STRATEGY_FIELD,
-    JobPlan,
-    PlannedWrite,
     _JobContext,
     is_exempt,
-    is_unset,
     priority_needed,
-    priority_value,
-    score_ceiling,
     strategy_now,
     user_changes,
-    values_match,
 )
 from dike_slurm.engine import Engine, in_scope
 from dike_slurm.freed_rooms import FreedRoom

@@ -109,7 +109,7 @@ def test_a_higher_tiers_blocked_job_is_not_passed_over_by_a_preemption():
 
 def test_decisions_rank_protected_jobs_first_and_the_engine_writes_them_the_top():
     from dike_slurm.decisions import Decisions, SetPriority
-    from dike_slurm.reconcile import wanted_value
+    from dike_slurm.priority_scale import wanted_value
 
     decisions = Decisions((SetPriority(1, 0, 2.9, "a"), SetPriority(2, 0, 2.5, "b"), SetPriority(3, 1, 1.2, "c")),
                           protected=(2,))

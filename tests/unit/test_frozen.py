@@ -12,7 +12,8 @@ import pytest
 from dike_slurm.backends.base import JobField, JobUpdate
 from dike_slurm.frozen import frozen_record, frozen_records
 from dike_slurm.model import Job, JobState
-from dike_slurm.reconcile import JobPlan, _job_plan, _job_update, _planned_write, PlannedWrite
+from dike_slurm.cycle_plan import JobPlan, PlannedWrite
+from dike_slurm.reconcile import _job_plan, _job_update, _planned_write
 
 
 @pytest.mark.parametrize("cls", frozen_records(), ids=lambda c: c.__name__)

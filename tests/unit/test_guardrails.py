@@ -10,7 +10,9 @@ from pathlib import Path
 
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
+from dike_slurm.apply import Stop
 from dike_slurm.backends.base import FakeBackend, JobField
+from dike_slurm.cycle_plan import Guard
 from dike_slurm.decisions import Requeue, SetPlacement
 from dike_slurm.model import Placement
 from dike_slurm.engine import Engine
@@ -27,19 +29,19 @@ def test_error_breaker_latches_until_an_operator_resets_it(tmp_path):
     backend.failing_jobs = set(range(1, 11))
     cfg = config(tmp_path, engine={"breaker_max_errors": 2})
     first = engine(cfg, backend).cycle(apply=True)
-    assert first.errors == 2
+    assert first.errors == 2 and first.stopped is Stop.FAILED_WRITES
     store = StateStore(cfg.engine.state_db)
     assert "2 failed writes" in (store.breaker() or "")
     skipped = [e for e in store.audit_log() if e.action == "skipped"]
     assert len(skipped) == len(first.plan.writes) - 2  # every write not attempted is in the audit
     backend.failing_jobs = set()  # Slurm is fine again: the engine still writes nothing
     second = engine(cfg, backend).cycle(apply=True)
-    assert second.outcomes == () and backend.applied == []
+    assert second.outcomes == () and backend.applied == [] and second.stopped is Stop.BREAKER
     assert any("breaker reset" in n for n in second.notes)
     store.reset_breaker()
     store._db.commit()
     third = engine(cfg, backend).cycle(apply=True)
-    assert third.errors == 0 and len(backend.applied) == len(third.plan.writes) > 0
+    assert third.errors == 0 and len(backend.applied) == len(third.plan.writes) > 0 and third.stopped is None
 
 
 def test_mass_rewrite_breaker_latches(tmp_path):
@@ -50,6 +52,10 @@ def test_mass_rewrite_breaker_latches(tmp_path):
     backend.site_factors = {i: 1 for i in backend.site_factors}  # someone reset every value
     stopped = engine(cfg, backend).cycle(apply=True)
     assert stopped.plan.writes == () and any("circuit breaker" in n for n in stopped.plan.notes)
+    # the breaker is a typed guard outcome carried with its text, not found by the text's prefix
+    (guard,) = stopped.plan.guards
+    assert guard.guard is Guard.BREAKER and guard.text in stopped.plan.notes and stopped.plan.breaker == guard.text
+    assert stopped.stopped is Stop.BREAKER
     assert "would change" in (StateStore(cfg.engine.state_db).breaker() or "")
     backend.applied.clear()
     report = engine(cfg, backend).cycle(apply=True)
@@ -132,3 +138,28 @@ def test_max_changes_per_cycle_is_a_hard_cap(tmp_path):
     cfg = config(tmp_path, engine={"max_changes_per_cycle": 5})
     report = engine(cfg, backend).cycle(apply=True)
     assert len(backend.applied) == 5 and len(report.plan.held_back) == 35
+    assert [g.guard for g in report.plan.guards] == [Guard.MAX_CHANGES] and report.plan.breaker == ""
+
+
+def test_why_a_cycle_stopped_writing_is_typed(tmp_path):
+    """A pause, Slurm refusing for lack of rights, and a clean cycle: each report says which, typed."""
+    backend = cluster(*[pending(i, f"u{i}") for i in range(1, 6)])
+    cfg = config(tmp_path)
+    paused = engine(cfg, backend)
+    with paused.store.transaction():
+        paused.store.pause("maintenance")
+    report = paused.cycle(apply=True)
+    assert report.stopped is Stop.PAUSED and report.paused and backend.applied == []
+    with paused.store.transaction():
+        paused.store.resume()
+
+    class Refusing(FakeBackend):
+        def apply(self, update):
+            outcome = super().apply(update)
+            return replace(outcome, ok=False, message="Access/permission denied")
+
+    refusing = Refusing([pending(i, f"u{i}") for i in range(1, 6)], nodes(), time=NOW)
+    refused = engine(config(tmp_path / "denied"), refusing).cycle(apply=True)
+    assert refused.stopped is Stop.DENIED and refused.denied and len(refused.outcomes) < len(refused.plan.writes)
+    clean = engine(cfg, backend).cycle(apply=True)
+    assert clean.stopped is None and len(backend.applied) == len(clean.plan.writes) > 0

@@ -23,7 +23,7 @@ from dike_slurm.apply import FIRST_BATCH, CycleReport
 from dike_slurm.backends.base import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
-from dike_slurm.reconcile import CyclePlan
+from dike_slurm.cycle_plan import CyclePlan
 from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
 from dike_slurm.engine import Engine
 from dike_slurm.state import AuditEntry, CycleSummary, StateError, StateStore
