@@ -8,10 +8,25 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from dike_slurm.errors import DikeError
 
+
+class _Commands(TyperGroup):
+    """The command group: a known error (DikeError) becomes one line on stderr and its exit code, in
+    the console script and for a caller of `app` alike (tests run it in process with CliRunner)."""
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except DikeError as exc:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="dike-slurm",
     help="Dike policy engine for Slurm GPU clusters: live engine and offline replay.",
     no_args_is_help=True,
@@ -47,13 +62,9 @@ def _options(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: known errors become one line on stderr and a non-zero exit code."""
-    # Standalone mode handles usage errors (exit 2); our own errors are caught here.
+    """Entry point: usage errors exit 2 (click's standalone mode), known errors one line (_Commands)."""
     try:
         app(args=argv, prog_name="dike-slurm")
-    except DikeError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(1)
 

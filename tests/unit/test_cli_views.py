@@ -160,6 +160,8 @@ def test_piped_tables_are_not_cut(slurm_stubs):  # noqa: F811
     for job in queue["jobs"]:
         job["name"] = long_name
     (slurm_stubs.parent / "squeue.json").write_text(json.dumps(queue))
+    # a new process: its stdout is a pipe when dike_slurm.cli picks the consoles' width (in process
+    # it is whatever pytest's was when the module was imported)
     result = subprocess.run([sys.executable, "-m", "dike_slurm", "queue"], capture_output=True, text=True,
                             cwd=REPO, timeout=120, env={"PATH": "/usr/bin:/bin", "DIKE_CONFIG": str(slurm_stubs)})
     assert result.returncode == 0, result.stderr

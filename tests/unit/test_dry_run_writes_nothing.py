@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from in_process import dike_slurm
 from test_engine_cli import REPO, slurm_stubs  # noqa: F401 (the fixture)
 from unprivileged import as_user
 
@@ -58,9 +59,11 @@ def world_readable(slurm_stubs: Path):  # noqa: F811
 
 def run(config: Path, *args: str, as_nobody: bool) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "DIKE_CONFIG": str(config), "PYTHONDONTWRITEBYTECODE": "1"}
-    argv = [sys.executable, "-m", "dike_slurm", *args]
-    return subprocess.run(as_user("nobody", argv) if as_nobody else argv, capture_output=True, text=True, env=env,
-                          cwd="/", timeout=120)
+    if not as_nobody:
+        return dike_slurm(*args, env=env, cwd=Path("/"))
+    # a new process: the command runs as another user (nobody), which this process cannot become
+    return subprocess.run(as_user("nobody", [sys.executable, "-m", "dike_slurm", *args]), capture_output=True,
+                          text=True, env=env, cwd="/", timeout=120)
 
 
 def test_a_dry_cycle_and_the_read_only_commands_write_nothing(world_readable):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from in_process import dike_slurm
 from test_backend_contract import SACCT, SINFO_JSON, SQUEUE_JSON, SWITCHES, TOPOLOGY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,8 +69,7 @@ def dike(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[
     env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
     if config is not None:
         env["DIKE_CONFIG"] = str(config)
-    return subprocess.run([sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+    return dike_slurm(*args, env=env, cwd=REPO)
 
 
 def calls(config: Path) -> list[str]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm import apply as apply_module
 from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
@@ -21,11 +20,9 @@ from dike_slurm.state import StateStore
 
 
 def generate(out: Path, *extra: str) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "dike_slurm", "trace", "generate", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
-         "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out), *extra],
-        check=True, capture_output=True, timeout=120,
-    )
+    result = in_process.dike_slurm("trace", "generate", "--jobs", "80", "--nodes", "4", "--gpus-per-node", "8",
+                                   "--nodes-per-leaf", "2", "--seed", "5", "--out", str(out), *extra)
+    assert result.returncode == 0, result.stderr
     return out
 
 

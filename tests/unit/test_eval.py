@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm.errors import InputError
 from dike_slurm.sim import eval_report, evaluate
@@ -180,8 +180,7 @@ def test_files_tables_and_results_section(result, tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dike_slurm", "eval", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    return in_process.dike_slurm("eval", *args, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
 
 
 def test_a_case_missing_a_file_is_one_line_and_writes_nothing(corpus, tmp_path):

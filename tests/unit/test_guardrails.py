@@ -3,11 +3,10 @@ checks of every requeue a policy asks for (opt-in, min_runtime, max_preemptions,
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
+import in_process
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
 from dike_slurm.apply import Stop
@@ -71,8 +70,7 @@ def test_breaker_cli_status_and_reset(tmp_path):
     toml.write_text(f'[engine]\nstate_db = "{tmp_path / "state.sqlite"}"\n')
 
     def dike(*args):
-        return subprocess.run([sys.executable, "-m", "dike_slurm", *args, "-c", str(toml)], capture_output=True,
-                              text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+        return in_process.dike_slurm(*args, "-c", str(toml), env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
 
     status = dike("breaker", "status")
     assert status.returncode == 1 and "TRIPPED: 5 failed writes in cycle 3" in status.stdout

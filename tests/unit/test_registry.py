@@ -80,6 +80,7 @@ def _install_plugin(root: Path, entry_points: str) -> dict[str, str]:
 
 def test_third_party_policy_is_listed_by_the_cli(tmp_path):
     env = _install_plugin(tmp_path, f"[{ENTRY_POINT_GROUP}]\nlongest_first = acme_policy:LongestFirst\n")
+    # a new interpreter: entry points are read from PYTHONPATH's plugin at start, and the registry is loaded once
     result = subprocess.run(
         [sys.executable, "-m", "dike_slurm", "policies"], env={**env, "COLUMNS": "200"},
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
@@ -92,6 +93,7 @@ def test_third_party_policy_is_listed_by_the_cli(tmp_path):
 
 def test_broken_third_party_plugin_is_a_warning(tmp_path):
     env = _install_plugin(tmp_path, f"[{ENTRY_POINT_GROUP}]\nbroken = acme_policy:DoesNotExist\n")
+    # a new interpreter: entry points are read from PYTHONPATH's plugin at start, and the registry is loaded once
     result = subprocess.run(
         [sys.executable, "-m", "dike_slurm", "policies"], env={**env, "COLUMNS": "200"},
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
@@ -103,6 +105,7 @@ def test_broken_third_party_plugin_is_a_warning(tmp_path):
 
 def test_third_party_plugin_clashing_with_a_built_in_is_refused(tmp_path):
     env = _install_plugin(tmp_path, f"[{ENTRY_POINT_GROUP}]\nfifo = acme_policy:LongestFirst\n")
+    # a new interpreter: entry points are read from PYTHONPATH's plugin at start, and the registry is loaded once
     result = subprocess.run(
         [sys.executable, "-m", "dike_slurm", "policies"], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm.sim.metrics import JOB_CSV_COLUMNS, METRIC_KEYS
 
@@ -22,10 +22,7 @@ REQUIRED_METRICS = {
 
 
 def dike_slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"},
-    )
+    result = in_process.dike_slurm(*args, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -150,10 +147,9 @@ def test_replay_never_reads_the_live_configuration_and_says_which_it_used(small_
     live = tmp_path / "live.toml"
     live.write_text("[replay]\ncomm_penalty = 7.5\n")
     out = tmp_path / "replay"
-    result = subprocess.run(
-        [sys.executable, "-m", "dike_slurm", "replay", str(small_trace / "sacct.txt"), "--slurm-conf",
-         str(small_trace / "slurm.conf"), "--policy", "fifo,dike", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    result = in_process.dike_slurm(
+        "replay", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"), "--policy",
+        "fifo,dike", "--out", str(out), cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "DIKE_CONFIG": str(live), "DIKE_REPLAY__SEED": "4"},
     )
     assert result.returncode == 0, result.stderr

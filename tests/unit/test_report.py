@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import base64
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+import in_process
 
 from dike_slurm.config import load_config
 from dike_slurm.policies import dike as dike_module
@@ -143,11 +142,9 @@ def user_jobs(replay_input) -> dict[str, int]:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("trace")
-    result = subprocess.run(
-        [sys.executable, "-m", "dike_slurm", "trace", "generate", "--out", str(folder), "--jobs", "150",
-         "--nodes", "4", "--nodes-per-leaf", "2", "--seed", "5", "--load", "0.9"],
-        capture_output=True, text=True, cwd=REPO, timeout=300, env={"PATH": "/usr/bin:/bin"},
-    )
+    result = in_process.dike_slurm("trace", "generate", "--out", str(folder), "--jobs", "150", "--nodes", "4",
+                                   "--nodes-per-leaf", "2", "--seed", "5", "--load", "0.9",
+                                   cwd=REPO, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     return folder
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import in_process
 
 from dike_slurm.errors import InputError
 from dike_slurm.sim.results import load
@@ -18,8 +17,7 @@ POLICIES = ("fifo", "dike")
 
 
 def dike(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True,
-                            cwd=REPO, timeout=300, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    result = in_process.dike_slurm(*args, cwd=REPO, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
 
 

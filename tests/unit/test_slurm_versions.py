@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
@@ -271,9 +271,7 @@ def run_engine(tmp_path: Path, version: str, squeue_json: str) -> tuple[subproce
     config.write_text(f'[engine]\nstate_db = "{tmp_path}/state/state.sqlite"\n[slurm]\nbin_dir = "{bin_dir}"\n'
                       '[policies.dike]\nthresholds_gpuh = [0.02, 0.2]\n')
     env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "DIKE_CONFIG": str(config)}
-    # cwd outside the repository: the installed dike_slurm runs, whatever the install mode
-    result = subprocess.run([sys.executable, "-m", "dike_slurm", "run", "--once", "--apply"], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=120)
+    result = in_process.dike_slurm("run", "--once", "--apply", env=env, cwd=tmp_path)
     return result, log.read_text().splitlines() if log.exists() else []
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm.audit_export import audit_json_line
 from dike_slurm.backends.base import JobField, SwitchRequest
@@ -248,13 +247,12 @@ def test_the_audit_export_command_writes_the_whole_audit_as_json_lines(tmp_path)
     config = tmp_path / "dike.toml"
     config.write_text(f'[engine]\nstate_db = "{state}"\n')
     out = tmp_path / "all.jsonl"
-    result = subprocess.run([sys.executable, "-m", "dike_slurm", "audit", "--config", str(config), "--export",
-                             str(out)], capture_output=True, text=True, timeout=120)
+    result = in_process.dike_slurm("audit", "--config", str(config), "--export", str(out))
     assert result.returncode == 0, result.stderr
     assert exported_ids(out) == ids  # all 300, past the listing's default limit of 200
     assert f"300 audit row(s) written to {out}" in result.stdout
-    since = subprocess.run([sys.executable, "-m", "dike_slurm", "audit", "--config", str(config), "--export",
-                            str(out), "--since", "1970-01-01T00:04:00"], capture_output=True, text=True, timeout=120)
+    since = in_process.dike_slurm("audit", "--config", str(config), "--export", str(out), "--since",
+                                  "1970-01-01T00:04:00")
     assert since.returncode == 0 and exported_ids(out) == ids[239:]
     assert not list(tmp_path.glob(".*.tmp"))
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import in_process
 
 from dike_slurm.errors import InputError
 from dike_slurm.sim.sweep import cell as sweep_cell
@@ -23,10 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def dike_slurm(*args: str, check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "dike_slurm", *args], capture_output=True, text=True, cwd=cwd, timeout=600,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
+    result = in_process.dike_slurm(*args, cwd=cwd, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     if check:
         assert result.returncode == 0, result.stderr
     return result

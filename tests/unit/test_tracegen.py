@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import hostlist
 import pytest
+import in_process
 
 from dike_slurm.accounting import read_sacct_file, read_sacct_parsable2
 from dike_slurm.model import JobState
@@ -432,8 +431,7 @@ def _documented_command() -> list[str]:
 def test_bundled_sample_is_what_the_documented_command_writes(tmp_path):
     argv = _documented_command()
     argv[argv.index("--out") + 1] = str(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "dike_slurm", *argv], capture_output=True, text=True,
-                            cwd=REPO, timeout=300)
+    result = in_process.dike_slurm(*argv, cwd=REPO)
     assert result.returncode == 0, result.stderr
     for name in ("sacct.txt", "slurm.conf", "topology.conf"):
         assert (tmp_path / name).read_bytes() == (SAMPLE / name).read_bytes(), name
