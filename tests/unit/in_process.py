@@ -1,8 +1,10 @@
 """`dike-slurm ARGS` run in this process with typer's CliRunner, as a new process would see it.
 
-Starting a new Python for each command costs about a second of imports; a test that reads only a
-command's exit code and output runs it here instead, against `dike_slurm.cli.app`. The result is a
-subprocess.CompletedProcess (returncode, stdout, stderr apart), so the assertions read as before.
+Starting a new Python for each command pays its imports again (pandas, numpy, matplotlib for the
+offline commands); a test that reads only a command's exit code and output runs it here instead,
+against `dike_slurm.cli.app`. The result is a subprocess.CompletedProcess (returncode, stdout,
+stderr apart: CliRunner keeps them apart from typer 0.24 on, setup.cfg's test extra), so the
+assertions read as before.
 
 What a fresh process would have to itself is set for the command and restored after it, so tests
 stay independent of each other and of their order:
