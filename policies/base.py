@@ -1,10 +1,14 @@
-"""What every policy is: a class with a name, a parameter model and a pure `decide`."""
+"""What every policy is: a class with a name, a parameter model and a pure `decide`.
+
+`Policy[P]` is generic in its parameter model `P`: `decide` and every hook take the policy's own
+parameters, typed, so no policy checks their class at run time. The built-in policies are
+composed of typed stages (`policies/stages.py`)."""
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,19 +22,24 @@ class PolicyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Policy(ABC):
-    """A scheduling policy. `decide` must be pure: no I/O, no clock, randomness only from `rng`."""
+P = TypeVar("P", bound=PolicyParams)
+
+
+class Policy(ABC, Generic[P]):
+    """A scheduling policy with parameters `P`. `decide` must be pure: no I/O, no clock, randomness
+    only from `rng`. The hooks declare what it reads and writes; the engine and the simulator ask
+    them, never the parameters themselves."""
 
     name: ClassVar[str]
     description: ClassVar[str]
-    Params: ClassVar[type[PolicyParams]] = PolicyParams
+    Params: ClassVar[type[PolicyParams]] = PolicyParams  # P's class: the configuration validates into it
     live: ClassVar[bool] = True  # False: replay only (e.g. an oracle that needs true durations)
 
     @abstractmethod
-    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
+    def decide(self, snapshot: Snapshot, params: P, rng: random.Random) -> Decisions:
         """Decisions for the managed jobs of this snapshot."""
 
-    def reads_completed_service(self, params: PolicyParams) -> bool:
+    def reads_completed_service(self, params: P) -> bool:
         """Whether `decide` reads `snapshot.completed_service_gpu_s` with these parameters.
 
         When it does not, the engine and the simulator leave that field empty instead of
@@ -39,12 +48,12 @@ class Policy(ABC):
         """
         return True
 
-    def reads_service_prior(self, params: PolicyParams) -> bool:
+    def reads_service_prior(self, params: P) -> bool:
         """Whether `decide` reads `snapshot.service_prior` with these parameters; when it does not,
         the engine and the simulator do not learn one."""
         return False
 
-    def replays_as_priority_basic(self, params: PolicyParams) -> bool:
+    def replays_as_priority_basic(self, params: P) -> bool:
         """Whether the replay stands this policy for a site running Slurm's `priority/basic`
         (submit order, every factor and SiteFactor ignored) instead of adding what the engine
         would write to the site's multifactor priority. Only the `fifo` baseline says so: the
@@ -52,7 +61,7 @@ class Policy(ABC):
         factors would reorder them, which is not the FIFO a site gets."""
         return False
 
-    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
+    def requeue_min_run_s(self, params: P) -> float | None:
         """None when `decide` never returns requeues with these parameters; otherwise the shortest
         run (seconds since the job's last start) it may preempt.
 
@@ -61,11 +70,11 @@ class Policy(ABC):
         """
         return None
 
-    def usage_owner(self, params: PolicyParams) -> str:
+    def usage_owner(self, params: P) -> str:
         """Whose decayed GPU usage the snapshot's `user_usage_gpu_s` is keyed by: "user" or "account"."""
         return "user"
 
-    def score_ceiling(self, params: PolicyParams) -> float | None:
+    def score_ceiling(self, params: P) -> float | None:
         """An upper bound of the scores `decide` returns, if it has a fixed one; None: unbounded.
 
         The live engine maps scores onto Slurm priorities against it, so that a job's value does
@@ -73,21 +82,21 @@ class Policy(ABC):
         """
         return None
 
-    def switch_wait_s(self, params: PolicyParams) -> int | None:
+    def switch_wait_s(self, params: P) -> int | None:
         """The longest wait of the Switches constraints `decide` sets with these parameters; None: it sets none.
 
         `dike-slurm render slurm-conf` prints it as the `max_switch_wait` Slurm needs to honour them.
         """
         return None
 
-    def leaf_feature_prefix(self, params: PolicyParams) -> str:
+    def leaf_feature_prefix(self, params: P) -> str:
         """The node feature naming a leaf switch in `decide`'s Features constraints: prefix + switch name.
 
         `dike-slurm render slurm-conf` prints the node features the site must configure with it.
         """
         return "leaf_"
 
-    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
+    def promotion_at(self, job: Job, params: P) -> float | None:
         """When this pending job, at a level above 0, would be promoted to level 0 for waiting
         (epoch seconds), None when it never is; `explain` tells the user."""
         return None

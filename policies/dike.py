@@ -7,30 +7,29 @@ consolidation of communication-heavy jobs, steering of light jobs, optional pree
 
 from __future__ import annotations
 
-import random
 from bisect import bisect_right
-from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
+from dike_slurm.decisions import SetPlacement, SetPriority
 from dike_slurm.model import Job, JobState, Placement, Snapshot
-from dike_slurm.policies.base import Policy, PolicyParams
+from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import (
     ClusterView,
     CommRule,
     Consolidator,
     is_comm_heavy,
-    level_of,
     owners_of,
     quantile,
     share_fractions,
     split_active,
     usage_fractions,
 )
+from dike_slurm.policies.levels import levels_with_promotion, promotion_time
 from dike_slurm.policies.node_hold import plan_node_hold, with_node_hold
-from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
+from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, PreemptionRule
+from dike_slurm.policies.stages import Holding, Ordering, Placing, PlacementDecision, Ranking, StagedPolicy, Victims
 from dike_slurm.service_prior import Prediction
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
@@ -159,53 +158,12 @@ def thresholds_gpu_s(snapshot: Snapshot, params: DikeParams) -> tuple[list[float
     return fixed, f"derived from {len(history)} finished jobs"
 
 
-def levels_with_promotion(
-    job: Job, now: float, thresholds: list[float], promote_knob: float | None, max_wait_s: float | None,
-    expected_gpu_s: float = 0.0,
-) -> tuple[int, bool, str]:
-    """(level, promoted, reason) for an active job: the level of its attained (or, when larger,
-    expected) service unless it starves."""
-    service = job.counted_gpu_s
-    level = level_of(max(service, expected_gpu_s), thresholds)
-    reason = f"attained={service / 3600:.2f}gpuh"
-    if job.state is JobState.PENDING and level > 0:
-        waited = job.waiting_s(now)
-        if promote_knob is not None and job.last_run_s > 0 and waited >= promote_knob * job.last_run_s:
-            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= {promote_knob:g} x last run {job.last_run_s:.0f}s"
-        expected_run_s = expected_gpu_s / job.gpus if job.gpus > 0 else 0.0
-        if (promote_knob is not None and job.last_run_s <= 0 and expected_run_s > 0
-                and waited >= promote_knob * expected_run_s):
-            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= {promote_knob:g} x expected run {expected_run_s:.0f}s"
-        if max_wait_s is not None and waited >= max_wait_s:
-            return 0, True, f"{reason}; promoted: waited {waited:.0f}s >= max_wait {max_wait_s:.0f}s"
-    return level, False, reason
+class MixedPriorityQueues(Ordering[DikeParams]):
+    """K levels of attained (or, with the service prior, expected) GPU service, starvation
+    promotion, and inside a level a mix of the owner's fair share, the wait and how short the
+    expected service is."""
 
-
-def promotion_time(job: Job, promote_knob: float | None, max_wait_s: float | None) -> float | None:
-    """When levels_with_promotion promotes this pending job for waiting: `promote_knob` x its last
-    run or `max_wait_s` after it began to wait, whichever comes first (None: never)."""
-    since = job.pending_since if job.pending_since is not None else job.submit_time
-    times = [since + promote_knob * job.last_run_s] if promote_knob is not None and job.last_run_s > 0 else []
-    if max_wait_s is not None:
-        times.append(since + max_wait_s)
-    return min(times) if times else None
-
-
-class DikePolicy(Policy):
-    name = "dike"
-    description = "Dike: K feedback queues from attained GPU-hours, fairness/wait mix, comm-aware placement."
-    Params = DikeParams
-
-    def switch_wait_s(self, params: PolicyParams) -> int | None:
-        assert isinstance(params, DikeParams)
-        return params.max_consolidation_wait_s
-
-    def leaf_feature_prefix(self, params: PolicyParams) -> str:
-        assert isinstance(params, DikeParams)
-        return params.leaf_feature_prefix
-
-    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
-        assert isinstance(params, DikeParams)
+    def rank(self, snapshot: Snapshot, params: DikeParams) -> Ranking:
         now = snapshot.time
         thresholds, origin = thresholds_gpu_s(snapshot, params)
         threshold_text = f"{', '.join(f'{t / 3600:.3g}' for t in thresholds)} gpuh ({origin})"
@@ -308,68 +266,17 @@ class DikePolicy(Policy):
             score = (top_level - level) + WITHIN_SPAN * mix
             append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
                                promoted))
+        return Ranking(tuple(priorities), pending, running, expected_of)
 
-        placements = (
-            self._placements(snapshot, params, pending) if params.consolidate or params.steer_light_jobs else []
-        )
-        if not params.preemption and params.hold_nodes == "never":
-            return Decisions(tuple(priorities), tuple(placements), expected=expected_of)
-        comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
-        heavy = lambda job: is_comm_heavy(job, comm_gpus, comm_rules)  # noqa: E731
-        one_leaf = heavy if params.consolidate else (lambda job: False)
-        level_of_job = {p.job_id: p.level for p in priorities}
-        score_of_job = {p.job_id: p.score for p in priorities}
-        ranked = sorted(pending, key=lambda j: (-score_of_job[j.job_id], j.submit_time, j.job_id))
-        plan = (
-            self._preemptions(snapshot, params, level_of_job, ranked, running, one_leaf, expected_of)
-            if params.preemption else PreemptionPlan()
-        )
-        pinned = plan.pinned
-        placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
-        if params.hold_nodes != "never":
-            promoted = {p.job_id for p in priorities if p.promoted}
-            hold = plan_node_hold(
-                snapshot, ranked, running, plan, heavy=heavy,
-                eligible=(lambda job: job.job_id in promoted) if params.hold_nodes == "promoted" else (lambda job: True),
-                preemptible=(lambda job: job.requeueable) if params.preemption else (lambda job: False),
-                one_leaf=one_leaf, max_scan=PreemptionLimits.max_scan,
-            )
-            if hold is not None:
-                placements = with_node_hold(placements, hold)
-        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected, expected_of)
 
-    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
-        assert isinstance(params, DikeParams)
-        return promotion_time(job, params.promote_knob, params.max_wait_s)
+class CommunicationAware(Placing[DikeParams]):
+    """Communication-heavy jobs consolidated under as few leaves as hold them; light one-node jobs
+    steered to fragmented nodes so that idle leaves stay whole."""
 
-    def reads_completed_service(self, params: PolicyParams) -> bool:
-        assert isinstance(params, DikeParams)
-        # derived thresholds: quantiles of finished jobs' service; the prior: where a job's expected service falls
-        return params.thresholds_gpuh is None or params.service_prior
-
-    def reads_service_prior(self, params: PolicyParams) -> bool:
-        assert isinstance(params, DikeParams)
-        return params.service_prior
-
-    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
-        assert isinstance(params, DikeParams)
-        if not params.preemption:
-            return None
-        if params.min_runtime_share > 0 and params.service_prior:
-            return min(params.min_runtime_s, params.min_runtime_floor_s)
-        return params.min_runtime_s
-
-    def usage_owner(self, params: PolicyParams) -> str:
-        assert isinstance(params, DikeParams)
-        return params.fairness_by
-
-    def score_ceiling(self, params: PolicyParams) -> float | None:
-        assert isinstance(params, DikeParams)
-        return float(params.levels)  # level l scores in [levels-1-l, levels-l)
-
-    def _placements(self, snapshot: Snapshot, params: DikeParams, pending: tuple[Job, ...] | None = None) -> list:
-        if pending is None:
-            pending = snapshot.pending
+    def place(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking) -> list[PlacementDecision]:
+        if not (params.consolidate or params.steer_light_jobs):
+            return []
+        pending = ranking.pending
         view = ClusterView(snapshot, params.steer_light_jobs)
         excluded = view.excluded
         consolidator = Consolidator(
@@ -397,16 +304,24 @@ class DikePolicy(Policy):
                 out.append(SetPlacement(job.job_id, steer, steer_reason))
         return out
 
-    def _preemptions(
-        self,
-        snapshot: Snapshot,
-        params: DikeParams,
-        level_of_job: dict[int, int],
-        ranked: list[Job],
-        running: tuple[Job, ...],
-        one_leaf,
-        expected_of: Mapping[int, Prediction],
-    ) -> PreemptionPlan:
+
+def one_leaf_rule(params: DikeParams):
+    """Which jobs must fit under one leaf to count as fitting: the heavy ones, when consolidating."""
+    comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
+    if not params.consolidate:
+        return lambda job: False
+    return lambda job: is_comm_heavy(job, comm_gpus, comm_rules)
+
+
+class WorseLevels(Victims[DikeParams]):
+    """Running jobs of a worse level, cut only after they ran long enough (anti-thrash with a
+    backoff per earlier preemption), cheapest loss since the last checkpoint first."""
+
+    def rule(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking) -> PreemptionRule | None:
+        if not params.preemption:
+            return None
+        expected_of = ranking.expected
+        level_of_job = ranking.measure
         now, min_run, backoff = snapshot.time, params.min_runtime_s, params.preemption_backoff
         interval, share, floor = params.checkpoint_interval_s, params.min_runtime_share, params.min_runtime_floor_s
 
@@ -427,14 +342,10 @@ class DikePolicy(Policy):
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             return victim.gpus * (ran % interval if interval > 0 else ran)
 
-        return plan_preemptions(
-            snapshot,
-            ranked,
-            running,
-            outranks=lambda blocked, victim: level_of_job[blocked.job_id] < level_of_job[victim.job_id],
+        return PreemptionRule(
             may_preempt=may_preempt,
             loss=loss,
-            one_leaf=one_leaf,
+            one_leaf=one_leaf_rule(params),
             limits=PreemptionLimits(max_requeues=params.max_requeues_per_cycle),
             reason=lambda blocked, victim: (
                 f"level {level_of_job[victim.job_id]} job preempted for level-{level_of_job[blocked.job_id]} "
@@ -442,3 +353,60 @@ class DikePolicy(Policy):
             ),
             protect=params.protect_freed_nodes,
         )
+
+
+class HoldNodes(Holding[DikeParams]):
+    """`hold_nodes`: nodes kept for the first blocked heavy job preemption cannot help (node_hold.py)."""
+
+    def hold(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking, plan: PreemptionPlan,
+             placements: list[PlacementDecision]) -> list[PlacementDecision]:
+        if params.hold_nodes == "never":
+            return placements
+        comm_gpus, comm_rules = params.comm_gpus, params.comm_rules
+        promoted = {p.job_id for p in ranking.priorities if p.promoted}
+        hold = plan_node_hold(
+            snapshot, ranking.walk, ranking.running, plan, heavy=lambda job: is_comm_heavy(job, comm_gpus, comm_rules),
+            eligible=(lambda job: job.job_id in promoted) if params.hold_nodes == "promoted" else (lambda job: True),
+            preemptible=(lambda job: job.requeueable) if params.preemption else (lambda job: False),
+            one_leaf=one_leaf_rule(params), max_scan=PreemptionLimits.max_scan,
+        )
+        return placements if hold is None else with_node_hold(placements, hold)
+
+
+class DikePolicy(StagedPolicy[DikeParams]):
+    name = "dike"
+    description = "Dike: K feedback queues from attained GPU-hours, fairness/wait mix, comm-aware placement."
+    Params = DikeParams
+    ordering = MixedPriorityQueues()
+    placing = CommunicationAware()
+    victims = WorseLevels()
+    holding = HoldNodes()
+
+    def switch_wait_s(self, params: DikeParams) -> int | None:
+        return params.max_consolidation_wait_s
+
+    def leaf_feature_prefix(self, params: DikeParams) -> str:
+        return params.leaf_feature_prefix
+
+    def promotion_at(self, job: Job, params: DikeParams) -> float | None:
+        return promotion_time(job, params.promote_knob, params.max_wait_s)
+
+    def reads_completed_service(self, params: DikeParams) -> bool:
+        # derived thresholds: quantiles of finished jobs' service; the prior: where a job's expected service falls
+        return params.thresholds_gpuh is None or params.service_prior
+
+    def reads_service_prior(self, params: DikeParams) -> bool:
+        return params.service_prior
+
+    def requeue_min_run_s(self, params: DikeParams) -> float | None:
+        if not params.preemption:
+            return None
+        if params.min_runtime_share > 0 and params.service_prior:
+            return min(params.min_runtime_s, params.min_runtime_floor_s)
+        return params.min_runtime_s
+
+    def usage_owner(self, params: DikeParams) -> str:
+        return params.fairness_by
+
+    def score_ceiling(self, params: DikeParams) -> float | None:
+        return float(params.levels)  # level l scores in [levels-1-l, levels-l)

@@ -1,4 +1,4 @@
-"""Preemption planning shared by the preemptive policies (dike, tiresias, srtf_oracle).
+"""The preemption stage, one for every preemptive policy (dike, tiresias, srtf_oracle).
 
 A pending job is *blocked* when it does not fit on nodes now: `num_nodes` nodes with
 `gpus_per_node` free GPUs each (inside one leaf switch for a communication-heavy job), not when the
@@ -18,10 +18,10 @@ a higher partition or QOS tier would take the freed nodes first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dike_slurm.decisions import Requeue, SetPlacement
+from dike_slurm.decisions import ClearPlacement, Requeue, SetPlacement
 from dike_slurm.model import Job, Placement, Snapshot, may_use_gpus
 from dike_slurm.slurm_priority import scheduling_tier
 
@@ -47,6 +47,48 @@ class PreemptionPlan:
     @property
     def pinned(self) -> frozenset[int]:
         return frozenset(p.job_id for p in self.pins)
+
+
+@dataclass(frozen=True)
+class PreemptionRule:
+    """A policy's part of the preemption stage (`stages.Victims`): who may be cut now, what that
+    loses, which jobs must fit under one leaf, the limits, the reason a victim reads, and whether
+    the freed room is protected for its job (`plan_preemptions` says what each means)."""
+
+    may_preempt: Callable[[Job], bool]
+    loss: Callable[[Job], float]
+    one_leaf: Callable[[Job], bool]
+    limits: PreemptionLimits
+    reason: Callable[[Job, Job], str]
+    protect: bool
+
+
+def preempt(snapshot: Snapshot, ranked_pending: Sequence[Job], running: Sequence[Job],
+            measure: Mapping[int, float], rule: PreemptionRule) -> PreemptionPlan:
+    """The preemption stage: a blocked job preempts running jobs whose `measure` is higher than
+    its own (a worse level; for the SRTF oracle, more remaining GPU time), as the rule allows."""
+    return plan_preemptions(
+        snapshot,
+        ranked_pending,
+        running,
+        outranks=lambda blocked, victim: measure[blocked.job_id] < measure[victim.job_id],
+        may_preempt=rule.may_preempt,
+        loss=rule.loss,
+        one_leaf=rule.one_leaf,
+        limits=rule.limits,
+        reason=rule.reason,
+        protect=rule.protect,
+    )
+
+
+def with_pins(
+    placements: list[SetPlacement | ClearPlacement], plan: PreemptionPlan
+) -> list[SetPlacement | ClearPlacement]:
+    """The placements with the plan's pins in place of the pinned jobs' own."""
+    if not plan.pins:
+        return placements
+    pinned = plan.pinned
+    return [p for p in placements if p.job_id not in pinned] + list(plan.pins)
 
 
 class NodeLedger:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import random
-
 from pydantic import Field
 
-from dike_slurm.decisions import Decisions, SetPriority
+from dike_slurm.decisions import SetPriority
 from dike_slurm.errors import PolicyError
 from dike_slurm.model import JobState, Snapshot
-from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.preemption import PreemptionLimits, plan_preemptions
+from dike_slurm.policies.base import PolicyParams
+from dike_slurm.policies.preemption import PreemptionLimits, PreemptionRule
+from dike_slurm.policies.stages import Ordering, Ranking, StagedPolicy, Victims
 
 
 class SrtfOracleParams(PolicyParams):
@@ -20,21 +19,13 @@ class SrtfOracleParams(PolicyParams):
     max_requeues_per_cycle: int = Field(32, ge=0, description="an upper bound: not held to the engine's rate limit")
 
 
-class SrtfOraclePolicy(Policy):
-    name = "srtf_oracle"
-    description = "Shortest remaining GPU-time first using true durations (replay-only upper bound)."
-    Params = SrtfOracleParams
-    live = False
+class ShortestRemaining(Ordering[SrtfOracleParams]):
+    """Remaining GPU-time (true duration minus the time run, times GPUs) ascending; a blocked job
+    outranks a running one with more remaining GPU-time."""
 
-    def reads_completed_service(self, params: PolicyParams) -> bool:
-        return False
-
-    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
-        assert isinstance(params, SrtfOracleParams)
-        return 0.0 if params.preemptive else None
-
-    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
-        active = snapshot.pending + snapshot.running
+    def rank(self, snapshot: Snapshot, params: SrtfOracleParams) -> Ranking:
+        pending, running = snapshot.pending, snapshot.running
+        active = pending + running
         missing = [j.display_id for j in active if j.true_duration_s is None]
         if missing:
             raise PolicyError(
@@ -51,19 +42,17 @@ class SrtfOraclePolicy(Policy):
             SetPriority(job_id, 0, float(count - rank), f"remaining={left / 3600:.2f}gpuh")
             for rank, (left, _, job_id) in enumerate(remaining)
         )
-        assert isinstance(params, SrtfOracleParams)
+        return Ranking(priorities, pending, running, measures={job_id: left for left, _, job_id in remaining})
+
+
+class LongerRemaining(Victims[SrtfOracleParams]):
+    """Any requeueable running job with more remaining GPU-time than the blocked job."""
+
+    def rule(self, snapshot: Snapshot, params: SrtfOracleParams, ranking: Ranking) -> PreemptionRule | None:
         if not params.preemptive:
-            return Decisions(priorities=priorities)
-        rank_of = {job_id: rank for rank, (_, _, job_id) in enumerate(remaining)}
-        left_of = {job_id: left for left, _, job_id in remaining}
-        pending = sorted((j for j in active if j.state is JobState.PENDING), key=lambda j: rank_of[j.job_id])
-        running = [j for j in active if j.state is JobState.RUNNING]
+            return None
         now = snapshot.time
-        plan = plan_preemptions(
-            snapshot,
-            pending,
-            running,
-            outranks=lambda blocked, victim: left_of[blocked.job_id] < left_of[victim.job_id],
+        return PreemptionRule(
             may_preempt=lambda victim: victim.requeueable,
             loss=lambda victim: victim.gpus * (now - (victim.start_time or now)),
             one_leaf=lambda job: job.num_nodes > 1,
@@ -71,4 +60,18 @@ class SrtfOraclePolicy(Policy):
             reason=lambda blocked, victim: f"more remaining GPU-time than job {blocked.job_id}",
             protect=True,  # the upper bound wastes no preemption
         )
-        return Decisions(priorities, plan.pins, plan.requeues, plan.protected)
+
+
+class SrtfOraclePolicy(StagedPolicy[SrtfOracleParams]):
+    name = "srtf_oracle"
+    description = "Shortest remaining GPU-time first using true durations (replay-only upper bound)."
+    Params = SrtfOracleParams
+    live = False
+    ordering = ShortestRemaining()
+    victims = LongerRemaining()
+
+    def reads_completed_service(self, params: SrtfOracleParams) -> bool:
+        return False
+
+    def requeue_min_run_s(self, params: SrtfOracleParams) -> float | None:
+        return 0.0 if params.preemptive else None

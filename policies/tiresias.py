@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import random
 from bisect import bisect_right
 
 from pydantic import Field, model_validator
 
-from dike_slurm.decisions import Decisions, SetPriority
+from dike_slurm.decisions import SetPriority
 from dike_slurm.model import Job, JobState, Snapshot
-from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active
-from dike_slurm.policies.dike import levels_with_promotion, promotion_time
-from dike_slurm.policies.fifo import submit_order
-from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, plan_preemptions
+from dike_slurm.policies.base import PolicyParams
+from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active, submit_order
+from dike_slurm.policies.levels import levels_with_promotion, promotion_time
+from dike_slurm.policies.preemption import PreemptionLimits, PreemptionRule
+from dike_slurm.policies.stages import Ordering, Placing, PlacementDecision, Ranking, StagedPolicy, Victims
 
 
 class TiresiasParams(PolicyParams):
@@ -42,32 +41,10 @@ class TiresiasParams(PolicyParams):
         return self
 
 
-class TiresiasPolicy(Policy):
-    name = "tiresias"
-    description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, preemptive, consolidate large jobs."
-    Params = TiresiasParams
+class LeastAttainedService(Ordering[TiresiasParams]):
+    """Discretized 2D-LAS: the queue of a job's attained GPU service, FIFO inside a queue."""
 
-    def reads_completed_service(self, params: PolicyParams) -> bool:
-        return False
-
-    def promotion_at(self, job: Job, params: PolicyParams) -> float | None:
-        assert isinstance(params, TiresiasParams)
-        return promotion_time(job, params.promote_knob, None)
-
-    def requeue_min_run_s(self, params: PolicyParams) -> float | None:
-        assert isinstance(params, TiresiasParams)
-        return params.min_runtime_s if params.preemptive else None
-
-    def score_ceiling(self, params: PolicyParams) -> float | None:
-        assert isinstance(params, TiresiasParams)
-        return float(len(params.thresholds_gpu_s) + 1)
-
-    def switch_wait_s(self, params: PolicyParams) -> int | None:
-        assert isinstance(params, TiresiasParams)
-        return params.consolidation_wait_s
-
-    def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
-        assert isinstance(params, TiresiasParams)
+    def rank(self, snapshot: Snapshot, params: TiresiasParams) -> Ranking:
         levels = len(params.thresholds_gpu_s) + 1
         pending, running = split_active(snapshot)
         active = submit_order(pending + running)
@@ -96,8 +73,15 @@ class TiresiasPolicy(Policy):
             # FIFO inside a level: earlier submissions get a larger share of the level's span.
             within = 0.999 * (count - rank) / (count + 1)
             append(SetPriority(job.job_id, level, (levels - 1 - level) + within, reason, promoted))
-        placements = []
-        large = [job for job in pending if job.gpus >= params.consolidate_gpus]
+        return Ranking(tuple(priorities), pending, running)
+
+
+class ConsolidateLarge(Placing[TiresiasParams]):
+    """Jobs of at least `consolidate_gpus` GPUs under as few leaf switches as can hold them."""
+
+    def place(self, snapshot: Snapshot, params: TiresiasParams, ranking: Ranking) -> list[PlacementDecision]:
+        placements: list[PlacementDecision] = []
+        large = [job for job in ranking.pending if job.gpus >= params.consolidate_gpus]
         if large:
             capacity, free_by_leaf = leaf_capacity_and_free(snapshot)
             consolidator = Consolidator(capacity, free_by_leaf, params.consolidation_wait_s, "switches", "")
@@ -106,28 +90,22 @@ class TiresiasPolicy(Policy):
                 reason = reasons.get(job.gpus)
                 if reason is None:
                     reason = reasons[job.gpus] = f"large job ({job.gpus} GPUs): consolidate"
-                decision = consolidator.decide(job, now, reason)
+                decision = consolidator.decide(job, snapshot.time, reason)
                 if decision is not None:
                     placements.append(decision)
-        if not params.preemptive:
-            return Decisions(tuple(priorities), tuple(placements))
-        plan = self._preemptions(snapshot, params, priorities, pending, running)
-        pinned = plan.pinned
-        placements = [p for p in placements if p.job_id not in pinned] + list(plan.pins)
-        return Decisions(tuple(priorities), tuple(placements), plan.requeues, plan.protected)
+        return placements
 
-    def _preemptions(self, snapshot: Snapshot, params: TiresiasParams, priorities, pending, running) -> PreemptionPlan:
-        """2D-LAS preemption: a blocked job preempts running jobs of a worse queue (FIFO inside a
-        queue: never a job of its own queue), the youngest runs first (they lose the least)."""
-        level_of_job = {p.job_id: p.level for p in priorities}
-        score_of_job = {p.job_id: p.score for p in priorities}
-        ranked = sorted(pending, key=lambda j: -score_of_job[j.job_id])
+
+class WorseQueues(Victims[TiresiasParams]):
+    """2D-LAS preemption: a blocked job preempts running jobs of a worse queue (FIFO inside a
+    queue: never a job of its own queue), the youngest runs first (they lose the least)."""
+
+    def rule(self, snapshot: Snapshot, params: TiresiasParams, ranking: Ranking) -> PreemptionRule | None:
+        if not params.preemptive:
+            return None
         now, min_run, large = snapshot.time, params.min_runtime_s, params.consolidate_gpus
-        return plan_preemptions(
-            snapshot,
-            ranked,
-            running,
-            outranks=lambda blocked, victim: level_of_job[blocked.job_id] < level_of_job[victim.job_id],
+        level_of_job = ranking.measure
+        return PreemptionRule(
             may_preempt=lambda v: v.requeueable and v.start_time is not None and now - v.start_time >= min_run,
             loss=lambda v: v.gpus * (now - (v.start_time or now)),
             one_leaf=lambda job: job.gpus >= large,
@@ -137,3 +115,27 @@ class TiresiasPolicy(Policy):
             ),
             protect=params.protect_freed_nodes,
         )
+
+
+class TiresiasPolicy(StagedPolicy[TiresiasParams]):
+    name = "tiresias"
+    description = "Tiresias 2D-LAS: 2 queues at 3600 GPU-s, FIFO inside, preemptive, consolidate large jobs."
+    Params = TiresiasParams
+    ordering = LeastAttainedService()
+    placing = ConsolidateLarge()
+    victims = WorseQueues()
+
+    def reads_completed_service(self, params: TiresiasParams) -> bool:
+        return False
+
+    def promotion_at(self, job: Job, params: TiresiasParams) -> float | None:
+        return promotion_time(job, params.promote_knob, None)
+
+    def requeue_min_run_s(self, params: TiresiasParams) -> float | None:
+        return params.min_runtime_s if params.preemptive else None
+
+    def score_ceiling(self, params: TiresiasParams) -> float | None:
+        return float(len(params.thresholds_gpu_s) + 1)
+
+    def switch_wait_s(self, params: TiresiasParams) -> int | None:
+        return params.consolidation_wait_s

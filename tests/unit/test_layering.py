@@ -1,4 +1,5 @@
-"""The core (dike_slurm/ minus the command line) imports nothing from the simulator (sim/)."""
+"""The core (dike_slurm/ minus the command line) imports nothing from the simulator (sim/); the
+policies import nothing from one another, only the shared stages and building blocks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "dike_slurm"
 SIM_MODULES = ("dike_slurm.sim", "sim")
+POLICIES = CORE.parent / "policies"
+# what a policy may import of policies/: the policy base, the stages and the shared building blocks
+SHARED = {"base", "stages", "common", "levels", "preemption", "node_hold"}
 
 
 def sim_imports(source: str) -> list[str]:
@@ -43,3 +47,40 @@ def test_the_check_finds_every_form_of_import():
     assert sim_imports("from dike_slurm import sim\n")
     assert sim_imports("from sim.replay import run_policy\n")
     assert not sim_imports("from dike_slurm.simple import x\nimport simplejson\n")
+
+
+def policy_imports(source: str) -> set[str]:
+    """The modules of dike_slurm.policies that `source` imports (their last name), at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = ([f"{node.module}.{a.name}" for a in node.names] if node.module == "dike_slurm.policies"
+                     else [node.module])
+        else:
+            continue
+        found |= {name.rsplit(".", 1)[1] for name in names if name.startswith("dike_slurm.policies.")}
+    return found
+
+
+def test_the_policies_import_nothing_from_one_another():
+    """Dike, Tiresias, the SRTF oracle and FIFO share the preemption stage and the building blocks
+    (policies/stages.py, preemption.py, ...), never one another's module; none checks the class of
+    its parameters at run time (Policy[P] types them)."""
+    policies = [path for path in sorted(POLICIES.glob("*.py")) if path.stem not in SHARED | {"__init__"}]
+    assert {path.stem for path in policies} >= {"dike", "tiresias", "srtf_oracle", "fifo", "multifactor"}
+    offenders = {path.stem: found for path in policies
+                 if (found := policy_imports(path.read_text(encoding="utf-8")) - SHARED)}
+    assert offenders == {}
+    checks = [path.name for path in sorted(POLICIES.glob("*.py"))
+              if "isinstance(params" in path.read_text(encoding="utf-8")
+              or "getattr(params" in path.read_text(encoding="utf-8")]
+    assert checks == []
+
+
+def test_the_policy_import_check_finds_every_form():
+    assert policy_imports("from dike_slurm.policies.dike import levels_with_promotion\n") == {"dike"}
+    assert policy_imports("def f():\n    import dike_slurm.policies.fifo as f\n") == {"fifo"}
+    assert policy_imports("from dike_slurm.policies import tiresias\n") == {"tiresias"}
+    assert policy_imports("from dike_slurm.policy_util import x\nimport policies\n") == set()
