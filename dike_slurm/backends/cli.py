@@ -6,9 +6,8 @@ the engine). Job names, comments and accounts are data only: they never reach a 
 except as the value of our own fields, which is a single argv element.
 
 Read once when the engine starts (and after a reload), not every cycle: the site's own priority
-settings, `scontrol show config` (PriorityType, PriorityWeight*, ...), `scontrol show partition -o`
-(PriorityJobFactor, PriorityTier, TRES) and `sacctmgr -nP show qos format=Name,Priority`
-(`priority_model`, `read_priority_model`).
+settings (`priority_model`, backends/site_priority.py). The commands run through
+backends/commands.py.
 
 Reads per cycle, the lean way (the default; dike_slurm.backends.squeue_format): `squeue -O` with
 the 29 fields the engine uses (jobs by id), `squeue -o %A%x` (ExcNodeList, which -O lacks), `sprio`
@@ -31,17 +30,13 @@ read stops the cycle before any write, with one line that names the command.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
-import signal
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -57,23 +52,18 @@ from dike_slurm.backends.base import (
     SwitchRequest,
     WriteOutcome,
 )
+from dike_slurm.backends.commands import CommandResult, Feeder, Runner, feed_command, run_command
 from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
+from dike_slurm.backends.site_priority import read_priority_model
 from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
 from dike_slurm.cycle_memory import ReadMemory
 from dike_slurm.errors import ConfigError, InputError, SlurmError
 from dike_slurm.model import Job, Node, Topology
 from dike_slurm.parsing.durations import format_timestamp, parse_duration
-from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
-from dike_slurm.slurm_priority import (
-    PartitionPriority,
-    SlurmPriorityModel,
-    build_model,
-    parse_qos_dump,
-    partition_priorities,
-)
+from dike_slurm.slurm_priority import SlurmPriorityModel
 
 log = logging.getLogger("dike_slurm.backends.cli")
 _T = TypeVar("_T")
@@ -84,94 +74,7 @@ SACCT_FORMAT = (
 )
 SWITCH_FORMAT = "JobID:|,ReqSwitch:|,Wait4Switch:|"
 SPRIO_FORMAT = "%i|%S|%Y"
-# The site's priority settings (read at start and on reload): argv after the command's name
-SHOW_CONFIG_ARGV = ("show", "config")
-SHOW_PARTITIONS_ARGV = ("show", "partition", "-o")
-SHOW_QOS_ARGV = ("-nP", "show", "qos", "format=Name,Priority")
 _FORMAT_REFUSED = "Invalid job format specification"  # squeue's words for a -O field it does not know
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Runner = Callable[[Sequence[str], Mapping[str, str], float], CommandResult]
-
-
-def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CommandResult:
-    """Run argv without a shell; missing commands and timeouts become SlurmError.
-
-    The command runs in its own process group, which is killed whole on timeout: a hanging
-    wrapper that spawned children cannot keep the pipes (and so the engine) waiting. Output
-    that is not UTF-8 (job names are bytes to Slurm) is decoded with replacement characters.
-    """
-    result = _communicate(argv, env, None, timeout)
-    if result.killed_after is not None:
-        raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:.3g}s")
-    return CommandResult(result.returncode, result.stdout, result.stderr)
-
-
-@dataclass(frozen=True)
-class FedResult:
-    """A command fed text on stdin: its exit code (None when killed), output, and after how many
-    seconds it was killed (None: it ended by itself)."""
-
-    returncode: int | None
-    stdout: str
-    stderr: str
-    killed_after: float | None = None
-
-
-Feeder = Callable[[Sequence[str], Mapping[str, str], str, float], FedResult]
-
-
-def feed_command(argv: Sequence[str], env: Mapping[str, str], stdin: str, timeout: float) -> FedResult:
-    """Run argv without a shell with `stdin` on its standard input; killed (its whole process
-    group) after `timeout` seconds, keeping what it printed until then."""
-    return _communicate(argv, env, stdin, timeout)
-
-
-def _communicate(argv: Sequence[str], env: Mapping[str, str], stdin: str | None, timeout: float) -> FedResult:
-    timeout = min(timeout, 7 * 86400.0)  # subprocess cannot wait longer than a C long of milliseconds
-    try:
-        proc = subprocess.Popen(
-            list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, start_new_session=True,
-        )
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]}: command not found (set slurm.bin_dir)") from None
-    except OSError as exc:
-        raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
-    data = None if stdin is None else stdin.encode("utf-8")
-    killed_after = None
-    try:
-        stdout, stderr = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        killed_after = timeout
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            stdout, stderr = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # a child left the group and holds the pipes: give up on them
-            proc.kill()
-            stdout, stderr = b"", b""
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return FedResult(
-        None if killed_after is not None else proc.returncode,
-        (stdout or b"").decode("utf-8", errors="replace"),
-        (stderr or b"").decode("utf-8", errors="replace"),
-        killed_after,
-    )
-
-
-def _no_feeder(argv: Sequence[str], env: Mapping[str, str], stdin: str, timeout: float) -> FedResult:
-    raise AssertionError("a backend given its own runner and no feeder never feeds scontrol")
 
 
 def topology_from_scontrol(text: str) -> Topology:
@@ -226,128 +129,6 @@ def _sprio_factors(text: str) -> Mapping[int, int]:
             if job_id.isdigit() and factor.removeprefix("-").isdigit():  # one sign at most ("--0" is no number)
                 factors[int(job_id)] = int(factor)
     return MappingProxyType(factors)
-
-
-def show_config_options(text: str) -> dict[str, str]:
-    """`scontrol show config` as {key lower-case: value}, for `slurm_priority.weights_from_options`.
-
-    Lines are `Key = value` (the key padded with spaces); `(null)` is an unset value. The first
-    occurrence of a key wins (the plugins' own sections, printed after slurm.conf's, come last).
-    """
-    options: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not key or " " in key:
-            continue
-        value = value.strip()
-        options.setdefault(key.lower(), "" if value == "(null)" else value)
-    return options
-
-
-def _partition_fields(line: str) -> dict[str, str]:
-    """One line of `scontrol show partition -o`: `Key=Value` words, keys lower-case (a word
-    without `=` belongs to the value before it)."""
-    fields: dict[str, str] = {}
-    last = None
-    for word in line.split():
-        key, sep, value = word.partition("=")
-        if sep and key:
-            last = key.lower()
-            fields[last] = value
-        elif last is not None:
-            fields[last] += " " + word
-    return fields
-
-
-def _count(value: str, key: str, source: str, line: int) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(f"{key}={value!r} is not an integer", source=source, line=line) from None
-
-
-def partitions_from_scontrol(
-    text: str, source: str = "scontrol show partition -o",
-) -> tuple[list[tuple[str, PartitionPriority, dict[str, int]]], int, int]:
-    """`scontrol show partition -o`: each partition's priorities and TRES totals (cpu, node,
-    gres/gpu), with the cluster's node and CPU counts.
-
-    The counts are those of the nodes in some partition (each node counted once, its CPUs as the
-    first partition listing it has per node on average): Slurm's job size factor divides by
-    every node of slurm.conf, which no partition line tells.
-    """
-    partitions: list[tuple[str, PartitionPriority, dict[str, int]]] = []
-    cpus_of: dict[str, float] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        fields = _partition_fields(line)
-        name = fields.get("partitionname")
-        if not name:
-            raise InputError("a line without PartitionName=", source=source, line=number)
-        priority = partition_priorities(fields, source, number)
-        total_cpus = _count(fields.get("totalcpus", "0"), "TotalCPUs", source, number)
-        total_nodes = _count(fields.get("totalnodes", "0"), "TotalNodes", source, number)
-        totals = {"cpu": total_cpus, "node": total_nodes, "gres/gpu": 0}
-        tres = fields.get("tres", "")
-        for item in ("" if tres == "(null)" else tres).split(","):
-            tres_name, sep, value = item.strip().partition("=")
-            if sep and tres_name.lower() in totals:
-                totals[tres_name.lower()] = _count(value, f"TRES {tres_name}", source, number)
-        try:
-            members = expand_hostlist(fields.get("nodes", ""))
-        except InputError as exc:
-            raise InputError(f"Nodes: {exc}", source=source, line=number) from None
-        for node in members:
-            cpus_of.setdefault(node, total_cpus / total_nodes if total_nodes else 0.0)
-        partitions.append((name, priority, totals))
-    return partitions, len(cpus_of), int(round(sum(cpus_of.values())))
-
-
-def qos_from_sacctmgr(text: str, source: str = "sacctmgr -nP show qos format=Name,Priority") -> dict[str, int]:
-    """`sacctmgr -nP show qos format=Name,Priority` (no header): QOS name -> Priority."""
-    return parse_qos_dump("Name|Priority\n" + text, source)
-
-
-def uses_slurmdbd(options: Mapping[str, str]) -> bool:
-    """Whether the cluster keeps accounting in slurmdbd, where QOS are defined (without it there
-    is no QOS table: every job's QOS factor is 0)."""
-    return "slurmdbd" in options.get("accountingstoragetype", "")
-
-
-def read_priority_model(read: Callable[[Sequence[str]], str], command: Callable[[str], str],
-                        config_text: str | None = None) -> SlurmPriorityModel:
-    """The site's priority from `scontrol show config` (unless its text is given), `scontrol show
-    partition -o` and, where the cluster has slurmdbd, `sacctmgr -nP show qos format=Name,Priority`.
-
-    `read(argv)` returns a command's stdout or raises SlurmError naming it; `command(name)` is the
-    path of a Slurm command. A text that cannot be read is a SlurmError naming its command.
-    """
-    def run(name: str, argv: Sequence[str]) -> tuple[str, str]:
-        return shlex.join((name, *argv)), read((command(name), *argv))
-
-    def parsed(what: str, parse: Callable[[], _T]) -> _T:
-        try:
-            return parse()
-        except InputError as exc:
-            raise SlurmError(f"{what}: cannot read its output: {exc}") from None
-
-    config_name = shlex.join(("scontrol", *SHOW_CONFIG_ARGV))
-    if config_text is None:
-        config_name, config_text = run("scontrol", SHOW_CONFIG_ARGV)
-    options = show_config_options(config_text)
-    partitions_name, partitions_text = run("scontrol", SHOW_PARTITIONS_ARGV)
-    partitions, node_count, cluster_cpus = parsed(
-        partitions_name, lambda: partitions_from_scontrol(partitions_text, partitions_name))
-    qos: dict[str, int] = {}
-    sources = [config_name, partitions_name]
-    if uses_slurmdbd(options):
-        qos_name, qos_text = run("sacctmgr", SHOW_QOS_ARGV)
-        qos = parsed(qos_name, lambda: qos_from_sacctmgr(qos_text, qos_name))
-        sources.append(qos_name)
-    return parsed(config_name, lambda: build_model(options, partitions, node_count, cluster_cpus, qos,
-                                                   ", ".join(sources)))
 
 
 class SlurmCliBackend(Backend):

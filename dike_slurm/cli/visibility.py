@@ -62,7 +62,7 @@ def viewer_from(name: str, options: Mapping[str, str], admin_level: Callable[[],
 def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | None = None) -> Viewer:
     """The viewer running this command: `scontrol show config`, then `sacctmgr show user` when
     PrivateData=jobs leaves it open. `run` runs one argv and returns its stdout (raising DikeError)."""
-    from dike_slurm.backends.cli import show_config_options
+    from dike_slurm.backends.site_priority import show_config_options
 
     slurm = config.slurm
     command = (lambda tool: str(slurm.bin_dir / tool)) if slurm.bin_dir else (lambda tool: tool)
@@ -86,7 +86,7 @@ def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | Non
 
 def slurm_runner(config: Config, timeout: float | None = None) -> Callable[[list[str]], str]:
     """Run a read-only Slurm command as the views do: the configured slurm.conf, UTC, one clear error."""
-    from dike_slurm.backends.cli import run_command
+    from dike_slurm.backends.commands import run_command
 
     env = dict(os.environ, TZ="UTC")
     if config.slurm.slurm_conf is not None:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, FedResult, SlurmCliBackend
+from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
+from dike_slurm.backends.commands import CommandResult, FedResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.model import JobState, Placement

@@ -31,7 +31,8 @@ from dike_slurm.backends.base import (
     placement_fields,
     placement_value,
 )
-from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
+from dike_slurm.backends.cli import SlurmCliBackend
+from dike_slurm.backends.commands import CommandResult
 from dike_slurm.config import Config, SlurmSettings
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology

@@ -22,7 +22,8 @@ from dike_slurm.accounting import read_sacct_parsable2
 from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import ClusterState
-from dike_slurm.backends.cli import SACCT_FORMAT, CommandResult, SlurmCliBackend, topology_from_scontrol
+from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend, topology_from_scontrol
+from dike_slurm.backends.commands import CommandResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import InputError, SlurmError
 from dike_slurm.model import Topology

@@ -356,7 +356,7 @@ def test_billing_weights_are_slurms_sum_and_equal_where_unset():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_labs_billing_weights_come_from_slurm_conf_and_scontrol(version):
-    from dike_slurm.backends.cli import partitions_from_scontrol
+    from dike_slurm.backends.site_priority import partitions_from_scontrol
     from dike_slurm.slurm_priority import build_model
 
     model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
@@ -401,7 +401,7 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     weight from the partition's TRESBillingWeights (scontrol show partition -o), a pending job's
     the weight of each type it may run on; where the site weighs no GPU, every one counts 1."""
     from dike_slurm.backends.base import FakeBackend
-    from dike_slurm.backends.cli import partitions_from_scontrol
+    from dike_slurm.backends.site_priority import partitions_from_scontrol
     from dike_slurm.cli.explain import explain, explain_lines
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine

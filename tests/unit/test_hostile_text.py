@@ -14,7 +14,8 @@ from rich.console import Console
 
 from dike_slurm.backends import squeue_format
 from dike_slurm.backends.base import FakeBackend, JobField, JobUpdate
-from dike_slurm.backends.cli import CommandResult, SlurmCliBackend, run_command
+from dike_slurm.backends.cli import SlurmCliBackend
+from dike_slurm.backends.commands import CommandResult, run_command
 from dike_slurm.cli.engine_cmd import _plan_table, _safe
 from dike_slurm.config import SlurmSettings
 from engine_fixtures import NOW, config, engine, nodes, pending, running

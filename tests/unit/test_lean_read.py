@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dike_slurm.backends import squeue_format
-from dike_slurm.backends.cli import CommandResult, SlurmCliBackend
+from dike_slurm.backends.cli import SlurmCliBackend
+from dike_slurm.backends.commands import CommandResult
 from dike_slurm.backends.squeue_format import JOB_FIELDS, join_records, read_jobs, read_nodes
 from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
 from dike_slurm.backends.base import SwitchRequest
