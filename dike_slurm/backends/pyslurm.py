@@ -14,8 +14,9 @@ one line (the check `dike-slurm doctor` makes for both backends).
 The site's priority model (weights, QOS, partitions' TRESBillingWeights) is read with Slurm's
 commands, as the command-line backend reads it. SiteFactor, which pyslurm's Job lacks, is read with sprio (eligible pending jobs, as the
 command-line backend reads it). What pyslurm cannot give: the switch tree (read from topology.conf), earlier runs of requeued jobs (the database API
-returns the last run; the engine keeps earlier ones in its state store), and the GPU type of a
-per-job request (`--gpus=a100:2`: pyslurm 25.11.2 reads tres_per_job as None).
+returns the last run; the engine keeps earlier ones in its state store). A job's GPU types are
+those of its requested TRES: pyslurm 25.11.2 reads tres_per_job as None, and gres_per_node is
+empty for a per-job request (`--gpus=v100:2`).
 
 What pyslurm cannot write: Switches (pyslurm 25.11.0-25.11.2's `_set_switches` raises
 "name 'kwargs' is not defined"), Nice=0 and SiteFactor=0 (never sent), and clearing Features,
@@ -187,7 +188,7 @@ def job_from_pyslurm(job: Any) -> Job:
         priority=_int(job.priority),
         nice=_int(job.nice) or 0,
         requeueable=bool(job.is_requeueable),
-        gpu_types=gres_gpu_types(job.gres_per_node),
+        gpu_types=gres_gpu_types(_tres_gres(job.requested_tres)) or gres_gpu_types(job.gres_per_node),
         slurm_reason=_text(job.state_reason) if state is JobState.PENDING and job.state_reason != "None" else "",
     )
 

@@ -104,6 +104,13 @@ class SlurmLab:
         """The cluster as the engine's command-line backend reads it (jobs, nodes, admin comments)."""
         return self.backend().read_cluster()
 
+    def pyslurm_backend(self) -> Any:
+        """The engine's pyslurm backend on this lab (the 25.11 lab, inside its chroot)."""
+        from dike_slurm.backends.pyslurm import PyslurmBackend
+        from dike_slurm.config import SlurmSettings
+
+        return PyslurmBackend.create(SlurmSettings(slurm_conf=self.slurm_conf, bin_dir=self.bin_dir))
+
     def sacct_records(self, *argv: str) -> dict[int, list[Any]]:
         """`sacct --json ARGV` read by dike_slurm's own reader: job id -> its runs (AccountingRecord)."""
         from dike_slurm.accounting_json import read_sacct_json

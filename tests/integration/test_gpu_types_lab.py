@@ -2,8 +2,8 @@
 scripts/slurm-lab [--slurm V] up` gives n1 and n3 8 a100 each, n2 and n4 8 v100 each, the type also
 a node feature. `make test` brings that lab up for this file after the other integration tests.
 
-Typed, untyped and feature-constrained jobs land as Slurm places them and the engine reads each
-job's asked types and each node's type; a blocked a100 job never makes the engine requeue a job
+Typed (per node and per job), untyped and feature-constrained jobs land as Slurm places them and
+the engine reads each job's asked types (on 25.11 through pyslurm too) and each node's type; a blocked a100 job never makes the engine requeue a job
 on a v100 node, while the same job untyped does (the control).
 """
 
@@ -57,11 +57,16 @@ def test_typed_untyped_and_constrained_jobs_land_on_their_types(slurm_lab):
     feature = lab.sbatch("--constraint=a100", "--gres=gpu:2", "--wrap", "sleep 300")
     either = lab.sbatch("-N4", "--constraint=a100|v100", "--gres=gpu:1", "--wrap", "sleep 300")
     untyped = lab.sbatch("--gres=gpu:1", "--wrap", "sleep 300")
-    for job in (a100, v100, feature, either, untyped):
+    per_job = lab.sbatch("--gpus=v100:2", "--wrap", "sleep 300")
+    asked = {a100: ("a100",), v100: ("v100",), feature: ("a100",), either: ("a100", "v100"), untyped: (),
+             per_job: ("v100",)}
+    for job in asked:
         wait_state(lab, job, "RUNNING")
     jobs = {j.job_id: j for j in lab.cluster().jobs}
-    asked = {a100: ("a100",), v100: ("v100",), feature: ("a100",), either: ("a100", "v100"), untyped: ()}
     assert {job: jobs[job].gpu_types for job in asked} == asked
+    if lab.engine_backend == "pyslurm":  # the 25.11 lab: the engine reads through pyslurm
+        jobs = {j.job_id: j for j in lab.pyslurm_backend().read_cluster().jobs}
+        assert {job: jobs[job].gpu_types for job in asked} == asked
     for job, types in asked.items():
         for node in lab.job_nodes(job):
             assert not types or NODE_TYPES[node][0] in types, f"job {job} asked for {types} and runs on {node}"

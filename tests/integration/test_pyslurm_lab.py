@@ -45,11 +45,7 @@ RECORD_FIELDS = ("job_id", "array_job_id", "array_task_id", "name", "user", "acc
 @pytest.fixture
 def backends(slurm_lab: SlurmLab) -> tuple[Any, Any]:
     """(the command-line backend, the pyslurm backend) on the lab."""
-    from dike_slurm.backends.pyslurm import PyslurmBackend
-    from dike_slurm.config import SlurmSettings
-
-    settings = SlurmSettings(slurm_conf=slurm_lab.slurm_conf, bin_dir=slurm_lab.bin_dir)
-    return slurm_lab.backend(), PyslurmBackend.create(settings)
+    return slurm_lab.backend(), slurm_lab.pyslurm_backend()
 
 
 def job_view(job: Any) -> dict[str, Any]:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from dike_slurm.accounting import read_sacct_parsable2
 from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends.base import ClusterState
-from dike_slurm.backends.pyslurm import job_from_pyslurm, node_from_pyslurm
 from dike_slurm.backends.squeue_format import read_jobs, read_nodes
 from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
 from dike_slurm.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
@@ -170,21 +168,6 @@ def test_a_typed_job_on_a_cluster_without_types_runs_anywhere_and_a_missing_type
     assert built.jobs[0].gpu_types == ("a100",)
     h100 = [replace(r, gpu_types=("h100",)) for r in finished]
     assert build_trace(h100, typed).excluded == {EXCLUDED_NO_GPU_TYPE: 1}
-
-
-def test_pyslurm_jobs_and_nodes_carry_types():
-    job = SimpleNamespace(
-        id=7, user_name="alice", state="PENDING", submit_time=0, gres_per_node={"gpu:a100": 4}, num_nodes=1,
-        cpus=1, account="", partition="gpu", qos="", name="x", comment="", array_id=None, array_task_id=None,
-        eligible_time=None, start_time=None, time_limit=None, allocated_nodes=None, required_switches=0,
-        max_wait_time_switches=0, constraints=None, excluded_nodes=None, required_nodes=None, priority=1, nice=0,
-        is_requeueable=False, state_reason="None", gpus={"gpu": 4, "gpu:a100": 4},
-    )
-    assert job_from_pyslurm(job).gpu_types == ("a100",)
-    assert job_from_pyslurm(SimpleNamespace(**{**vars(job), "gres_per_node": {"gpu": 4}})).gpu_types == ()
-    node = SimpleNamespace(name="n1", configured_gres={"gpu:v100": 8}, allocated_gres={}, total_cpus=8, state="IDLE",
-                           active_features=["v100"], available_features=None, partitions=["gpu"])
-    assert node_from_pyslurm(node).gpu_types == ("v100",)
 
 
 def test_a_constraint_naming_no_gpu_type_leaves_the_job_untyped():

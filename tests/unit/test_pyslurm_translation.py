@@ -95,6 +95,17 @@ def test_gpus_come_from_the_tracked_tres_not_gres_per_node():
     assert job_from_pyslurm(two_nodes).gpus == 12 and job_from_pyslurm(two_nodes).gpu_types == ("a100",)
 
 
+def test_a_typed_per_job_request_keeps_its_type():
+    # --gpus=v100:2 asks per job: gres_per_node is {} and tres_per_job None (pyslurm 25.11.2), so a
+    # read of gres_per_node alone gave no type; the requested TRES names it, as squeue's tres_per_job does
+    job = by_name(recorded_objects("jobs"), "running_gpus_v100_per_job")
+    assert job.gres_per_node == {} and job.tres_per_job is None
+    assert job_from_pyslurm(job).gpu_types == ("v100",) and job_from_pyslurm(job).gpus == 2
+    # an untyped request that was given a100s stays untyped: the type it got is not one it asked for
+    untyped = by_name(recorded_objects("jobs"), "running_untyped")
+    assert job_from_pyslurm(untyped).gpu_types == ()
+
+
 def test_gres_gpus_counts_a_tres_dict_once():
     # The shapes recorded on Slurm 25.11.7: the gres_gpus of before this issue returned 0 for the
     # first two (keys gres/gpu, GPU objects), and the one of 9532a5a counted each TRES dict's GPUs
