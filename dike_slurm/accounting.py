@@ -28,11 +28,11 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from dike_slurm.errors import InputError
 from dike_slurm.model import JobState
@@ -131,6 +131,23 @@ class RowError(Exception):
     """A row that cannot be read: the message is the skip reason."""
 
 
+V = TypeVar("V")
+
+
+def _memoised(cache: dict[str, V], parse: Callable[[str], V], text: str, column: str) -> V:
+    """parse(text), kept in cache; a value the parser refuses is a RowError naming the column."""
+    try:
+        return cache[text]
+    except KeyError:
+        pass
+    try:
+        value = parse(text)
+    except InputError:
+        raise RowError(f"bad {column}") from None
+    cache[text] = value
+    return value
+
+
 class RowCaches:
     """Memoised parses of the values that repeat across rows (limits, TRES, node lists)."""
 
@@ -142,28 +159,10 @@ class RowCaches:
         self.states: dict[str, JobState] = {}
 
     def duration(self, text: str, column: str) -> int | None:
-        try:
-            return self.durations[text]
-        except KeyError:
-            pass
-        try:
-            value = parse_duration(text)
-        except InputError:
-            raise RowError(f"bad {column}") from None
-        self.durations[text] = value
-        return value
+        return _memoised(self.durations, parse_duration, text, column)
 
     def parse_tres(self, text: str, column: str) -> Tres:
-        try:
-            return self.tres[text]
-        except KeyError:
-            pass
-        try:
-            value = parse_tres(text)
-        except InputError:
-            raise RowError(f"bad {column}") from None
-        self.tres[text] = value
-        return value
+        return _memoised(self.tres, parse_tres, text, column)
 
     def hostlist(self, text: str) -> tuple[str, ...]:
         try:
