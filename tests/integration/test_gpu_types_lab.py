@@ -3,8 +3,9 @@ scripts/slurm-lab [--slurm V] up` gives n1 and n3 8 a100 each, n2 and n4 8 v100 
 a node feature. `make test` brings that lab up for this file after the other integration tests.
 
 Typed (per node and per job), untyped and feature-constrained jobs land as Slurm places them and
-the engine reads each job's asked types (on 25.11 through pyslurm too) and each node's type; a blocked a100 job never makes the engine requeue a job
-on a v100 node, while the same job untyped does (the control).
+the engine reads each job's asked types (on 25.11 through pyslurm too) and each node's type; a
+blocked a100 job never makes the engine requeue a job on a v100 node, while the same job untyped
+does (the control).
 """
 
 from __future__ import annotations
