@@ -383,7 +383,7 @@ class Applier:
                 continue  # what most jobs of a quiet cycle come to
             memories.append(replace(old, last_seen=plan.time, **changes) if old
                             else JobMemory(job.job_id, plan.time, **changes))
-        lookback_start = plan.time - self.config.accounting.lookback_days * 86400.0
+        lookback_start = self.config.accounting.window_start(plan.time)
         with self.store.transaction():
             self.store.remember(memories)
             for job_plan in plan.jobs:  # a user took these over: the engine no longer owns them

@@ -6,6 +6,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -121,7 +122,20 @@ class AccountingSettings(_Section):
 
     usage_half_life_h: float = Field(168.0, gt=0, description="decay of each owner's GPU usage")
     lookback_days: float = Field(30.0, gt=0, description="sacct history read for usage and thresholds")
+    since: datetime | None = Field(
+        None, description="accounting before this time is never read (the day the site's current setup began); "
+        "unset: lookback_days alone"
+    )
     user_shares: dict[str, float] = Field(default_factory=dict, description="fair share per user/account (default 1)")
+
+    def window_start(self, now: float) -> float:
+        """The oldest time the engine reads accounting from and keeps runs since: `lookback_days`
+        before `now`, or `since` when that is later. A `since` without a zone is UTC, as `audit --since`."""
+        start = now - self.lookback_days * 86400.0
+        if self.since is None:
+            return start
+        since = self.since if self.since.tzinfo else self.since.replace(tzinfo=timezone.utc)
+        return max(start, since.timestamp())
 
 
 class RetentionSettings(_Section):

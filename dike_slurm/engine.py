@@ -283,7 +283,7 @@ class Engine:
         return tuple(judged)
 
     def _read_accounting(self, now: float):
-        lookback_start = now - self.config.accounting.lookback_days * 86400.0
+        lookback_start = self.config.accounting.window_start(now)
         last = self.store.last_sync()
         start = lookback_start if last is None else max(lookback_start, last - SACCT_OVERLAP_S)
         try:

@@ -1,7 +1,10 @@
 """dike-slurm as an admin runs it against the Slurm lab: a subprocess with a private state file.
 
-Each engine reads accounting only from a little before it was made, so the lab's earlier jobs
-do not colour the users' usage in the test that owns it.
+Each engine reads accounting only from the whole second after it was made (`accounting.since`), so
+the lab's earlier jobs do not colour the users' usage or the service prior in the test that owns it.
+The bound is a fixed time, not a look-back from each run's own clock: a look-back moved with the
+start-up time of each `python -m dike_slurm`, so a job of the previous test that ended near the
+bound was history in one cycle and not in the next (seen: a second cycle rewrote a SiteFactor).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ class LabEngine:
         self.lab = lab
         self.dir = state_dir
         self.state_db = state_dir / "state.sqlite"
-        self.started = time.time()
+        # the autouse fixture has emptied the queue: every earlier job ended before this second
+        self.since = int(time.time()) + 1
         self.env = {
             **lab.env,
+            "DIKE_ACCOUNTING__SINCE": str(self.since),
             "DIKE_ENGINE__STATE_DB": str(self.state_db),
             "DIKE_ENGINE__METRICS_FILE": str(state_dir / "metrics.prom"),
             "COLUMNS": "250",
@@ -30,10 +35,7 @@ class LabEngine:
         }
 
     def environ(self, **extra: str) -> dict[str, str]:
-        env = dict(self.env)
-        env["DIKE_ACCOUNTING__LOOKBACK_DAYS"] = repr((time.time() - self.started + 30) / 86400)
-        env.update(extra)
-        return env
+        return {**self.env, **extra}
 
     def run(self, *args: str, timeout: float, **extra: str) -> subprocess.CompletedProcess[str]:
         """One command to its end; whatever it exits with, it never prints a traceback."""

@@ -15,8 +15,11 @@ import sys
 import time
 from typing import Any
 
+import pytest
 from test_engine_live import LiveEngine, engine, fill_cluster, site_factors, sprio_lists  # noqa: F401
 from unprivileged import as_user
+
+pytestmark = pytest.mark.scenario
 
 SlurmLab = Any
 
@@ -121,11 +124,12 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     name = f"warmup{os.getpid()}"  # a name no earlier test's finished jobs carry
     done = [lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 2", user="dikeuser2") for _ in range(3)]
 
-    # The engine reads accounting by time window (sacct -S/-E, from 30 s before the test), not by
-    # job id: wait until that query lists the warmups as completed 1-GPU allocations. The start is
-    # relative to now, so that no time zone of the host or of a chroot lab enters it.
+    # The engine reads accounting by time window (sacct -S/-E, from the second after the test
+    # began: LabEngine.since), not by job id: wait until that query lists the warmups as completed
+    # 1-GPU allocations. The start is relative to now, so that no time zone of the host or of a
+    # chroot lab enters it.
     def window_start() -> str:
-        return f"now-{math.ceil(time.time() - engine.started + 30)}seconds"
+        return f"now-{math.floor(time.time() - engine.since)}seconds"
 
     def window() -> dict[int, list[Any]]:
         return lab.sacct_records("--allusers", "-S", window_start(), "-E", "now")
@@ -135,7 +139,7 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
         return all(any(run.state.value == "COMPLETED" and run.gpus == 1 for run in records.get(job, ()))
                    for job in done)
 
-    lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct's window from 30 s before the test")
+    lab.wait_for(all_completed, timeout=60, message=f"the three warmup jobs {done} COMPLETED in sacct's window since the test began")
     fill_cluster(lab, "dikeuser1")
     job = lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 5", user="dikeuser2")
     sprio_lists(lab, job)

@@ -119,3 +119,15 @@ def test_the_source_says_file_env_or_defaults_and_offline_ignores_dike_config(tm
     config, source = load_with_source(None, environ=env, offline=True)
     assert config.engine.policy == "dike" and config.engine.seed == 3
     assert source.as_dict() == {"kind": "defaults", "path": None, "variables": ["DIKE_ENGINE__SEED"]}
+
+
+def test_accounting_since_bounds_the_window_from_a_toml_date_or_unix_seconds(tmp_path):
+    """The window is the later of `lookback_days` before now and `since`; a date-time without a zone is UTC."""
+    path = write(tmp_path, "[accounting]\nlookback_days = 1\nsince = 2026-01-01T00:00:00\n")
+    accounting = load_config(path, environ={}).accounting
+    new_year = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    assert accounting.window_start(new_year + 3600) == new_year
+    assert accounting.window_start(new_year + 2 * 86400) == new_year + 86400
+    from_env = load_config(path, environ={"DIKE_ACCOUNTING__SINCE": str(int(new_year) + 60)}).accounting
+    assert from_env.window_start(new_year + 3600) == new_year + 60
+    assert load_config(None, environ={}).accounting.window_start(new_year) == new_year - 30 * 86400
