@@ -31,8 +31,20 @@ LAB_SCRIPT = REPO / "scripts" / "slurm-lab"
 T = TypeVar("T")
 
 
+# The test matrix (docs/slurm-lab.md, "Which test runs where"): every integration test declares
+# what it exercises, so that `make test` knows where to run it.
+MATRIX_MARKERS = {
+    "adapter": "what differs between Slurm versions (reads, writes and reverts of each field, accounting, "
+               "the priority model, PrivateData, GPU types, Switches): runs on every version",
+    "scenario": "the engine's behaviour, the same on every version (faults, preemption scenarios, the "
+                "service, the CLI): runs on one version per backend",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs the real Slurm lab cluster (scripts/slurm-lab up)")
+    for name, text in MATRIX_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -41,9 +53,17 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # This hook sees the whole session's items: mark only the ones under this folder.
+    undeclared = []
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.slurm)
+            declared = [name for name in MATRIX_MARKERS if item.get_closest_marker(name)]
+            if len(declared) != 1:
+                undeclared.append(f"{item.nodeid} ({' and '.join(declared) or 'neither'})")
+    if undeclared:
+        raise pytest.UsageError(
+            "every integration test is marked either adapter or scenario (tests/integration/conftest.py, "
+            "MATRIX_MARKERS; docs/slurm-lab.md):\n  " + "\n  ".join(undeclared))
 
 
 class SlurmLab:
@@ -192,6 +212,13 @@ class SlurmLab:
                 pytest.fail(f"timed out after {timeout} s: {message or predicate}")
             time.sleep(interval)
 
+    @staticmethod
+    def at(moment: float) -> None:
+        """Return at the wall-clock `moment` (time.time()): an experiment's own schedule (submissions
+        spread over seconds, an update at a set point of a job's wait), never a wait for Slurm's state,
+        which `wait_for` polls."""
+        time.sleep(max(0.0, moment - time.time()))
+
     def scheduler_passes(self) -> tuple[int, int]:
         """The main scheduler's and the backfill scheduler's passes so far (sdiag's "Total cycles" of
         each; `sdiag -r` resets them)."""
@@ -215,6 +242,22 @@ class SlurmLab:
         self.wait_for(lambda: all(now >= want for now, want in zip(self.scheduler_passes(), wanted)), timeout,
                       f"{passes} main{' and backfill' if backfill else ''} scheduler passes after {before} "
                       f"(main, backfill)")
+
+    def run_time(self, job_id: int) -> int:
+        """Seconds a job has run (squeue's TIME, `%M`: [days-][hours:]minutes:seconds); 0 when not running."""
+        text = self.run("squeue", "-h", "-j", str(job_id), "-o", "%M", check=False).stdout.strip()
+        if not text or ":" not in text:
+            return 0
+        days, _, clock = text.rpartition("-")
+        seconds = 0
+        for part in clock.split(":"):
+            seconds = seconds * 60 + int(part)
+        return seconds + 86400 * int(days or 0)
+
+    def wait_run_time(self, job_id: int, seconds: float, timeout: float = 60) -> None:
+        """Wait until a running job has run `seconds` (so that GPUs x seconds passes a level threshold)."""
+        self.wait_for(lambda: self.run_time(job_id) >= seconds, timeout, f"job {job_id} to run {seconds} s",
+                      interval=0.5)
 
     def job_state(self, job_id: int) -> str:
         """State of a job as the controller sees it ('' once it has left squeue)."""

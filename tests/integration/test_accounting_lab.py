@@ -12,9 +12,12 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.adapter
 
 SlurmLab = Any  # the slurm_lab fixture of tests/integration/conftest.py
 
@@ -40,7 +43,7 @@ def test_both_sacct_formats_read_the_same(slurm_lab: SlurmLab, tmp_path: Path) -
     held = lab.sbatch("-H", "--gres=gpu:1", "--wrap", "sleep 1")
     requeued = lab.sbatch("--requeue", "--gres=gpu:2", "-t", "10", "--wrap", "sleep 60")
     lab.wait_for(lambda: lab.job_state(requeued) == "RUNNING", 60, "the requeue candidate runs")
-    time.sleep(3)  # a run of a few seconds, so that the requeued job has service to replay
+    lab.wait_run_time(requeued, 3)  # a run of a few seconds, so that the requeued job has service to replay
     lab.run("scancel", str(held))
     lab.run("scontrol", "requeue", str(requeued))
     lab.wait_for(lambda: lab.job_state(requeued) == "PENDING", 60, "requeued job back to pending")

@@ -12,7 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from unprivileged import as_user
+
+pytestmark = pytest.mark.scenario
 
 SlurmLab = Any
 

@@ -111,10 +111,12 @@ def fill_cluster(lab: SlurmLab, user: str, seconds: int = 600) -> list[int]:
     return blockers
 
 
+@pytest.mark.adapter
 def test_light_users_new_job_gets_the_higher_site_factor_and_starts_first(slurm_lab, engine):
     lab = slurm_lab
     blockers = fill_cluster(lab, "dikeuser1")
-    time.sleep(12)  # dikeuser1 accrues usage on 32 GPUs, each blocker past 72 GPU-seconds
+    for job in blockers:  # dikeuser1 accrues usage on 32 GPUs, each blocker past 72 GPU-seconds (9 s)
+        lab.wait_run_time(job, 11)
     heavy_users = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 30", user="dikeuser1")
     # dikeuser2's job is submitted later and with a large nice: Slurm alone would run it last
     light_users = lab.sbatch("--gres=gpu:8", "--nice=20000", "--wrap", "sleep 30", user="dikeuser2")
@@ -139,6 +141,7 @@ def test_light_users_new_job_gets_the_higher_site_factor_and_starts_first(slurm_
     assert lab.job_state(heavy_users) == "PENDING"
 
 
+@pytest.mark.scenario
 def test_a_long_job_drops_a_level_its_site_factor_falls_and_a_requeue_keeps_its_service(slurm_lab, engine):
     lab = slurm_lab
     blocker = lab.sbatch("-N4", "--gres=gpu:8", "--wrap", "sleep 8")
@@ -149,7 +152,7 @@ def test_a_long_job_drops_a_level_its_site_factor_falls_and_a_requeue_keeps_its_
     level0_factor = site_factors(lab)[long_job][0]
     assert level0_factor > 500_000  # level 0 of 3: the top third of the span
     wait_state(lab, long_job, "RUNNING", timeout=60)
-    time.sleep(12)  # 8 GPUs x 12 s = 96 GPU-seconds > the 72 GPU-second threshold
+    lab.wait_run_time(long_job, 11)  # 8 GPUs x 11 s = 88 GPU-seconds > the 72 GPU-second threshold
     priority_level0 = int(lab.run("squeue", "-h", "-j", str(long_job), "-o", "%Q").stdout)
     engine.cycle()
     assert admin_comment(lab, long_job).startswith("dike:level=1,")
@@ -166,12 +169,16 @@ def test_a_long_job_drops_a_level_its_site_factor_falls_and_a_requeue_keeps_its_
     lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-D", "-X", "-j", str(long_job), "-o", "State",
                                                "-S", "now-1hour").stdout, 30, "the first run in sacct")
     engine.cycle()  # stores the finished run
-    time.sleep(2)
+    ended = max(run.end for run in lab.sacct_records("-j", str(long_job), "-S", "now-1hour")[long_job]
+                if run.end is not None)
+    # explain's one-second look-back must not reach the first run's end: only the store has it
+    lab.wait_for(lambda: time.time() > ended + 2, 10, "two seconds past the first run's end")
     out = engine("explain", str(long_job), DIKE_ACCOUNTING__LOOKBACK_DAYS=repr(1 / 86400)).stdout
     assert re.search(r"attained service: 0\.0[2-9] GPU-hours over 1 run\(s\)", out), out
     assert "level 1" in out
 
 
+@pytest.mark.adapter
 def test_a_16_gpu_two_node_job_is_held_to_one_leaf_and_runs_inside_one(slurm_lab, engine):
     lab = slurm_lab
     # n2 (leaf s1) and n4 (leaf s2) busy: without a constraint the job would span n1+n3 now
@@ -193,6 +200,7 @@ def test_a_16_gpu_two_node_job_is_held_to_one_leaf_and_runs_inside_one(slurm_lab
     assert len(nodes) == 2 and any(nodes <= leaf for leaf in LEAVES), nodes
 
 
+@pytest.mark.scenario
 def test_dry_run_changes_nothing(slurm_lab, engine):
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")
@@ -217,6 +225,7 @@ def test_dry_run_changes_nothing(slurm_lab, engine):
     assert not engine.state_db.exists()
 
 
+@pytest.mark.scenario
 def test_a_second_cycle_on_a_quiet_cluster_writes_nothing(slurm_lab, engine):
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")
@@ -232,6 +241,7 @@ def test_a_second_cycle_on_a_quiet_cluster_writes_nothing(slurm_lab, engine):
     assert "dike_slurm_changes_written 0.0" in (engine.state_db.parent / "metrics.prom").read_text()
 
 
+@pytest.mark.adapter
 def test_a_user_who_resets_the_constraint_is_left_alone(slurm_lab, engine):
     lab = slurm_lab
     heavy = lab.sbatch("-N2", "--gres=gpu:8", "--hold", "--wrap", "sleep 5", user="dikeuser2")
@@ -249,6 +259,7 @@ def test_a_user_who_resets_the_constraint_is_left_alone(slurm_lab, engine):
     assert switch_request(lab, heavy)[0] == 0
 
 
+@pytest.mark.adapter
 def test_revert_restores_every_site_factor_and_constraint(slurm_lab, engine):
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")
@@ -268,6 +279,7 @@ def test_revert_restores_every_site_factor_and_constraint(slurm_lab, engine):
     assert "0 job(s) to restore" in engine("revert").stdout
 
 
+@pytest.mark.scenario
 def test_an_exempt_job_is_never_touched(slurm_lab, engine):
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")
@@ -284,6 +296,7 @@ def test_an_exempt_job_is_never_touched(slurm_lab, engine):
         assert db.execute("SELECT COUNT(*) FROM audit WHERE job_id = ?", (exempt,)).fetchone()[0] == 0
 
 
+@pytest.mark.scenario
 def test_status_and_explain_print_the_job(slurm_lab, engine):
     lab = slurm_lab
     fill_cluster(lab, "dikeuser1")
@@ -299,6 +312,7 @@ def test_status_and_explain_print_the_job(slurm_lab, engine):
     assert missing.returncode == 1 and "job 999999: not in the queue" in missing.stdout
 
 
+@pytest.mark.scenario
 def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
     """The benchmark of issue 4: wall time and Slurm calls of cycles over 1,000 pending jobs."""
     lab = slurm_lab
@@ -337,6 +351,7 @@ def test_a_cycle_over_1000_pending_jobs(slurm_lab, engine, capsys):
     assert figures["second apply"][4] < 10
 
 
+@pytest.mark.adapter
 def test_a_light_job_is_steered_to_the_fragmented_leaf(slurm_lab, engine):
     lab = slurm_lab
     busy = lab.sbatch("-w", "n1", "--gres=gpu:4", "--wrap", "sleep 120", user="dikeuser1")
@@ -351,6 +366,7 @@ def test_a_light_job_is_steered_to_the_fragmented_leaf(slurm_lab, engine):
     assert set(lab.job_nodes(light)) <= {"n1", "n2"}  # leaf s2 stays whole for heavy jobs
 
 
+@pytest.mark.adapter
 @pytest.mark.parametrize("strategy", ["priority", "nice"])
 def test_the_other_priority_strategies_write_and_revert(slurm_lab, engine, strategy):
     lab = slurm_lab
@@ -384,6 +400,7 @@ def test_the_other_priority_strategies_write_and_revert(slurm_lab, engine, strat
         assert site_factors(lab)[job][0] == 0
 
 
+@pytest.mark.scenario
 def test_beyond_the_head_window_slurms_own_factors_order_the_queue(slurm_lab, engine):
     """The window's size comes from the lab's own `scontrol show config` (no bf_max_job_test in
     its SchedulerParameters: Slurm's 500, times the margin 2). Narrowed to 2 jobs, the engine hands

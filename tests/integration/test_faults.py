@@ -165,6 +165,15 @@ def fill_queue(lab: SlurmLab, pending: int = 6) -> list[int]:
     return jobs
 
 
+def wait_jobs_saved(lab: SlurmLab, after: float) -> None:
+    """Wait until slurmctld has written its job state file (StateSaveLocation/job_state) after `after`."""
+    conf = lab.slurm_conf.read_text()
+    match = re.search(r"^StateSaveLocation=(\S+)", conf, re.MULTILINE)
+    assert match, f"no StateSaveLocation in {lab.slurm_conf}"
+    saved = Path(match[1]) / "job_state"
+    lab.wait_for(lambda: saved.exists() and saved.stat().st_mtime > after, 30, f"slurmctld to save {saved}")
+
+
 def admin_comment(lab: SlurmLab, job_id: int) -> str:
     line = lab.run("scontrol", "show", "job", "-o", str(job_id)).stdout
     match = re.search(r" AdminComment=(.*?) (?:\w+=)", line)
@@ -181,6 +190,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
 # ---------------------------------------------------------------- (a) slurmctld down at the start
 
 
+@pytest.mark.scenario
 def test_slurmctld_down_at_cycle_start_writes_nothing_and_resumes(slurm_lab: SlurmLab, engine: Engine) -> None:
     jobs = fill_queue(slurm_lab, 3)
     assert engine("run", "--once", "--apply").returncode == 0
@@ -204,6 +214,7 @@ def test_slurmctld_down_at_cycle_start_writes_nothing_and_resumes(slurm_lab: Slu
           f"first cycle after {recovered:.1f}s")
 
 
+@pytest.mark.scenario
 def test_service_loop_retries_with_backoff_while_slurmctld_is_down(slurm_lab: SlurmLab, engine: Engine) -> None:
     fill_queue(slurm_lab, 2)
     service = engine.start("run", "--apply", DIKE_ENGINE__INTERVAL_S="30")
@@ -227,11 +238,12 @@ def test_service_loop_retries_with_backoff_while_slurmctld_is_down(slurm_lab: Sl
 # ---------------------------------------------------------------- (b) slurmctld killed mid-batch
 
 
+@pytest.mark.scenario
 def test_slurmctld_killed_mid_batch_audit_is_exact_and_next_cycle_converges(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
 ) -> None:
     jobs = fill_queue(slurm_lab, 8)
-    time.sleep(6)  # let slurmctld save the new jobs before it is SIGKILLed
+    wait_jobs_saved(slurm_lab, time.time())  # slurmctld has saved the new jobs: the SIGKILL loses none
     pidfile = slurm_lab.lab_dir / "run" / "slurmctld.pid"
     counter = tmp_path / "batches"
     # a breaker of 2: a first batch of 2 writes, a second of 4 (apply.py doubles after a clean
@@ -300,7 +312,7 @@ def job_with_a_level(lab: SlurmLab, engine: Engine) -> tuple[int, int, int, str]
     (job, its level, the runs and the sync point the state store then holds)."""
     job = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
     lab.wait_for(lambda: lab.job_state(job) == "RUNNING", 30, "job did not start")
-    time.sleep(15)  # 8 GPUs x 15 s = 120 GPU-s: above the first threshold (72)
+    lab.wait_run_time(job, 11)  # 8 GPUs x 11 s = 88 GPU-s: above the first threshold (72)
     lab.run("scontrol", "requeue", str(job))
     lab.wait_for(lambda: "REQUEUED" in lab.run("sacct", "-n", "-X", "-D", "-j", str(job), "-o", "State").stdout,
                  60, "sacct does not show the requeued run")
@@ -313,6 +325,7 @@ def job_with_a_level(lab: SlurmLab, engine: Engine) -> tuple[int, int, int, str]
     return job, level, runs, sync
 
 
+@pytest.mark.scenario
 def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
     lab = slurm_lab
     job, level_before, runs_before, sync_before = job_with_a_level(lab, engine)
@@ -331,6 +344,7 @@ def test_slurmdbd_down_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, en
     print(f"FIGURES dbd down: level kept {level_before}, dbd restart {figures['restart_s']:.1f}s")
 
 
+@pytest.mark.scenario
 def test_doctor_says_slurmdbd_does_not_answer(slurm_lab: SlurmLab, engine: Engine) -> None:
     """Issue 32: doctor with the lab's slurmdbd stopped names the command and what it said."""
     with daemon_down(slurm_lab, "slurmdbd"):
@@ -346,6 +360,7 @@ def test_doctor_says_slurmdbd_does_not_answer(slurm_lab: SlurmLab, engine: Engin
 # ---------------------------------------------------------------- (d) hanging commands
 
 
+@pytest.mark.scenario
 def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     # the fake squeue forks a child that keeps the pipes open: the whole process group is killed
     bin_dir = wrapper_bin(slurm_lab, tmp_path, squeue="sleep 300 &\nsleep 300\n")
@@ -360,6 +375,7 @@ def test_hanging_squeue_is_bounded_by_command_timeout(slurm_lab: SlurmLab, engin
     print(f"FIGURES hanging squeue: cycle ended after {took:.1f}s (timeout 2 s)")
 
 
+@pytest.mark.scenario
 def test_slow_reads_share_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine, tmp_path: Path) -> None:
     # every squeue answers, but only after 3 s: each read is within its 20 s timeout, the reads
     # together are not within the 4 s cycle deadline
@@ -377,6 +393,7 @@ def test_slow_reads_share_the_cycle_deadline(slurm_lab: SlurmLab, engine: Engine
     print(f"FIGURES slow reads: cycle ended after {took:.1f}s (deadline 4 s, each squeue 3 s, timeout 20 s): {error}")
 
 
+@pytest.mark.scenario
 def test_a_hung_writer_is_killed_at_the_cycle_deadline_and_its_lines_are_unconfirmed(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
 ) -> None:
@@ -403,6 +420,7 @@ def test_a_hung_writer_is_killed_at_the_cycle_deadline_and_its_lines_are_unconfi
 # ---------------------------------------------------------------- (e) SIGKILL of the engine mid-cycle
 
 
+@pytest.mark.scenario
 def test_engine_sigkilled_mid_apply_leaves_a_consistent_truthful_store(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
 ) -> None:
@@ -440,6 +458,7 @@ def test_engine_sigkilled_mid_apply_leaves_a_consistent_truthful_store(
 # ---------------------------------------------------------------- (f) two engines
 
 
+@pytest.mark.scenario
 def test_second_engine_refuses_and_a_dead_engines_lock_is_taken_over(slurm_lab: SlurmLab, engine: Engine) -> None:
     fill_queue(slurm_lab, 2)
     service = engine.start("run", "--apply", DIKE_ENGINE__INTERVAL_S="30")
@@ -466,6 +485,7 @@ def test_second_engine_refuses_and_a_dead_engines_lock_is_taken_over(slurm_lab: 
 # ---------------------------------------------------------------- (g) SIGTERM / SIGHUP
 
 
+@pytest.mark.scenario
 def test_sigterm_mid_apply_finishes_the_cycle_and_sighup_reloads(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
 ) -> None:
@@ -537,6 +557,7 @@ def mariadb_down(lab: SlurmLab) -> Iterator[dict[str, float]]:
         figures["restart_s"] = time.monotonic() - started
 
 
+@pytest.mark.scenario
 def test_mariadb_down_while_slurmdbd_runs_keeps_levels_from_the_state_store(slurm_lab: SlurmLab, engine: Engine) -> None:
     lab = slurm_lab
     job, level_before, runs_before, sync_before = job_with_a_level(lab, engine)
@@ -580,6 +601,7 @@ def loop_filesystem(folder: Path, megabytes: int = 16) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_state_file_system_full_or_read_only_mid_cycle_loses_nothing_and_recovers(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path, fault: str
@@ -643,6 +665,7 @@ def test_state_file_system_full_or_read_only_mid_cycle_loses_nothing_and_recover
 # ---------------------------------------------------------------- (j) slurmctld restarted between the read and the writes
 
 
+@pytest.mark.adapter
 def test_slurmctld_restarted_between_read_and_writes_jobs_that_finished_are_gone_not_errors(
     slurm_lab: SlurmLab, engine: Engine, tmp_path: Path
 ) -> None:

@@ -10,6 +10,8 @@ import datetime
 import time
 from typing import Any
 
+import pytest
+
 SlurmLab = Any
 
 
@@ -18,6 +20,7 @@ def wait_running(lab: SlurmLab, job_id: int, timeout: float = 60) -> list[str]:
     return lab.job_nodes(job_id)
 
 
+@pytest.mark.adapter
 def test_a_job_goes_to_the_leaf_that_fits_it_most_tightly(slurm_lab):
     """select/cons_tres with topology/tree (22.05 `_eval_nodes_topo`, `_topo_compare_switches`):
     among the leaf switches with enough nodes that can take the job, the one with the FEWEST such
@@ -48,6 +51,7 @@ def epoch(text: str) -> float:
     return datetime.datetime.fromisoformat(text).timestamp()
 
 
+@pytest.mark.adapter
 def test_a_requeued_job_is_held_for_the_credential_lifetime(slurm_lab):
     """`scontrol requeue` (what the engine's preemption does) puts the job back with a new submit
     time and a begin time of now + cred_expire + 1 = 121 s (22.05 job_mgr.c; AuthInfo has no
@@ -79,6 +83,7 @@ def main_cycles(lab: SlurmLab) -> int:
     raise AssertionError(f"no main-scheduler 'Total cycles' in sdiag:\n{out}")
 
 
+@pytest.mark.adapter
 def test_the_main_scheduler_is_not_run_at_every_submission(slurm_lab):
     """A submission does not run the main scheduler: it asks for a pass (`queue_job_scheduler`),
     which slurmctld's background loop runs once `batch_sched_delay` (3 s) has passed since its last
@@ -94,9 +99,10 @@ def test_the_main_scheduler_is_not_run_at_every_submission(slurm_lab):
     lab = slurm_lab
     lab.run("sdiag", "-r")
     started = time.monotonic()
-    for _ in range(10):
+    wall = time.time()
+    for i in range(10):  # the submissions are spread over 3 s on purpose
+        lab.at(wall + 0.3 * i)
         lab.sbatch("--gres=gpu:1", "--wrap", "sleep 600")
-        time.sleep(0.3)  # the submissions are spread over 3 s on purpose
     # a full pass comes within sched_interval; the window ends when a pass has been counted
     cycles = lab.wait_for(lambda: main_cycles(lab), 10, "a main-scheduler pass")
     window = time.monotonic() - started
@@ -106,6 +112,7 @@ def test_the_main_scheduler_is_not_run_at_every_submission(slurm_lab):
     assert cycles <= window / 2 + window / 4 + 2, f"{cycles} main passes in {window:.1f} s"
 
 
+@pytest.mark.scenario
 def test_rewriting_the_switches_constraint_does_not_restart_its_clock(slurm_lab):
     """22.05 never resets a job's `wait4switch_start` (set when the select plugin first evaluates
     the job with the constraint; `scontrol update Switches=` changes only the count and the wait).
@@ -119,7 +126,7 @@ def test_rewriting_the_switches_constraint_does_not_restart_its_clock(slurm_lab)
         wait_running(lab, holder)
     submitted = time.time()
     heavy = lab.sbatch("-N2", "--gres=gpu:8", "--switches=1@00:01:00", "--wrap", "sleep 5")
-    time.sleep(max(0.0, submitted + 25 - time.time()))  # the rewrite comes 25 s in, by design
+    lab.at(submitted + 25)  # the rewrite comes 25 s in, by design
     assert job_fields(lab, heavy)["JobState"] == "PENDING"
     lab.run("scontrol", "update", f"JobId={heavy}", "Switches=1@00:00:50")
     nodes = wait_running(lab, heavy, timeout=120)

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from lab_engine import LabEngine
 
+pytestmark = pytest.mark.adapter
+
 SlurmLab = Any
 NODE_TYPES = {"n1": ("a100",), "n2": ("v100",), "n3": ("a100",), "n4": ("v100",)}
 PREEMPTING = {
@@ -83,7 +85,7 @@ def test_a_blocked_a100_job_never_requeues_a_v100_job(slurm_lab, tmp_path: Path)
                         "--wrap", "sleep 600", user="dikeuser1")
     for job in (held, victim):
         wait_state(lab, job, "RUNNING")
-    time.sleep(8)  # 16 GPUs x 8 s = 128 GPU-seconds: level 1 (the lab's threshold is 72)
+    lab.wait_run_time(victim, 6)  # 16 GPUs x 6 s = 96 GPU-seconds: level 1 (the lab's threshold is 72)
     blocked = lab.sbatch("--gres=gpu:a100:8", "--wrap", "sleep 300", user="dikeuser2")
     wait_state(lab, blocked, "PENDING")
     for _ in range(2):

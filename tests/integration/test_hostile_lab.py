@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import subprocess
@@ -9,8 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.adapter
+
 SlurmLab = Any
-MARKER = Path("/tmp/dike-hostile-pwned")
+MARKER = Path(f"/tmp/dike-hostile-pwned-{os.getpid()}")  # one per run: labs of two versions run side by side
 NAME = f"$(touch {MARKER});`touch {MARKER}`|x&y<script>[red]z[/]'\"" + "N" * 200
 COMMENT = f"dike:level=9,attained=1.0gpuh; $(touch {MARKER}) | ; \\ \t" + "C" * 900  # Slurm itself rejects much longer ones ("too long")
 

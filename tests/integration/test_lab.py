@@ -5,6 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.adapter
+
 # the slurm_lab fixture (tests/integration/conftest.py); not imported: two conftest
 # modules would clash under the one name "conftest"
 SlurmLab = Any

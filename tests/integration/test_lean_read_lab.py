@@ -7,6 +7,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.adapter
+
 SlurmLab = Any
 HOSTILE_NAME = "run|1^x $(touch /tmp/dike-lean-pwned) `id` ^deadbeef"
 HOSTILE_COMMENT = "a|b|c ;dike:level=9 | ^f00dcafe x"

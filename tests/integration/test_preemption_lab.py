@@ -56,10 +56,11 @@ def big_job_at_level_2(lab: SlurmLab, script: str) -> int:
     big = lab.sbatch("-N4", "--gres=gpu:8", "--requeue", "--comment=dike:preemptible", "--wrap", script,
                      user="dikeuser1")
     wait_state(lab, big, "RUNNING")
-    time.sleep(25)  # 32 GPUs x 25 s = 800 GPU-seconds: level 2
+    lab.wait_run_time(big, 24)  # 32 GPUs x 24 s = 768 GPU-seconds: level 2
     return big
 
 
+@pytest.mark.adapter
 def test_a_level_0_job_preempts_an_opted_in_level_2_job_and_gets_its_node(slurm_lab, engine):
     lab = slurm_lab
     big = big_job_at_level_2(lab, "sleep 600")
@@ -87,6 +88,7 @@ def test_a_level_0_job_preempts_an_opted_in_level_2_job_and_gets_its_node(slurm_
     assert "level 2" in explained
 
 
+@pytest.mark.adapter
 def test_with_a_grace_signal_the_batch_shell_hears_it_before_the_requeue(slurm_lab, engine):
     lab = slurm_lab
     # On the signal the job marks itself (a stand-in for writing a checkpoint); the tag stays.
@@ -102,7 +104,10 @@ def test_with_a_grace_signal_the_batch_shell_hears_it_before_the_requeue(slurm_l
     assert "signalled USR1" in out, out
     lab.wait_for(lambda: "checkpointed" in comment(lab, big), 30, f"job {big} marked itself on USR1")
     assert lab.job_state(big) == "RUNNING"  # not requeued yet: inside its grace period
-    time.sleep(5)
+    with sqlite3.connect(engine.state_db) as db:
+        (signalled,) = db.execute("SELECT MAX(at) FROM audit WHERE action = 'signal' AND job_id = ?",
+                                  (big,)).fetchone()
+    lab.wait_for(lambda: time.time() > signalled + 4, 10, "the 4 s grace to pass")  # the engine's own clock
     cycle(engine, **grace)
     lab.wait_for(lambda: lab.job_state(big) != "RUNNING", 30, f"job {big} requeued after the grace")
     wait_state(lab, small, "RUNNING", timeout=60)
@@ -127,7 +132,7 @@ def freed_node_scenario(lab: SlurmLab) -> tuple[int, int, str, list[int]]:
     for job in (*busy, victim):
         wait_state(lab, job, "RUNNING")
     node = lab.job_nodes(victim)[0]
-    time.sleep(12)  # 8 GPUs x 12 s = 96 GPU-seconds: level 1 (the threshold is 72)
+    lab.wait_run_time(victim, 11)  # 8 GPUs x 11 s = 88 GPU-seconds: level 1 (the threshold is 72)
     beneficiary = lab.sbatch("--gres=gpu:1", "--wrap", "sleep 300", user="dikeuser2")
     others = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 300", user="dikeuser2") for _ in range(2)]
     for job in (beneficiary, *others):
@@ -159,6 +164,7 @@ def preemption_outcomes(engine: LabEngine) -> list[tuple[int, str]]:
         return db.execute("SELECT job_id, change FROM audit WHERE action = 'preemption' ORDER BY id").fetchall()
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("repeat", range(5))
 def test_the_node_a_preemption_frees_goes_to_the_job_it_was_freed_for(slurm_lab, engine, repeat):
     lab = slurm_lab
@@ -176,6 +182,7 @@ def test_the_node_a_preemption_frees_goes_to_the_job_it_was_freed_for(slurm_lab,
           "its victim left")
 
 
+@pytest.mark.scenario
 def test_without_protection_the_jobs_slurm_puts_first_take_the_freed_node(slurm_lab, engine):
     """The control (protect_freed_nodes = false): at the same value Slurm starts the two 4-GPU jobs
     on the freed node, and the job the preemption was for waits."""
@@ -190,6 +197,7 @@ def test_without_protection_the_jobs_slurm_puts_first_take_the_freed_node(slurm_
     print(f"FIGURES freed room unprotected: both 4-GPU jobs took {node}, job {beneficiary} still pending")
 
 
+@pytest.mark.adapter
 def test_revert_leaves_no_pin_behind_and_names_the_one_slurm_keeps_on_a_running_job(slurm_lab, engine):
     lab = slurm_lab
     engine.env.update(EQUAL_VALUES)

@@ -46,6 +46,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.adapter
+
 # the slurm_lab fixture (tests/integration/conftest.py); not imported: two conftest
 # modules would clash under the one name "conftest"
 SlurmLab = Any

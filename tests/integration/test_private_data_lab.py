@@ -22,6 +22,8 @@ import pytest
 from test_engine_live import LiveEngine, engine, fill_cluster, site_factors, sprio_lists  # noqa: F401
 from unprivileged import as_user
 
+pytestmark = pytest.mark.adapter
+
 SlurmLab = Any
 USER = "dikeuser2"
 

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter")
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.scenario, pytest.mark.skipif(
     NODE_EXPORTER is None or PROMETHEUS is None,
-    reason="prometheus or prometheus-node-exporter not found: install Debian's packages (make test does, as root)")
+    reason="prometheus or prometheus-node-exporter not found: install Debian's packages (make test does, as root)")]
 
 SCRAPE_DEADLINE_S = 60.0
 

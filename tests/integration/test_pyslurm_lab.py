@@ -27,10 +27,10 @@ try:
 except ImportError:
     pyslurm = None
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.adapter, pytest.mark.skipif(
     os.environ.get("DIKE_LAB_SLURM") != "25.11" or pyslurm is None,
     reason="the pyslurm backend's lab tests need the Slurm 25.11 lab and run inside its chroot: "
-           "scripts/slurm-lab --slurm 25.11 run pytest tests/integration/test_pyslurm_lab.py")
+           "scripts/slurm-lab --slurm 25.11 run pytest tests/integration/test_pyslurm_lab.py")]
 
 # Job fields both backends read from Slurm (the rest are the engine's: attained service, runs...)
 JOB_FIELDS = ("job_id", "user", "state", "submit_time", "gpus", "num_nodes", "cpus", "account", "partition",

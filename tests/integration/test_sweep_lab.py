@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 SlurmLab = Any  # the slurm_lab fixture (tests/integration/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
