@@ -23,49 +23,27 @@ demo: $(STAMP)
 	@echo "== every job preemptible =="
 	$(DEMO_REPLAY) --preemptible all --penalty-sweep 0,0.5 --out out/demo/every-job
 
-# The whole suite: the unit and browser tests once, then the integration tests against a lab
-# cluster of each Slurm version in SLURM_VERSIONS (22.05 on the host, newer ones in cached chroots), each
-# lab started before and stopped after (also when tests fail). A version in
-# SLURM_VERSIONS_IF_BUILDS runs too when its chroot builds, and is skipped with the reason
-# when it does not (25.11 without DIKE_SLURM_SRC, SchedMD's source: see docs/slurm-lab.md).
-# DIKE_SKIP_SLURM=1 skips the clusters explicitly. A version in SLURM_VERSIONS_INSIDE runs its
-# tests inside its chroot (`slurm-lab run`: pyslurm needs that Slurm's library and glibc), with the
-# engine on the pyslurm backend.
+# The whole suite, tested by what varies (scripts/test-matrix; docs/slurm-lab.md "Which test runs
+# where"): the unit and browser tests on both cores while the newer Slurm chroots build (cached in
+# /var/cache/dike-slurm-lab); every integration test on the host's Slurm (the first of
+# SLURM_VERSIONS, 22.05) and its two-type lab; the tests marked `adapter` (what differs between
+# versions) on the other versions, side by side. A version in SLURM_VERSIONS_IF_BUILDS runs when its
+# chroot builds and is skipped with the reason when it does not (25.11 without DIKE_SLURM_SRC,
+# SchedMD's source: see docs/slurm-lab.md). A version in SLURM_VERSIONS_INSIDE runs every test inside
+# its chroot (`slurm-lab run`: pyslurm needs that Slurm's library and glibc), with the engine on the
+# pyslurm backend, and its two-type lab. Each lab is started before and stopped after, also when
+# tests fail. The closing lines give the minutes of each part. DIKE_SKIP_SLURM=1 skips the clusters
+# explicitly.
 SLURM_VERSIONS ?= 22.05 24.11
 SLURM_VERSIONS_IF_BUILDS ?= 26.05 25.11
 SLURM_VERSIONS_INSIDE = 25.11
-# Mixed GPU generations (issue 33): these files run again on the lab restarted with two GPU types.
-TWO_TYPES = a100,v100
-TWO_TYPE_TESTS = tests/integration/test_gpu_types_lab.py
 test: $(STAMP) chromium systemd-analyze prometheus
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
-	    $(BIN)/pytest; \
+	    $(BIN)/pytest -n 2; \
 	else \
-	    status=0; summary=""; \
-	    $(BIN)/pytest tests/unit tests/browser || status=$$?; \
-	    for v in $(SLURM_VERSIONS) $(SLURM_VERSIONS_IF_BUILDS); do \
-	        case " $(SLURM_VERSIONS_IF_BUILDS) " in *" $$v "*) \
-	            if ! out=$$($(LAB) --slurm $$v root 2>&1); then \
-	                echo "==== Slurm $$v: integration tests SKIPPED: $$(echo "$$out" | tail -n1)"; \
-	                summary="$$summary Slurm $$v: skipped;"; continue; \
-	            fi; echo "$$out" | sed '$$d' ;; \
-	        esac; \
-	        case " $(SLURM_VERSIONS_INSIDE) " in *" $$v "*) py="$(LAB) --slurm $$v run pytest" ;; \
-	            *) py="env DIKE_LAB_SLURM=$$v $(BIN)/pytest" ;; esac; \
-	        echo "==== Slurm $$v: integration tests (scripts/slurm-lab --slurm $$v) ===="; \
-	        if $(LAB) --slurm $$v up; then \
-	            if $$py tests/integration; then r=passed; else r=FAILED; status=1; fi; \
-	        else r="FAILED (lab did not come up)"; status=1; fi; \
-	        $(LAB) --slurm $$v down || true; \
-	        echo "==== Slurm $$v: the two-type lab (DIKE_LAB_GPU_TYPES=$(TWO_TYPES)) ===="; \
-	        if DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v up; then \
-	            $$py $(TWO_TYPE_TESTS) || { r="$$r, two types FAILED"; status=1; }; \
-	        else r="$$r, two-type lab FAILED (did not come up)"; status=1; fi; \
-	        DIKE_LAB_GPU_TYPES=$(TWO_TYPES) $(LAB) --slurm $$v down || true; \
-	        echo "==== Slurm $$v: integration tests $$r"; summary="$$summary Slurm $$v: $$r;"; \
-	    done; \
-	    echo "==== make test:$$summary exit $$status"; exit $$status; \
+	    BIN=$(BIN) SLURM_VERSIONS="$(SLURM_VERSIONS)" SLURM_VERSIONS_IF_BUILDS="$(SLURM_VERSIONS_IF_BUILDS)" \
+	        SLURM_VERSIONS_INSIDE="$(SLURM_VERSIONS_INSIDE)" scripts/test-matrix; \
 	fi
 
 # Headless Chromium (Debian's package) for tests/browser, which renders report.html: installed
@@ -110,7 +88,7 @@ prometheus:
 	fi
 
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n 2 tests/unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
