@@ -10,13 +10,17 @@ import dataclasses
 import pytest
 
 from dike_slurm.backends.base import JobField, JobUpdate
-from dike_slurm.frozen import frozen_record, frozen_records
+from dike_slurm.frozen import frozen_record
 from dike_slurm.model import Job, JobState
 from dike_slurm.cycle_plan import JobPlan, PlannedWrite
 from dike_slurm.reconcile import _job_plan, _job_update, _planned_write
+from dike_slurm.state_records import JobMemory, OwnedField
+
+# the classes built with frozen_record
+FROZEN_RECORDS = (Job, JobPlan, JobUpdate, PlannedWrite, JobMemory, OwnedField)
 
 
-@pytest.mark.parametrize("cls", frozen_records(), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", FROZEN_RECORDS, ids=lambda c: c.__name__)
 def test_each_record_is_a_frozen_dataclass_whose_instance_is_its_dict(cls):
     assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
     assert not hasattr(cls, "__post_init__"), f"{cls.__name__}.__post_init__ would be skipped by frozen_record"
