@@ -43,7 +43,7 @@ NODE_TYPES = {"n1": ("a100",), "n2": ("v100",), "n3": ("a100",), "n4": ("v100",)
 
 
 def test_versions_recorded():
-    assert VERSIONS == ("22.05", "24.11")
+    assert VERSIONS == ("22.05", "24.11", "26.05")
 
 
 @pytest.mark.parametrize(
