@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from dike_slurm.backends.base import Backend, JobField, WriteOutcome, started
+from dike_slurm.backends.base import Backend, WriteOutcome, started
+from dike_slurm.fields import JobField
 from dike_slurm.config import Config
 from dike_slurm.decisions import Requeue, service_forgiven
 from dike_slurm.freed_rooms import WASTED, FreedRoom, requeues_by_outcome

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dike_slurm.backends.base import FieldValue, JobField, JobUpdate
+from dike_slurm.fields import FieldValue, JobField, JobUpdate
 from dike_slurm.decisions import Requeue
 from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.model import Job, Placement

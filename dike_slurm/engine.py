@@ -16,7 +16,8 @@ from types import MappingProxyType
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
-from dike_slurm.backends.base import Backend, ClusterState, JobField, WriteOutcome
+from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.fields import JobField
 from dike_slurm.config import Config
 from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
 from dike_slurm.errors import PolicyError, SlurmError

@@ -16,14 +16,14 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import (
-    PLACEMENT_FIELDS,
-    PLACEMENT_ORDER,
-    ClusterState,
+from dike_slurm.backends.base import ClusterState
+from dike_slurm.fields import (
     FieldValue,
     JobField,
     JobUpdate,
+    PLACEMENT_FIELDS,
     placement_fields,
+    PLACEMENT_ORDER,
     placement_value,
 )
 from dike_slurm.config import Config

@@ -7,15 +7,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from dike_slurm.apply import UNCONFIRMED, change_text
-from dike_slurm.backends.base import (
-    Backend,
-    ClusterState,
-    FieldValue,
-    JobField,
-    JobUpdate,
-    WriteOutcome,
-    placement_value,
-)
+from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.fields import FieldValue, JobField, JobUpdate, placement_value
 from dike_slurm.model import Job, JobState
 from dike_slurm.cycle_plan import PlannedWrite
 from dike_slurm.field_values import describe_value, values_match

@@ -18,7 +18,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from dike_slurm.backends.base import FieldValue, JobField, SwitchRequest
+from dike_slurm.fields import FieldValue, JobField, SwitchRequest
 from dike_slurm.audit_export import append_audit_lines
 from dike_slurm.errors import StateError
 from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom

@@ -21,7 +21,7 @@ from dataclasses import replace
 from functools import partial
 from typing import NamedTuple
 
-from dike_slurm.backends.base import JobField
+from dike_slurm.fields import JobField
 from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.head_window import policy_window
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement

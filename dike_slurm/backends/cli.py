@@ -43,15 +43,8 @@ from typing import Any, TypeVar
 
 from dike_slurm.accounting import ReadResult, read_sacct_parsable2
 from dike_slurm.backends import scontrol_stdin, squeue_format
-from dike_slurm.backends.base import (
-    Backend,
-    ClusterState,
-    FieldValue,
-    JobField,
-    JobUpdate,
-    SwitchRequest,
-    WriteOutcome,
-)
+from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.fields import FieldValue, JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.commands import CommandResult, Feeder, Runner, feed_command, run_command
 from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
 from dike_slurm.backends.site_priority import read_priority_model

@@ -34,15 +34,8 @@ from types import MappingProxyType, ModuleType
 from typing import Any, TypeVar
 
 from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.backends.base import (
-    Backend,
-    ClusterState,
-    JobField,
-    JobUpdate,
-    SwitchRequest,
-    WriteOutcome,
-    placement_value,
-)
+from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.fields import JobField, JobUpdate, placement_value, SwitchRequest
 from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import DikeError, InputError, SlurmError

@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 
-from dike_slurm.backends.base import SwitchRequest
+from dike_slurm.fields import SwitchRequest
 from dike_slurm.errors import InputError
 from dike_slurm.frozen import frozen_record
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement

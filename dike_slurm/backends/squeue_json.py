@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dike_slurm.backends.base import SwitchRequest
+from dike_slurm.fields import SwitchRequest
 from dike_slurm.errors import InputError
 from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.hostlists import expand_hostlist

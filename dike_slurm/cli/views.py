@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
-    from dike_slurm.backends.base import ClusterState, JobField
+    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.fields import JobField
     from dike_slurm.model import Job, Placement
     from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
     from dike_slurm.service_prior import Prediction

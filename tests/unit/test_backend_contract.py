@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dike_slurm.backends import squeue_format
-from dike_slurm.backends.base import JobField, JobUpdate, SwitchRequest
+from dike_slurm.fields import JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult, FedResult
 from dike_slurm.config import SlurmSettings

@@ -20,16 +20,15 @@ from hypothesis import strategies as st
 
 from dike_slurm import reconcile
 from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import (
-    PLACEMENT_ORDER,
-    ClusterState,
+from dike_slurm.backends.base import ClusterState, FakeBackend
+from dike_slurm.fields import (
     FieldValue,
-    FakeBackend,
     JobField,
     JobUpdate,
-    SwitchRequest,
     placement_fields,
+    PLACEMENT_ORDER,
     placement_value,
+    SwitchRequest,
 )
 from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from dike_slurm.backends.base import FakeBackend, JobField
+from dike_slurm.backends.base import FakeBackend
+from dike_slurm.fields import JobField
 from dike_slurm.errors import SlurmError
 from dike_slurm.service import Service
 from dike_slurm.slurm_priority import PartitionPriority, PriorityInputs, PriorityWeights, SlurmPriorityModel

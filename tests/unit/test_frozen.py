@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from dike_slurm.backends.base import JobField, JobUpdate
+from dike_slurm.fields import JobField, JobUpdate
 from dike_slurm.frozen import frozen_record
 from dike_slurm.model import Job, JobState
 from dike_slurm.cycle_plan import JobPlan, PlannedWrite

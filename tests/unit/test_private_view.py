@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.admin_comment import Published, admin_comment_text, published
-from dike_slurm.backends.base import ClusterState, JobField
+from dike_slurm.backends.base import ClusterState
+from dike_slurm.fields import JobField
 from dike_slurm.backends.site_priority import show_config_options
 from dike_slurm.cli.visibility import private_data, read_viewer, slurm_user, viewer_from
 from dike_slurm.config import Config

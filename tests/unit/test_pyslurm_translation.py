@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from dike_slurm.backends.base import ClusterState, JobField, JobUpdate, SwitchRequest, WriteOutcome
+from dike_slurm.backends.base import ClusterState, WriteOutcome
+from dike_slurm.fields import JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.pyslurm import (
     PyslurmBackend,
     PyslurmUnavailable,
