@@ -23,9 +23,10 @@ from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
 from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
-from dike_slurm.head_window import DEFAULT_DEPTH, window_size
+from dike_slurm.head_window import window_size
 from dike_slurm.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
+from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH
 from dike_slurm.policies.base import Policy
 from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
 from dike_slurm.reconcile import STRATEGY_FIELD, is_exempt

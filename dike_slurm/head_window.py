@@ -16,49 +16,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from dike_slurm.decisions import SetPriority
-from dike_slurm.errors import InputError
 from dike_slurm.model import Job, JobState
-
-DEFAULT_BF_MAX_JOB_TEST = 500
-DEFAULT_QUEUE_DEPTH = 100
-DEFAULT_DEPTH = DEFAULT_BF_MAX_JOB_TEST  # the depth of a site whose SchedulerParameters set none of these
 
 # squeue reasons of jobs Slurm's scheduler does not consider yet: they take no place in the head
 NOT_CONSIDERED = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin"})
-
-
-def scheduler_parameters(raw: str) -> dict[str, str]:
-    """`SchedulerParameters=a=1,b,c=2` as {key lower-case: value} (flags map to "")."""
-    parameters = {}
-    for item in raw.split(","):
-        key, _, value = item.strip().partition("=")
-        if key:
-            parameters[key.lower()] = value.strip()
-    return parameters
-
-
-def _count(parameters: Mapping[str, str], key: str, default: int) -> int:
-    """A whole-number parameter, Slurm's default when absent; anything else is an InputError."""
-    raw = parameters.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InputError(f"SchedulerParameters {key}={raw!r} is not a whole number")
-    return value
-
-
-def scheduler_depth(parameters: Mapping[str, str]) -> int:
-    """How many pending jobs of one partition Slurm's passes look at: backfill's
-    `bf_max_job_test` (capped by `bf_max_job_part`), or `default_queue_depth` if it is larger."""
-    backfill = _count(parameters, "bf_max_job_test", DEFAULT_BF_MAX_JOB_TEST)
-    per_partition = _count(parameters, "bf_max_job_part", 0)
-    if per_partition:
-        backfill = min(backfill, per_partition)
-    return max(backfill, _count(parameters, "default_queue_depth", DEFAULT_QUEUE_DEPTH), 1)
 
 
 def window_size(configured: int | None, margin: float, depth: int) -> int:

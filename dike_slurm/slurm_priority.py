@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dike_slurm.errors import InputError
-from dike_slurm.head_window import DEFAULT_DEPTH, scheduler_depth, scheduler_parameters
 from dike_slurm.parsing.durations import parse_duration
+from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH, scheduler_depth, scheduler_parameters
 
 DEFAULT_MAX_AGE_S = 7 * 86400  # PriorityMaxAge=7-0
 DEFAULT_HALF_LIFE_S = 7 * 86400  # PriorityDecayHalfLife=7-0
@@ -155,7 +155,7 @@ class SlurmPriorityModel:
     cluster_cpus: int
     partition_tres: Mapping[str, Mapping[str, int]]  # partition -> {"cpu", "node", "gres/gpu"} totals
     source: str = ""  # where the weights and QOS priorities came from, for reports
-    # pending jobs per partition Slurm's scheduler looks at (head_window.scheduler_depth of SchedulerParameters)
+    # pending jobs per partition Slurm's scheduler looks at (slurm_options.scheduler_depth of SchedulerParameters)
     scheduler_depth: int = DEFAULT_DEPTH
     billing: GpuBilling | None = None  # the cluster's TRESBillingWeights (a partition's own wins)
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from dike_slurm.errors import InputError, SlurmError
 from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.slurm_priority import (
     PartitionPriority,
     SlurmPriorityModel,
@@ -25,23 +26,6 @@ _T = TypeVar("_T")
 SHOW_CONFIG_ARGV = ("show", "config")
 SHOW_PARTITIONS_ARGV = ("show", "partition", "-o")
 SHOW_QOS_ARGV = ("-nP", "show", "qos", "format=Name,Priority")
-
-
-def show_config_options(text: str) -> dict[str, str]:
-    """`scontrol show config` as {key lower-case: value}, for `slurm_priority.weights_from_options`.
-
-    Lines are `Key = value` (the key padded with spaces); `(null)` is an unset value. The first
-    occurrence of a key wins (the plugins' own sections, printed after slurm.conf's, come last).
-    """
-    options: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not key or " " in key:
-            continue
-        value = value.strip()
-        options.setdefault(key.lower(), "" if value == "(null)" else value)
-    return options
 
 
 def _partition_fields(line: str) -> dict[str, str]:
@@ -135,7 +119,7 @@ def read_priority_model(read: Callable[[Sequence[str]], str], command: Callable[
     config_name = shlex.join(("scontrol", *SHOW_CONFIG_ARGV))
     if config_text is None:
         config_name, config_text = run("scontrol", SHOW_CONFIG_ARGV)
-    options = show_config_options(config_text)
+    options = parse_show_config(config_text)
     partitions_name, partitions_text = run("scontrol", SHOW_PARTITIONS_ARGV)
     partitions, node_count, cluster_cpus = parsed(
         partitions_name, lambda: partitions_from_scontrol(partitions_text, partitions_name))

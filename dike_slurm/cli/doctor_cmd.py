@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from dike_slurm.cli import app, console
 from dike_slurm.cli.common import CONFIG_OPTION, JSON_OPTION, emit_json, load, safe, say_source, table
 from dike_slurm.errors import DikeError
+from dike_slurm.parsing.slurm_options import parse_show_config, scheduler_parameters
 from dike_slurm.parsing.tres import tracks_gpus
 
 if TYPE_CHECKING:  # the model loads when doctor runs, not with the CLI
@@ -39,24 +40,6 @@ class Check:
     found: str
     verdict: str  # OK, WARN or FAIL
     advice: str = ""  # what to change (slurm.conf line or command)
-
-
-def parse_show_config(text: str) -> dict[str, str]:
-    """`Key = value` lines of `scontrol show config`."""
-    values = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() and " " not in key.strip():
-            values[key.strip()] = value.strip()
-    return values
-
-
-def _option(parameters: str, name: str) -> str | None:
-    for item in parameters.split(","):
-        key, _, value = item.strip().partition("=")
-        if key == name:
-            return value
-    return None
 
 
 def diagnose(
@@ -102,7 +85,7 @@ def diagnose(
     else:
         checks.append(Check("privileges", f"{user}: AdminLevel={admin_level or 'None'}", FAIL,
                             GRANT_ADVICE.format(user=user)))
-    private = config.get("PrivateData", "none")
+    private = config.get("privatedata", "none")
     if private.lower() not in ("", "none") and store_exposure:
         checks.append(Check("state file privacy", f"PrivateData={private}, but {store_exposure}", WARN,
                             "chmod 600 the state file (and its -wal and -shm), or 640 with engine.state_group: it "
@@ -112,7 +95,7 @@ def diagnose(
                             "engine.admin_comment = true: Slurm hides other users' jobs, so a user's `dike-slurm "
                             "queue` and `explain` read the engine's levels from the AdminComment it writes on each "
                             "job (docs/deployment.md, \"Who can read what\"); without it they see none"))
-    tracked = [tres.strip() for tres in config.get("AccountingStorageTRES", "").split(",") if tres.strip()]
+    tracked = [tres.strip() for tres in config.get("accountingstoragetres", "").split(",") if tres.strip()]
     if tracks_gpus(",".join(tracked)):
         checks.append(Check("AccountingStorageTRES", "gres/gpu tracked", OK))
     else:
@@ -124,7 +107,7 @@ def diagnose(
         checks.append(Check("AccountingStorageTRES", ",".join(tracked) or "unset", FAIL,
                             f"AccountingStorageTRES={','.join([*tracked, 'gres/gpu'])} (without gres/gpu, sacct "
                             f"shows finished runs with 0 GPUs and every job's attained service is 0{pyslurm_too})"))
-    priority = config.get("PriorityType", "")
+    priority = config.get("prioritytype", "")
     if strategy in ("site_factor", "nice") and priority != "priority/multifactor":
         field = "SiteFactor" if strategy == "site_factor" else "Nice"
         checks.append(Check("PriorityType", priority or "unset", FAIL,
@@ -134,22 +117,22 @@ def diagnose(
         checks.append(Check("PriorityType", priority or "unset", OK))
     if priority == "priority/multifactor":
         checks += priority_checks(priority_model, priority_error, priority_mode, priority_span, strategy,
-                                  config.get("PriorityFlags", ""))
+                                  config.get("priorityflags", ""))
     if strategy == "site_factor":
-        plugin = config.get("PrioritySiteFactorPlugin", "(null)")
-        checks.append(Check("PrioritySiteFactorPlugin", plugin,
-                            OK if plugin in ("(null)", "", "site_factor/none") else WARN,
-                            "" if plugin in ("(null)", "", "site_factor/none") else
+        plugin = config.get("prioritysitefactorplugin", "")
+        checks.append(Check("PrioritySiteFactorPlugin", plugin or "unset",
+                            OK if plugin in ("", "site_factor/none") else WARN,
+                            "" if plugin in ("", "site_factor/none") else
                             "a site factor plugin recomputes SiteFactor and overwrites the engine's; "
                             "use PrioritySiteFactorPlugin=site_factor/none or priority_strategy=\"priority\""))
-    topology = config.get("TopologyPlugin", "")
+    topology = config.get("topologyplugin", "")
     if "tree" in topology:
         checks.append(Check("TopologyPlugin", topology, OK))
     else:
         checks.append(Check("TopologyPlugin", topology or "unset", WARN,
                             "TopologyPlugin=topology/tree and a topology.conf: without it Switches= has no effect"))
-    scheduler = config.get("SchedulerParameters", "")
-    wait = _option(scheduler, "max_switch_wait")
+    scheduler = config.get("schedulerparameters", "")
+    wait = scheduler_parameters(scheduler).get("max_switch_wait")
     wait_s = int(wait) if wait and wait.isdigit() else 300
     if max_consolidation_wait_s is not None and max_consolidation_wait_s > wait_s:
         checks.append(Check("max_switch_wait", f"{wait_s} s", WARN,
@@ -158,7 +141,7 @@ def diagnose(
     else:
         checks.append(Check("max_switch_wait", f"{wait_s} s" + ("" if wait else " (default)"), OK))
     checks.append(Check("SchedulerParameters", scheduler or "(default)", OK))
-    requeue = config.get("JobRequeue", "")
+    requeue = config.get("jobrequeue", "")
     if preemption and requeue != "1":
         checks.append(Check("JobRequeue", requeue or "unset", WARN,
                             "JobRequeue=1, or jobs must opt in with --requeue (preemption requeues only those)"))
@@ -402,7 +385,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     config_text = runner([command("scontrol"), "show", "config"], env, timeout)
     show_config = parse_show_config(config_text)
     priority_model, priority_error = None, ""
-    if show_config.get("PriorityType") == "priority/multifactor":
+    if show_config.get("prioritytype") == "priority/multifactor":
         from dike_slurm.backends.site_priority import read_priority_model
 
         try:

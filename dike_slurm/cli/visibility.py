@@ -62,7 +62,7 @@ def viewer_from(name: str, options: Mapping[str, str], admin_level: Callable[[],
 def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | None = None) -> Viewer:
     """The viewer running this command: `scontrol show config`, then `sacctmgr show user` when
     PrivateData=jobs leaves it open. `run` runs one argv and returns its stdout (raising DikeError)."""
-    from dike_slurm.backends.site_priority import show_config_options
+    from dike_slurm.parsing.slurm_options import parse_show_config
 
     slurm = config.slurm
     command = (lambda tool: str(slurm.bin_dir / tool)) if slurm.bin_dir else (lambda tool: tool)
@@ -70,7 +70,7 @@ def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | Non
     if name == "root":  # sees everything whatever PrivateData says; asks Slurm nothing (audit works with Slurm down)
         return Viewer(name, False, "root sees every job")
     try:
-        options = show_config_options(run([command("scontrol"), "show", "config"]))
+        options = parse_show_config(run([command("scontrol"), "show", "config"]))
     except DikeError as exc:  # PrivateData unknown: show only what is certainly this user's
         return Viewer(name, True, f"Slurm's PrivateData is unknown ({exc}): only {name}'s own jobs are shown")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, Check, diagnose, failure, gather, parse_show_config
+from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, Check, diagnose, failure, gather
+from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.config import load_config
 from dike_slurm.errors import DikeError
 

@@ -11,7 +11,7 @@ import pytest
 from dike_slurm.admin_comment import Published, admin_comment_text, published
 from dike_slurm.backends.base import ClusterState
 from dike_slurm.fields import JobField
-from dike_slurm.backends.site_priority import show_config_options
+from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.cli.visibility import private_data, read_viewer, slurm_user, viewer_from
 from dike_slurm.config import Config
 from dike_slurm.errors import DikeError
@@ -23,7 +23,7 @@ VERSIONS = ("22.05", "24.11")
 
 def options(version: str, private: bool) -> dict[str, str]:
     name = "scontrol-show-config-privatedata-jobs.txt" if private else "scontrol-show-config.txt"
-    return show_config_options((FIXTURES / f"slurm-{version}" / name).read_text())
+    return parse_show_config((FIXTURES / f"slurm-{version}" / name).read_text())
 
 
 def test_published_reads_back_what_the_engine_writes_and_nothing_else():
@@ -150,7 +150,7 @@ def test_a_user_who_cannot_read_the_store_is_not_told_a_job_is_unknown_to_the_en
 
 
 def test_doctor_warns_when_users_restricted_by_private_data_would_see_no_levels():
-    from dike_slurm.cli.doctor_cmd import OK, WARN, Check, diagnose, parse_show_config
+    from dike_slurm.cli.doctor_cmd import OK, WARN, Check, diagnose
 
     def checks(version: str, private: bool, admin_comment: bool) -> dict:
         name = "scontrol-show-config-privatedata-jobs.txt" if private else "scontrol-show-config.txt"

@@ -171,7 +171,7 @@ def test_priority_strategy_pins_and_nice_subtracts():
 
 def test_the_scheduler_depth_comes_from_schedulerparameters_and_a_bad_value_names_its_source():
     from dike_slurm.errors import InputError
-    from dike_slurm.head_window import scheduler_depth, scheduler_parameters
+    from dike_slurm.parsing.slurm_options import scheduler_depth, scheduler_parameters
     from dike_slurm.slurm_priority import build_model
 
     assert scheduler_depth({}) == 500  # Slurm's bf_max_job_test default
