@@ -18,9 +18,9 @@ million-row dump (bench/accounting_read.py), it is faster once each row is turne
 record, and it can repair rows whose job name or comment contains the `|` separator (sacct
 does not escape it).
 
-The JSON reader is dike_slurm/accounting_json.py; both readers share the record type, the
-per-read caches (interned users, parsed TRES), the row-level error type and the skip counting
-defined here.
+The JSON reader and `read_sacct_file` (a dump file of either format) are in
+dike_slurm/accounting_json.py; both readers share the record type, the per-read caches
+(interned users, parsed TRES), the row-level error type and the skip counting defined here.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 from dike_slurm.errors import InputError
 from dike_slurm.model import JobState
@@ -256,10 +255,10 @@ def _looks_like_header(line: str) -> bool:
 
 def read_sacct_parsable2(text: str, source: str) -> ReadResult:
     """Read a `sacct --parsable2` dump (header row first); see the module docstring for columns."""
-    return _read_parsable2_lines(iter(text.split("\n")), source)
+    return read_parsable2_lines(iter(text.split("\n")), source)
 
 
-def _read_parsable2_lines(lines: Iterator[str], source: str) -> ReadResult:
+def read_parsable2_lines(lines: Iterator[str], source: str) -> ReadResult:
     """The parsable2 reader over lines split at "\n" only (a lone "\r" stays inside its field)."""
     number = 0
     header_line = None
@@ -403,31 +402,3 @@ def _record_from_row(row: dict[str, str], caches: RowCaches) -> AccountingRecord
         constraints=text(get("constraints", "").strip()),
     )
 
-
-def read_sacct_file(path: Path) -> ReadResult:
-    """Read a dump file, JSON or parsable2 (sniffed from its first character).
-
-    A parsable2 dump is read line by line: a year of history (a million rows, 300 MB) is never
-    held in memory as text, only as records.
-    """
-    try:
-        with path.open("rb") as handle:
-            if _first_character(handle) in ("{", "["):
-                from dike_slurm.accounting_json import read_sacct_json  # it imports this module
-
-                return read_sacct_json(handle.read().decode("utf-8", errors="replace"), str(path))
-            # Binary lines split at b"\n" only, as str.split("\n") does; no UTF-8 sequence
-            # contains that byte, so decoding line by line gives the same text as decoding it whole.
-            lines = (raw.decode("utf-8", errors="replace").removesuffix("\n") for raw in handle)
-            return _read_parsable2_lines(lines, str(path))
-    except FileNotFoundError:
-        raise InputError("no such file", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
-
-
-def _first_character(handle: BinaryIO) -> str:
-    """The first character that is not a BOM or white space (the handle is rewound)."""
-    start = handle.read(4096).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")[:1]
-    handle.seek(0)
-    return start

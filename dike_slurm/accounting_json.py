@@ -1,14 +1,15 @@
-"""Reading `sacct --json` dumps into run records (dike_slurm/accounting.py: the records, the
-parsable2 reader and `read_sacct_file`, which hands a JSON dump to this reader)."""
+"""Reading `sacct --json` dumps into run records, and `read_sacct_file`, which reads a dump file
+of either format (dike_slurm/accounting.py: the records and the parsable2 reader)."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
-from dike_slurm.accounting import AccountingRecord, ReadResult, RowCaches, RowError
+from dike_slurm.accounting import AccountingRecord, ReadResult, RowCaches, RowError, read_parsable2_lines
 from dike_slurm.errors import InputError
 from dike_slurm.model import JobState
 from dike_slurm.slurm_formats import (
@@ -185,3 +186,30 @@ def _record_from_json(job: dict[str, Any], caches: RowCaches) -> AccountingRecor
         alloc_gpu_types=_json_gpu_types(tres.get("allocated")),
         constraints=text(_json_text(job.get("constraints")).strip()),
     )
+
+
+def read_sacct_file(path: Path) -> ReadResult:
+    """Read a dump file, JSON or parsable2 (sniffed from its first character).
+
+    A parsable2 dump is read line by line: a year of history (a million rows, 300 MB) is never
+    held in memory as text, only as records.
+    """
+    try:
+        with path.open("rb") as handle:
+            if _first_character(handle) in ("{", "["):
+                return read_sacct_json(handle.read().decode("utf-8", errors="replace"), str(path))
+            # Binary lines split at b"\n" only, as str.split("\n") does; no UTF-8 sequence
+            # contains that byte, so decoding line by line gives the same text as decoding it whole.
+            lines = (raw.decode("utf-8", errors="replace").removesuffix("\n") for raw in handle)
+            return read_parsable2_lines(lines, str(path))
+    except FileNotFoundError:
+        raise InputError("no such file", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=str(path)) from None
+
+
+def _first_character(handle: BinaryIO) -> str:
+    """The first character that is not a BOM or white space (the handle is rewound)."""
+    start = handle.read(4096).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")[:1]
+    handle.seek(0)
+    return start

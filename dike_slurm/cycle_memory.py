@@ -15,25 +15,14 @@ the file's content, keyed by the store's own write counters, and the same for an
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dike_slurm.backends.base import ReadMemory
 from dike_slurm.model import Job
 from dike_slurm.reconcile import DiffMemory
 from dike_slurm.state import SiteSpan
 from dike_slurm.usage import JobService
-
-
-@dataclass
-class ReadMemory:
-    """What a backend's read keeps for its next read (Backend.keep_reads_in)."""
-
-    # The Job handed out for each record, by what it was read from: the lean read's record text
-    # (squeue_format.read_jobs), the simulated backend's job id (reused while equal).
-    jobs: dict[Hashable, Job] = field(default_factory=dict)
-    # Each parsed text with its value, by kind (sprio, the topology): the same text gives the same value.
-    parsed: dict[str, tuple[str, object]] = field(default_factory=dict)
 
 
 class EnrichInputs(NamedTuple):

@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dike_slurm.accounting import read_sacct_file
+from dike_slurm.accounting_json import read_sacct_file
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
 from dike_slurm.head_window import window_size

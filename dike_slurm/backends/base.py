@@ -8,7 +8,7 @@ Everything Slurm-specific (commands, JSON shapes, pyslurm objects, the simulator
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -18,7 +18,6 @@ from dike_slurm.fields import FieldValue, JobField, JobUpdate, SwitchRequest, wi
 from dike_slurm.model import Job, JobState, Node, Placement, Topology, with_constraint_gpu_types
 
 if TYPE_CHECKING:
-    from dike_slurm.cycle_memory import ReadMemory
     from dike_slurm.slurm_priority import SlurmPriorityModel
 
 
@@ -35,6 +34,17 @@ class WriteOutcome:
 def started(outcome: WriteOutcome) -> bool:
     """A write refused because the job is no longer pending (it started): the job is still there."""
     return not outcome.ok and "no longer pending" in outcome.message
+
+
+@dataclass
+class ReadMemory:
+    """What a backend's read keeps for its next read (Backend.keep_reads_in)."""
+
+    # The Job handed out for each record, by what it was read from: the lean read's record text
+    # (squeue_format.read_jobs), the simulated backend's job id (reused while equal).
+    jobs: dict[Hashable, Job] = field(default_factory=dict)
+    # Each parsed text with its value, by kind (sprio, the topology): the same text gives the same value.
+    parsed: dict[str, tuple[str, object]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def trace_stats_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="the cluster's GPUs: adds the offered load"),
 ) -> None:
     """Jobs, GPU jobs, users, GPU-hours, sizes, run times and skipped rows of a dump."""
-    from dike_slurm.accounting import read_sacct_file
+    from dike_slurm.accounting_json import read_sacct_file
     from dike_slurm.sim.stats import trace_stats
 
     stats = trace_stats(read_sacct_file(dump), total_gpus=gpus)
@@ -91,7 +91,7 @@ def trace_generate_command(
         raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
     console.print(f"wrote {out / 'sacct.txt'}, {out / 'slurm.conf'}, {out / 'topology.conf'}", highlight=False)
     if stats:
-        from dike_slurm.accounting import read_sacct_file
+        from dike_slurm.accounting_json import read_sacct_file
         from dike_slurm.sim.stats import trace_stats
 
         _print_stats(trace_stats(read_sacct_file(out / "sacct.txt"), total_gpus=cluster.total_gpus),
