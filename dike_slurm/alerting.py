@@ -1,9 +1,9 @@
 """What admins are alerted on and watch: Prometheus alert rules and a Grafana dashboard over the
 metrics the engine exports (dike_slurm/metrics.py), as files sites load as they are.
 
-The rules come from templates/prometheus-rules.yml.j2 with finished values; the dashboard is JSON
-built here. Every expression names only metrics `metrics.exported_names()` lists
-(tests/unit/test_alert_rules.py checks it with promtool).
+The rules are values for templates/prometheus-rules.yml.j2 (dike_slurm/render.py renders it);
+the dashboard is JSON built here. Every expression names only metrics `metrics.exported_names()`
+lists (tests/unit/test_alert_rules.py checks it with promtool).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from dike_slurm.config import Config
 
 ALERTING_KINDS = ("prometheus-rules", "grafana")
@@ -97,16 +95,12 @@ def alert_rules(config: Config) -> tuple[AlertRule, ...]:
     )
 
 
-def prometheus_rules(config: Config, config_path: Path) -> str:
-    """The rules file (templates/prometheus-rules.yml.j2)."""
-    from dike_slurm.render import _environment
-
-    rules = [{"name": rule.name, "expr": rule.expr, "for_": rule.for_, "severity": rule.severity,
-              # a JSON string is a YAML double-quoted one
-              "summary": json.dumps(rule.summary, ensure_ascii=False),
-              "description": json.dumps(rule.description, ensure_ascii=False)} for rule in alert_rules(config)]
-    return _environment().get_template("prometheus-rules.yml.j2").render(
-        rules=rules, interval_s=f"{config.engine.interval_s:g}", config_path=config_path)
+def prometheus_rule_values(config: Config) -> list[dict[str, str]]:
+    """The values of each rule as templates/prometheus-rules.yml.j2 takes them."""
+    return [{"name": rule.name, "expr": rule.expr, "for_": rule.for_, "severity": rule.severity,
+             # a JSON string is a YAML double-quoted one
+             "summary": json.dumps(rule.summary, ensure_ascii=False),
+             "description": json.dumps(rule.description, ensure_ascii=False)} for rule in alert_rules(config)]
 
 
 # (title, panel type, unit, ((expression, legend), ...)); a row of four panels of width 6
@@ -211,9 +205,3 @@ def metric_names(expr: str) -> set[str]:
     text = _RANGES.sub("", text)
     return {name for name in _NAMES.findall(text) if name.lower() not in _PROMQL_WORDS}
 
-
-def render(kind: str, config: Config, config_path: Path) -> str:
-    """`dike-slurm render prometheus-rules` or `render grafana`."""
-    if kind == "prometheus-rules":
-        return prometheus_rules(config, config_path)
-    return grafana_dashboard(config)

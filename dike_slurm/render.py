@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dike_slurm.alerting import ALERTING_KINDS
+from dike_slurm.alerting import ALERTING_KINDS, grafana_dashboard, prometheus_rule_values
 from dike_slurm.errors import InputError
 
 if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is rendered, not with the CLI
@@ -234,10 +234,11 @@ def _folders(config: Config, user: str, lock_file: Path) -> dict[str, Any]:
 
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
     """The text of one deployment file for this configuration."""
-    if kind in ALERTING_KINDS:
-        from dike_slurm import alerting
-
-        return alerting.render(kind, config, config_path)
+    if kind == "prometheus-rules":
+        return _environment().get_template("prometheus-rules.yml.j2").render(
+            rules=prometheus_rule_values(config), interval_s=f"{config.engine.interval_s:g}", config_path=config_path)
+    if kind == "grafana":
+        return grafana_dashboard(config)
     if kind not in _TEMPLATE_OF:
         raise InputError(f"unknown render kind {kind!r} (known: {', '.join(RENDER_KINDS)})")
     if not _USER_NAME.match(user):

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.evaluate import BASELINE_SETTING, FIFO, MULTIFACTOR, TARGET_SETTING
+
+FIFO = "fifo"  # the baseline of every ratio
+MULTIFACTOR = "multifactor"
+TARGET_SETTING = "pen1"  # the setting the targets are read in
+# A setting that runs only the preemptive variants borrows the others' rows from this one: fifo,
+# multifactor and the non-preemptive oracle never preempt, so which jobs may be preempted does not
+# change them.
+BASELINE_SETTING = {"pen1_none": "pen1", "pen1_half": "pen1"}
 
 RESULTS_BEGIN = "<!-- eval:begin (written by `dike-slurm eval --results`; edit above or below, not inside) -->"
 RESULTS_END = "<!-- eval:end -->"

@@ -1,7 +1,7 @@
 """Corpus evaluation (`dike-slurm eval`, `make eval`): every case under every policy.
 
 What runs (cases, policies, settings, seeds) and the run itself, into one JSON-ready result;
-sim/eval_report.py turns it into the overall and targets tables and the files.
+sim/eval_report.py, which it imports, turns it into the overall and targets tables and the files.
 """
 
 from __future__ import annotations
@@ -14,9 +14,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dike_slurm.errors import InputError
+from dike_slurm.sim.eval_report import (
+    BASELINE_SETTING,
+    FIFO,
+    MULTIFACTOR,
+    gpu_type_invariant,
+    overall,
+    share_targets,
+    targets,
+)
 
 CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
-FIFO = "fifo"
 
 
 @dataclass(frozen=True)
@@ -63,12 +71,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pen1", "pen 1", 1.0, 1.0),
 )
 QUICK_SETTINGS = ("pen1",)
-TARGET_SETTING = "pen1"
-# A setting that runs only the preemptive variants borrows the others' rows from this one: fifo,
-# multifactor and the non-preemptive oracle never preempt, so which jobs may be preempted does not
-# change them.
-BASELINE_SETTING = {"pen1_none": "pen1", "pen1_half": "pen1"}
-MULTIFACTOR = "multifactor"
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,6 @@ def evaluate(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Run every replay of the plan and return the whole result (JSON-ready, every number)."""
-    from dike_slurm.sim.eval_report import gpu_type_invariant, overall, share_targets, targets  # it imports this module's tables
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
 
     log = log or (lambda _line: None)
