@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from dike_slurm.cli import console
+from dike_slurm.cli.group import console
 
 if TYPE_CHECKING:  # loaded by the commands that need them: `--help` needs none
     from dike_slurm.config import Config, ConfigSource

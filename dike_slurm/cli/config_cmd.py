@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from dike_slurm.cli import app, console
+from dike_slurm.cli.group import app, console
 from dike_slurm.cli.common import JSON_OPTION, emit_json, load, safe
 from dike_slurm.errors import DikeError
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from dike_slurm.cli import app, console
+from dike_slurm.cli.group import app, console
 from dike_slurm.cli.common import CONFIG_OPTION, JSON_OPTION, emit_json, load, safe, say_source, table
 from dike_slurm.errors import DikeError
 from dike_slurm.parsing.slurm_options import parse_show_config, scheduler_parameters

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.table import Table
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import (
     CONFIG_OPTION,
     JSON_OPTION,

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 
 
 @app.command("eval")

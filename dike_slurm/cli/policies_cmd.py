@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import JSON_OPTION, emit_json, table
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import CONFIG_OPTION, load, safe
 from dike_slurm.errors import InputError
 from dike_slurm.render import RENDER_KINDS

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import load, safe
 from dike_slurm.errors import ConfigError, InputError
 

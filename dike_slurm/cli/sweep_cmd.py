@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from dike_slurm.cli import app, console, err_console
+from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.errors import InputError
 
 sweep_app = typer.Typer(

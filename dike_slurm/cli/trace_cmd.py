@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from dike_slurm.cli import app, console
+from dike_slurm.cli.group import app, console
 from dike_slurm.errors import InputError
 
 trace_app = typer.Typer(help="Look at or generate sacct dumps.", no_args_is_help=True)

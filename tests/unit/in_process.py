@@ -14,7 +14,7 @@ stay independent of each other and of their order:
   (logging's last resort), not to pytest's capture; the "dike_slurm" logger's handlers and level
   (`run` installs a stderr handler);
 - the SIGTERM, SIGINT and SIGHUP handlers (`run` installs them);
-- the consoles' width: piped output's (dike_slurm.cli decides it once, at import, from the terminal).
+- the consoles' width: piped output's (dike_slurm.cli.group decides it once, at import, from the terminal).
 An exception that the command did not turn into an exit code is written to stderr as the traceback
 Python prints (exit code 1), so `"Traceback" not in result.stderr` still fails on one.
 """
@@ -35,6 +35,7 @@ from unittest import mock
 from typer.testing import CliRunner
 
 from dike_slurm import cli
+from dike_slurm.cli import group
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -67,8 +68,8 @@ def _fresh_process_state(argv: list[str], cwd: Path | None) -> Iterator[None]:
     sys.argv = argv
     try:
         with contextlib.chdir(cwd or os.getcwd()), \
-                mock.patch.object(cli.console, "_width", cli.PIPE_WIDTH), \
-                mock.patch.object(cli.err_console, "_width", cli.PIPE_WIDTH):
+                mock.patch.object(group.console, "_width", group.PIPE_WIDTH), \
+                mock.patch.object(group.err_console, "_width", group.PIPE_WIDTH):
             yield
     finally:
         sys.argv = saved_argv
