@@ -1,10 +1,13 @@
-"""The core (dike_slurm/ minus the command line) imports nothing from the simulator (sim/); the
+"""The package's layers (tests/unit/layers.toml) hold: no import circle, no import up a layer;
+the core (dike_slurm/ minus the command line) imports nothing from the simulator (sim/); the
 policies import nothing from one another, only the shared stages and building blocks."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from import_graph import circles, import_graph, imports_of, layer_of, load_layers, package_modules, upward_imports
 
 CORE = Path(__file__).resolve().parents[2] / "dike_slurm"
 SIM_MODULES = ("dike_slurm.sim", "sim")
@@ -84,3 +87,42 @@ def test_the_policy_import_check_finds_every_form():
     assert policy_imports("def f():\n    import dike_slurm.policies.fifo as f\n") == {"fifo"}
     assert policy_imports("from dike_slurm.policies import tiresias\n") == {"tiresias"}
     assert policy_imports("from dike_slurm.policy_util import x\nimport policies\n") == set()
+
+
+def test_the_package_has_no_import_circle():
+    """No module imports, at any depth (in a function, under TYPE_CHECKING), one that imports it
+    back through any chain."""
+    assert circles(import_graph()) == []
+
+
+def test_no_import_runs_up_a_layer():
+    """The layers of tests/unit/layers.toml, lowest first: an import names the importer's layer or
+    a lower one."""
+    assert upward_imports(import_graph(), load_layers()) == []
+
+
+def test_every_module_has_a_layer():
+    layers = load_layers()
+    assert [name for name, _ in layers][:2] == ["base", "domain"]
+    assert {"domain", "slurm", "store", "cycle", "ops", "cli", "sim", "sim.eval"} <= {name for name, _ in layers}
+    unplaced = [module for module in package_modules() if module != "dike_slurm" and layer_of(module, layers) is None]
+    assert unplaced == []
+
+
+def test_the_graph_checks_find_a_circle_and_an_upward_import():
+    modules = {"dike_slurm.model", "dike_slurm.engine", "dike_slurm.cli", "dike_slurm.cli.group"}
+    sources = {
+        "dike_slurm.model": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dike_slurm.engine import Engine\n",
+        "dike_slurm.engine": "def f():\n    from dike_slurm import model\n",
+        "dike_slurm.cli": "from . import group\n",
+        "dike_slurm.cli.group": "import dike_slurm.cli\n",
+    }
+    edges = [edge for name, source in sources.items()
+             for edge in imports_of(name, source, modules, package=name == "dike_slurm.cli")]
+    assert {(e.importer, e.imported) for e in edges} == {
+        ("dike_slurm.model", "dike_slurm.engine"), ("dike_slurm.engine", "dike_slurm.model"),
+        ("dike_slurm.cli", "dike_slurm.cli.group"), ("dike_slurm.cli.group", "dike_slurm.cli")}
+    assert circles(edges) == [["dike_slurm.cli", "dike_slurm.cli.group"], ["dike_slurm.engine", "dike_slurm.model"]]
+    layers = [("domain", ("dike_slurm.model",)), ("cycle", ("dike_slurm.engine",)), ("cli", ("dike_slurm.cli",))]
+    assert layer_of("dike_slurm.cli.group", layers) == 2
+    assert upward_imports(edges, layers) == ["dike_slurm.model (domain) -> dike_slurm.engine (cycle), line 3"]
