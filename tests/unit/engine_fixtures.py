@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from dike_slurm.accounting import AccountingRecord
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.model import Job, JobState, Node, Switch, Topology

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from dike_slurm import reconcile
 from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import ClusterState, FakeBackend
+from dike_slurm.backends.base import ClusterState
+from fakes import FakeBackend
 from dike_slurm.fields import (
     FieldValue,
     JobField,

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from dike_slurm.admin_comment import admin_comment_text
-from dike_slurm.backends.base import FakeBackend, WriteOutcome
+from dike_slurm.backends.base import WriteOutcome
+from fakes import FakeBackend
 from dike_slurm.fields import JobField, SwitchRequest
 from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
 from dike_slurm.engine import Engine

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.fields import JobField
 from dike_slurm.errors import SlurmError
 from dike_slurm.service import Service

@@ -383,7 +383,7 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     """`explain` on the recorded two-type lab: a running job's GPU-hour counts its nodes' type's
     weight from the partition's TRESBillingWeights (scontrol show partition -o), a pending job's
     the weight of each type it may run on; where the site weighs no GPU, every one counts 1."""
-    from dike_slurm.backends.base import FakeBackend
+    from fakes import FakeBackend
     from dike_slurm.backends.site_priority import partitions_from_scontrol
     from dike_slurm.cli.explain import explain, explain_lines
     from dike_slurm.config import Config

@@ -10,7 +10,7 @@ import in_process
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
 from dike_slurm.apply import Stop
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.fields import JobField
 from dike_slurm.cycle_plan import Guard
 from dike_slurm.decisions import Requeue, SetPlacement

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from dike_slurm.backends import squeue_format
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.fields import JobField, JobUpdate
 from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult, run_command

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
 
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.engine import SACCT_OVERLAP_S
 from dike_slurm.errors import SlurmError
 from dike_slurm.metrics import MetricsWatch, exported_names, quantile

@@ -7,7 +7,7 @@ from dataclasses import replace
 from engine_fixtures import NOW, TOPOLOGY, config, nodes, pending, running
 from test_backend_contract import Recorder, backend
 
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.fields import JobField
 from dike_slurm.engine import Engine
 from dike_slurm.model import NO_PLACEMENT, Placement

@@ -20,7 +20,7 @@ from engine_fixtures import NOW, TOPOLOGY, nodes, pending
 from engine_fixtures import config as fixture_config
 
 from dike_slurm.apply import FIRST_BATCH, CycleReport
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.cycle_plan import CyclePlan

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from dike_slurm.accounting import AccountingRecord
-from dike_slurm.backends.base import FakeBackend
+from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.model import JobState
