@@ -90,10 +90,6 @@ class ReadResult:
     first_skipped_line: dict[str, int] = field(default_factory=dict)  # reason -> first line number
     has_comment: bool = False  # the dump carries the jobs' Comment (sacct --json always does)
 
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
 
 # Skip reasons (the keys of ReadResult.skipped).
 SKIP_STEP = "job step (not an allocation)"

@@ -25,7 +25,6 @@ PREFIX = "dike_slurm_"
 PHASES = ("read", "decide", "diff", "write")
 WAIT_QUANTILES = (0.5, 0.95)
 PRIOR_QUANTILES = (0.5, 0.9)
-HELD_REASONS = ("write_budget", "max_changes", "breaker")
 
 
 @dataclass

@@ -28,7 +28,7 @@ is wrong. Nothing is ever read as "no jobs" because its shape changed.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,8 +236,3 @@ class ReadCount:
                 f"{self.command}: Slurm printed {self.printed} {what} but only {self.read + self.left_out} "
                 f"could be read ({reasons or 'count mismatch'}); nothing is written this cycle"
             )
-
-
-def describe_formats() -> Sequence[tuple[str, str, str]]:
-    """(data_parser version, family, verified release or "") rows, for `dike-slurm doctor` and the docs."""
-    return [(version, fmt.family, verified) for version, (fmt, verified) in FORMATS.items()]
