@@ -129,7 +129,7 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     # 1-GPU allocations. The start is relative to now, so that no time zone of the host or of a
     # chroot lab enters it.
     def window_start() -> str:
-        return f"now-{math.floor(time.time() - engine.since)}seconds"
+        return f"now-{max(0, math.floor(time.time() - engine.since))}seconds"  # since may be a moment ahead
 
     def window() -> dict[int, list[Any]]:
         return lab.sacct_records("--allusers", "-S", window_start(), "-E", "now")
