@@ -122,12 +122,15 @@ def _keys(user: str, name: str, gpus: int) -> list[tuple[Key, tuple[str, ...]]]:
 class ServicePrior:
     """The groups' estimates at one instant: never changes once made."""
 
-    __slots__ = ("_base", "_recent", "jobs")
+    __slots__ = ("_base", "_recent", "jobs", "_predicted")
 
     def __init__(self, base: Mapping[Key, Estimate], recent: Mapping[Key, Estimate | None], jobs: int) -> None:
         self._base = base
         self._recent = recent  # newer than base; None: the group emptied
         self.jobs = jobs  # finished jobs learned from
+        # predict's answers: the estimates never change, so neither do they (a replay asks the same
+        # view every cycle until a job finishes)
+        self._predicted: dict[tuple[str, str, int, float], Prediction | None] = {}
 
     @classmethod
     def learn(cls, finished: Iterable[FinishedJob]) -> ServicePrior:
@@ -161,6 +164,14 @@ class ServicePrior:
         """The groups' medians from every job down to the finest group, each pulling the estimate
         toward its own by n / (n + shrink_jobs); named by the finest group that has jobs. None
         without GPUs or history."""
+        asked = (user, name, gpus, shrink_jobs)
+        try:
+            return self._predicted[asked]
+        except KeyError:
+            prediction = self._predicted[asked] = self._predict(user, name, gpus, shrink_jobs)
+            return prediction
+
+    def _predict(self, user: str, name: str, gpus: int, shrink_jobs: float) -> Prediction | None:
         if gpus <= 0:
             return None
         log_run: float | None = None
