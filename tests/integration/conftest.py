@@ -244,15 +244,12 @@ class SlurmLab:
                       f"(main, backfill)")
 
     def run_time(self, job_id: int) -> int:
-        """Seconds a job has run (squeue's TIME, `%M`: [days-][hours:]minutes:seconds); 0 when not running."""
+        """Seconds a job has run (squeue's TIME, `%M`, read as dike_slurm reads Slurm durations); 0
+        when it is not listed or has not started."""
+        from dike_slurm.parsing.durations import parse_duration
+
         text = self.run("squeue", "-h", "-j", str(job_id), "-o", "%M", check=False).stdout.strip()
-        if not text or ":" not in text:
-            return 0
-        days, _, clock = text.rpartition("-")
-        seconds = 0
-        for part in clock.split(":"):
-            seconds = seconds * 60 + int(part)
-        return seconds + 86400 * int(days or 0)
+        return (parse_duration(text) or 0) if ":" in text else 0
 
     def wait_run_time(self, job_id: int, seconds: float, timeout: float = 60) -> None:
         """Wait until a running job has run `seconds` (so that GPUs x seconds passes a level threshold)."""
