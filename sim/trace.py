@@ -87,6 +87,8 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
             len(members),
         )
     cluster_types = frozenset(t for n in conf.nodes for t in n.gpu_types)
+    # (partition, GPU types) -> (max GPUs per usable node, usable nodes); None: no node has those types
+    typed_room: dict[tuple[str, tuple[str, ...]], tuple[int, int] | None] = {}
     excluded: Counter[str] = Counter()
     notes: Counter[str] = Counter()
     jobs: list[TraceJob] = []
@@ -115,11 +117,15 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
             notes[NOTE_TYPES_IGNORED] += 1
             gpu_types = ()
         elif gpu_types:
-            usable = [n for n in members_of[partition] if may_use_gpus(gpu_types, n.gpu_types)]
-            if not usable:
+            typed = (partition, gpu_types)
+            if typed not in typed_room:  # the same few (partition, types) for every typed job
+                usable = [n for n in members_of[partition] if may_use_gpus(gpu_types, n.gpu_types)]
+                typed_room[typed] = (max(n.gpus for n in usable), len(usable)) if usable else None
+            room = typed_room[typed]
+            if room is None:
                 excluded[EXCLUDED_NO_GPU_TYPE] += 1
                 continue
-            max_gpus, node_count = max(n.gpus for n in usable), len(usable)
+            max_gpus, node_count = room
         num_nodes = max(1, last.num_nodes)
         gpus_per_node = -(-last.gpus // num_nodes)
         if gpus_per_node > max_gpus or num_nodes > node_count:

@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dike_slurm.accounting import read_sacct_parsable2
 from dike_slurm.accounting_json import read_sacct_json
@@ -424,3 +426,37 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     assert plain["a100-running"]["job"]["billing"] == {"set_by": None, "run_gpu_types": ["a100"], "weight": 1.0,
                                                        "weights": {"a100": 1.0}}
     assert "every GPU counts 1" in "\n".join(explain_lines(plain["a100-blocked"]))
+
+
+_types = st.lists(st.sampled_from(["a100", "v100", "h100"]), min_size=1, max_size=2, unique=True).map(tuple)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.lists(st.tuples(st.sampled_from(["a100", "v100"]), st.sampled_from([4, 8]), st.booleans()),
+                      min_size=1, max_size=6),
+       jobs=st.lists(st.tuples(_types, st.integers(1, 16), st.integers(1, 3), st.booleans()), min_size=1,
+                     max_size=30))
+def test_typed_jobs_are_kept_as_the_nodes_of_their_partition_and_types_allow(nodes, jobs):
+    """build_trace works out a (partition, types) pair's usable nodes once: each typed job is kept or
+    excluded exactly as a look at its partition's nodes, job by job, says."""
+    lines = [f"NodeName=n{i} Gres=gpu:{kind}:{gpus} CPUs=64" for i, (kind, gpus, _) in enumerate(nodes)]
+    small = [f"n{i}" for i, (_, _, in_small) in enumerate(nodes) if in_small] or ["n0"]
+    lines += [f"PartitionName=all Nodes={','.join(f'n{i}' for i in range(len(nodes)))} Default=YES",
+              f"PartitionName=small Nodes={','.join(small)}"]
+    conf = parse_slurm_conf("\n".join(lines) + "\n")
+    (finished,) = [replace(r, elapsed_s=60) for r in read_sacct_parsable2(_fixture("22.05", "sacct.txt"),
+                                                                            "sacct.txt").records
+                   if r.name == "typed-finished"]
+    records = [replace(finished, job_id=1000 + i, display_id=str(1000 + i), gpu_types=types, gpus=gpus,
+                       num_nodes=count, partition="small" if in_small else "all")
+               for i, (types, gpus, count, in_small) in enumerate(jobs)]
+    built = build_trace(records, conf)
+    members = {"all": conf.nodes, "small": [n for n in conf.nodes if n.name in small]}
+    kept = set()
+    for record in records:
+        usable = [n for n in members[record.partition] if may_use_gpus(record.gpu_types, n.gpu_types)]
+        if usable and -(-record.gpus // record.num_nodes) <= max(n.gpus for n in usable) \
+                and record.num_nodes <= len(usable):
+            kept.add(record.job_id)
+    assert {job.job_id for job in built.jobs} == kept
+    assert sum(built.excluded.values()) == len(records) - len(kept)
