@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dike_slurm.accounting import ReadResult
-# JobField and SwitchRequest: the integration tests import them from here
-from dike_slurm.fields import JobField, JobUpdate, SwitchRequest  # noqa: F401
+from dike_slurm.fields import JobUpdate
 from dike_slurm.model import Job, Node, Topology, with_constraint_gpu_types
 
 if TYPE_CHECKING:
