@@ -198,7 +198,6 @@ class MixedPriorityQueues(Ordering[DikeParams]):
         if prior_weight:
             size = len(history)
             bounds = [0.0, *(bisect_right(history, t) / size for t in thresholds), 1.0]
-        positions: dict[float, float] = {}  # an expected service -> its quantile among the finished jobs'
         # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
         predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
         expected_of: dict[int, Prediction] = {}
@@ -255,10 +254,7 @@ class MixedPriorityQueues(Ordering[DikeParams]):
                 # prior sets the level; 1: the shortest)
                 low, high = (bounds[level], bounds[level + 1]) if sets_level else (0.0, 1.0)
                 if high > low:
-                    position = positions.get(expected)  # jobs of one (user, name, GPUs) share it
-                    if position is None:
-                        position = positions[expected] = bisect_right(history, expected) / size
-                    shortness = (high - position) / (high - low)
+                    shortness = (high - bisect_right(history, expected) / size) / (high - low)
                     mixed += prior_weight * (0.0 if shortness < 0.0 else 1.0 if shortness > 1.0 else shortness)
                 else:
                     mixed += prior_weight * 0.5
