@@ -6,11 +6,11 @@ import os
 import re
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_engine import LabEngine
 
 pytestmark = pytest.mark.adapter
 
@@ -27,16 +27,11 @@ def test_hostile_job_name_and_comment_through_the_live_engine(slurm_lab: SlurmLa
     lab.wait_for(lambda: lab.job_state(blocker) == "RUNNING", 30, "blocker did not start")
     job = lab.sbatch(f"--job-name={NAME}", f"--comment={COMMENT}", "--gres=gpu:1", "--wrap", "sleep 30",
                      user="dikeuser2")
-    env = dict(lab.env)
-    env.update({"DIKE_ENGINE__STATE_DB": str(tmp_path / "state.sqlite"), "COLUMNS": "250",
-                "DIKE_ENGINE__METRICS_FILE": str(tmp_path / "metrics.prom"),
-                "DIKE_ACCOUNTING__LOOKBACK_DAYS": repr(60 / 86400)})
+    engine = LabEngine(lab, tmp_path)
 
     def dike(*args: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "dike_slurm", *args], env=env, capture_output=True,
-                              text=True, timeout=120, cwd="/tmp")
+        proc = engine.run(*args, timeout=120)  # never a traceback
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "Traceback" not in proc.stderr
         return proc
 
     dike("run", "--once", "--apply", "-v")
@@ -49,7 +44,7 @@ def test_hostile_job_name_and_comment_through_the_live_engine(slurm_lab: SlurmLa
     assert str(job) in explain and "audit" in explain
     for text in (explain, status):
         assert "\x1b[" not in text
-    with sqlite3.connect(tmp_path / "state.sqlite") as db:
+    with sqlite3.connect(engine.state_db) as db:
         for change, command in db.execute("SELECT change, command FROM audit WHERE job_id = ?", (job,)):
             assert "touch" not in change and "touch" not in command, (change, command)
     assert not MARKER.exists()  # a shell would have run the $(...) and `...` before its command returned
