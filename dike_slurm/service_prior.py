@@ -20,6 +20,7 @@ changes.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class Estimate:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Prediction:
     """A job's expected GPU service and the group it came from."""
 
@@ -84,6 +85,12 @@ class Prediction:
         if self.overrun > 1.0:
             text += f", x{self.overrun:.2g}: this user's jobs overran their groups' medians"
         return text
+
+    @functools.cached_property
+    def reason(self) -> str:
+        """`expected=12.40gpuh (12.4 GPU-h from ...)`, as a job's reason shows it: made once per
+        prediction, which a view keeps from cycle to cycle."""
+        return f"expected={self.gpu_s / 3600:.2f}gpuh ({self.describe()})"
 
 
 def _overrun_of(groups: Iterable[list[float]]) -> Estimate:

@@ -197,7 +197,7 @@ class MixedPriorityQueues(Ordering[DikeParams]):
         # short a job is, is measured inside its own level
         if prior_weight:
             size = len(history)
-            bounds = [0.0, *(bisect_right(history, t) / size for t in thresholds), 1.0]
+            bounds = [0.0, *(history.count_at_most(t) / size for t in thresholds), 1.0]
         # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
         predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
         expected_of: dict[int, Prediction] = {}
@@ -220,7 +220,7 @@ class MixedPriorityQueues(Ordering[DikeParams]):
                 if known is None:
                     prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs)
                     known = predictions[shape] = (
-                        (prediction, f" expected={prediction.gpu_s / 3600:.2f}gpuh ({prediction.describe()})")
+                        (prediction, f" {prediction.reason}")
                         if prediction is not None else (None, "")
                     )
                 prediction, text = known
@@ -254,7 +254,7 @@ class MixedPriorityQueues(Ordering[DikeParams]):
                 # prior sets the level; 1: the shortest)
                 low, high = (bounds[level], bounds[level + 1]) if sets_level else (0.0, 1.0)
                 if high > low:
-                    shortness = (high - bisect_right(history, expected) / size) / (high - low)
+                    shortness = (high - history.count_at_most(expected) / size) / (high - low)
                     mixed += prior_weight * (0.0 if shortness < 0.0 else 1.0 if shortness > 1.0 else shortness)
                 else:
                     mixed += prior_weight * 0.5

@@ -26,9 +26,10 @@ BLOCK = 512
 
 
 class SortedView(Sequence[float]):
-    """An immutable ascending sequence over blocks (what `Snapshot.completed_service_gpu_s` holds)."""
+    """An immutable ascending sequence over blocks (what `Snapshot.completed_service_gpu_s` holds in
+    the simulator: an `AscendingValues`)."""
 
-    __slots__ = ("_blocks", "_starts", "_length")
+    __slots__ = ("_blocks", "_starts", "_maxes", "_length")
 
     def __init__(self, blocks: tuple[tuple[float, ...], ...]) -> None:
         self._blocks = blocks
@@ -37,7 +38,15 @@ class SortedView(Sequence[float]):
             starts.append(total)
             total += len(block)
         self._starts = starts
+        self._maxes = [block[-1] for block in blocks]
         self._length = total
+
+    def count_at_most(self, value: float) -> int:
+        """How many values are <= value: two C-level bisections, the blocks' last values then one block."""
+        index = bisect.bisect_right(self._maxes, value)  # every block before it is <= value
+        if index == len(self._blocks):
+            return self._length
+        return self._starts[index] + bisect.bisect_right(self._blocks[index], value)
 
     def __len__(self) -> int:
         return self._length
