@@ -40,7 +40,7 @@ SLURM_VERSIONS_INSIDE = 25.11
 test: $(STAMP) chromium systemd-analyze prometheus
 	@if [ "$${DIKE_SKIP_SLURM:-0}" = 1 ]; then \
 	    echo "DIKE_SKIP_SLURM=1: integration tests against real Slurm are SKIPPED" >&2; \
-	    $(BIN)/pytest -n 2; \
+	    TMPDIR=$$(scripts/unit-tmpdir) $(BIN)/pytest -n 2; \
 	else \
 	    BIN=$(BIN) SLURM_VERSIONS="$(SLURM_VERSIONS)" SLURM_VERSIONS_IF_BUILDS="$(SLURM_VERSIONS_IF_BUILDS)" \
 	        SLURM_VERSIONS_INSIDE="$(SLURM_VERSIONS_INSIDE)" scripts/test-matrix; \
@@ -87,8 +87,9 @@ prometheus:
 	    echo "==== promtool or prometheus-node-exporter not found and not root with apt-get: the alert rule and scrape tests will be SKIPPED" >&2; \
 	fi
 
+# TMPDIR: a tmpfs where there is one with room (scripts/unit-tmpdir says why)
 unit: $(STAMP)
-	$(BIN)/pytest -n 2 tests/unit
+	TMPDIR=$$(scripts/unit-tmpdir) $(BIN)/pytest -n 2 tests/unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
