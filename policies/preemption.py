@@ -113,8 +113,10 @@ class NodeLedger:
         for leaf in self.leaf:
             nodes_per_leaf[leaf] = nodes_per_leaf.get(leaf, 0) + 1
         self.largest_leaf = max(nodes_per_leaf.values(), default=0)  # nodes under the largest leaf
+        # usable's answers: what they depend on never changes while the plan goes along
+        self._usable: dict[tuple, tuple[int, ...]] = {}
 
-    def usable(self, job: Job, honour_exclusions: bool = True) -> list[int]:
+    def usable(self, job: Job, honour_exclusions: bool = True) -> tuple[int, ...]:
         """Nodes the job may run on at all (partition, size, GPU types, its ExcNodeList and ReqNodeList).
 
         A typed job's nodes are those of its types only: the planner never frees, nor counts as
@@ -124,17 +126,25 @@ class NodeLedger:
         on its pinned nodes only, so the plan carries on; if it no longer can, the pin is not
         asserted again and the engine clears it. `honour_exclusions=False` ignores the ExcNodeList,
         which may be one the engine wrote itself in an earlier cycle."""
-        per_node, partition, types = job.gpus_per_node, job.partition, job.gpu_types
-        excluded = set(job.placement.exclude_nodes) if honour_exclusions else set()
-        required = set(job.placement.require_nodes)
-        return [
+        placement = job.placement
+        asked = (job.gpus_per_node, job.partition, job.gpu_types,
+                 placement.exclude_nodes if honour_exclusions else (), placement.require_nodes)
+        known = self._usable.get(asked)
+        if known is None:
+            known = self._usable[asked] = self._usable_nodes(*asked)
+        return known
+
+    def _usable_nodes(self, per_node: int, partition: str, types: tuple[str, ...],
+                      exclude: Sequence[str], require: Sequence[str]) -> tuple[int, ...]:
+        excluded, required = set(exclude), set(require)
+        return tuple(
             i for i, total in enumerate(self.gpus)
             if total >= per_node
             and (not partition or not self.partitions[i] or partition in self.partitions[i])
             and self.names[i] not in excluded
             and (not required or self.names[i] in required)
             and (not types or may_use_gpus(types, self.gpu_types[i]))
-        ]
+        )
 
     def release(self, victim: Job) -> None:
         per_node = victim.gpus_per_node
@@ -146,6 +156,25 @@ class NodeLedger:
     def allocate(self, nodes: Sequence[int], per_node: int) -> None:
         for node in nodes:
             self.free[node] -= per_node
+
+
+class VictimOrder:
+    """Each node's preemptible running jobs, cheapest loss first (then job id), sorted once per
+    plan: the loss of a victim does not change while the plan goes along."""
+
+    def __init__(self, nodes: NodeLedger, preemptible: frozenset[int], loss: Callable[[Job], float]) -> None:
+        self.nodes, self.preemptible, self.loss = nodes, preemptible, loss
+        self._by_node: dict[int, list[tuple[float, Job]]] = {}
+
+    def on(self, node: int) -> list[tuple[float, Job]]:
+        """(loss, victim) of the node's preemptible jobs, cheapest first."""
+        known = self._by_node.get(node)
+        if known is None:
+            loss, preemptible = self.loss, self.preemptible
+            known = [(loss(v), v) for v in self.nodes.jobs_on[node] if v.job_id in preemptible]
+            known.sort(key=lambda entry: (entry[0], entry[1].job_id))
+            self._by_node[node] = known
+        return known
 
 
 def can_start(job: Job, now: float) -> bool:
@@ -208,7 +237,7 @@ def plan_preemptions(
         # value) before the policy's order (a stable sort keeps it)
         walk.sort(key=lambda job: (-tier_of[job.job_id][0], -tier_of[job.job_id][1], not job.pinned_for_preemption))
     nodes = NodeLedger(snapshot, running)
-    preemptible = {v.job_id for v in candidates}
+    order = VictimOrder(nodes, frozenset(v.job_id for v in candidates), loss)
     taken: set[int] = set()
     requeues: list[Requeue] = []
     pins: list[SetPlacement] = []
@@ -260,13 +289,11 @@ def plan_preemptions(
                 continue
             chosen: list[Job] = []
             cost = 0.0
-            on_node = sorted(
-                (v for v in nodes.jobs_on[node] if v.job_id in preemptible and v.job_id not in taken and outranks(job, v)),
-                key=lambda v: (loss(v), v.job_id),
-            )
-            for victim in on_node:
+            for victim_loss, victim in order.on(node):
+                if victim.job_id in taken or not outranks(job, victim):
+                    continue
                 chosen.append(victim)
-                cost += loss(victim)
+                cost += victim_loss
                 missing -= victim.gpus_per_node
                 if missing <= 0:
                     break

@@ -1,7 +1,8 @@
 """Equivalence of the one-pass placement helpers with the plain per-question references.
 
-`ClusterView` answers four questions from one walk over the nodes, and `Consolidator` works out
-per cluster what `consolidation` once worked out per job. The references below are the plain
+`ClusterView` answers four questions from one walk over the nodes, `Consolidator` works out
+per cluster what `consolidation` once worked out per job, and the preemption planner's
+`NodeLedger` and `VictimOrder` keep answers for the plan's life. The references below are the plain
 versions they replaced; hypothesis checks that the optimised ones give the same answers.
 """
 
@@ -13,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, JobState, Node, Placement, Snapshot, Switch, Topology
+from dike_slurm.model import Job, JobState, Node, Placement, Snapshot, Switch, Topology, may_use_gpus
 from dike_slurm.policies.common import ClusterView, Consolidator, leaf_capacity_and_free
+from dike_slurm.policies.preemption import NodeLedger, VictimOrder
 
 STATES = ("IDLE", "MIXED", "ALLOCATED", "DRAIN", "DOWN+DRAIN", "MIXED+DRAIN", "IDLE+NOT_RESPONDING")
 
@@ -139,3 +141,57 @@ def test_consolidator_equals_the_per_job_reference(snapshot, shapes, mode, wait_
         )
         expected = reference_consolidation(job, snapshot.time, capacity, free_by_leaf, wait_s, mode, "leaf_", "why")
         assert consolidator.decide(job, snapshot.time, "why") == expected
+
+
+def reference_usable(snapshot: Snapshot, job: Job, honour_exclusions: bool) -> list[int]:
+    """The nodes a job may use, worked out afresh for every question (as NodeLedger once did)."""
+    excluded = set(job.placement.exclude_nodes) if honour_exclusions else set()
+    required = set(job.placement.require_nodes)
+    return [
+        i for i, node in enumerate(snapshot.nodes)
+        if (node.gpus if node.available else 0) >= job.gpus_per_node
+        and (not job.partition or not node.partitions or job.partition in node.partitions)
+        and node.name not in excluded
+        and (not required or node.name in required)
+        and (not job.gpu_types or may_use_gpus(job.gpu_types, node.gpu_types))
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.data())
+def test_the_ledgers_kept_answers_and_victim_order_equal_the_plain_walks(snapshot, data):
+    """NodeLedger keeps each usable-nodes answer for the plan's life and VictimOrder sorts each
+    node's victims once: the same answers as asking afresh, and as sorting the filtered victims by
+    (loss, job id) for every blocked job (plan_preemptions did that before)."""
+    names = [node.name for node in snapshot.nodes]
+    running = []
+    for job_id in range(1, data.draw(st.integers(0, 8)) + 1):
+        on = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
+        running.append(Job(job_id, "alice", JobState.RUNNING, 0.0, gpus=4 * len(on), num_nodes=len(on),
+                           nodes=tuple(on), start_time=data.draw(st.sampled_from((0.0, 900.0, 1800.0)))))  # equal losses
+    ledger = NodeLedger(snapshot, running)
+    asked = data.draw(st.lists(st.tuples(
+        st.integers(1, 16), st.integers(1, 2), st.sampled_from(("", "gpu", "big")),
+        st.lists(st.sampled_from(names), max_size=3), st.lists(st.sampled_from(names), max_size=2),
+        st.sampled_from(((), ("a100",))), st.booleans()), min_size=1, max_size=6))
+    for gpus, count, partition, exclude, require, types, honour in asked * 2:  # the second round: kept answers
+        job = Job(99, "bob", JobState.PENDING, 0.0, gpus=gpus, num_nodes=count, partition=partition, gpu_types=types,
+                  placement=Placement(exclude_nodes=tuple(exclude), require_nodes=tuple(require)))
+        assert list(ledger.usable(job, honour)) == reference_usable(snapshot, job, honour)
+
+    preemptible = frozenset(data.draw(st.sets(st.sampled_from([job.job_id for job in running]))) if running else ())
+    taken = data.draw(st.sets(st.integers(1, 8)))
+    measure = {job.job_id: data.draw(st.integers(0, 3)) for job in running} | {99: data.draw(st.integers(0, 3))}
+
+    def loss(victim: Job) -> float:
+        return victim.gpus * ((snapshot.time - victim.start_time) % 1800)
+
+    order = VictimOrder(ledger, preemptible, loss)
+    for node in list(range(len(names))) * 2:  # the second round: the kept order
+        expected = sorted(
+            (v for v in ledger.jobs_on[node]
+             if v.job_id in preemptible and v.job_id not in taken and measure[99] < measure[v.job_id]),
+            key=lambda v: (loss(v), v.job_id),
+        )
+        kept = [(cost, v) for cost, v in order.on(node) if v.job_id not in taken and measure[99] < measure[v.job_id]]
+        assert [v for _, v in kept] == expected and [cost for cost, _ in kept] == [loss(v) for v in expected]
