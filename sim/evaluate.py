@@ -184,6 +184,19 @@ def load_config(path: Path | None):
 # ---------------------------------------------------------------------------------------- running
 
 
+def _replay_groups(plan: Plan) -> dict[tuple[float, int], list[tuple[Setting, Variant]]]:
+    """The replays of every case, one settings object per (share preemptible, seed); the penalty is
+    per task."""
+    groups: dict[tuple[float, int], list[tuple[Setting, Variant]]] = {}
+    for setting in plan.settings:
+        for seed in setting.seeds:
+            for variant in plan.variants:
+                if setting.preemptive_only and not variant.preemptive:
+                    continue
+                groups.setdefault((setting.preemptible, seed), []).append((setting, variant))
+    return groups
+
+
 def evaluate(
     plan: Plan,
     config,
@@ -191,28 +204,25 @@ def evaluate(
     workers: int = 2,
     command: str = "",
     log: Callable[[str], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Run every replay of the plan and return the whole result (JSON-ready, every number)."""
+    """Run every replay of the plan and return the whole result (JSON-ready, every number).
+    `on_progress(jobs_replayed, jobs_in_all_replays)` is called as the replays advance."""
     from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
 
     log = log or (lambda _line: None)
     started = time.perf_counter()
     git = _git_state()  # the code the replays run, not what was committed meanwhile
     inputs = {case.name: load_input(*(case.folder / name for name in CASE_FILES)) for case in plan.cases}
+    groups = _replay_groups(plan)
+    total_jobs = sum(len(inputs[case.name].trace.jobs) * len(members) for case in plan.cases for members in groups.values())
+    replayed_jobs = 0
     case_results = []
     for case in plan.cases:
         replay_input = inputs[case.name]
         case_started = time.perf_counter()
         log(f"{case.name}: {len(replay_input.trace.jobs)} jobs")
         runs, used = [], {}
-        # One settings object per (share preemptible, seed); the penalty is per task.
-        groups: dict[tuple[float, int], list[tuple[Setting, Variant]]] = {}
-        for setting in plan.settings:
-            for seed in setting.seeds:
-                for variant in plan.variants:
-                    if setting.preemptive_only and not variant.preemptive:
-                        continue
-                    groups.setdefault((setting.preemptible, seed), []).append((setting, variant))
         for (preemptible, seed), members in groups.items():
             members.sort(key=lambda member: -member[1].cost)  # stable: table order within a cost
             settings = sim_settings(config, replay_input.conf, seed=seed, preemptible=preemptible,
@@ -222,7 +232,15 @@ def evaluate(
             used[f"preemptible={preemptible:g} seed={seed}"] = {
                 key: value for key, value in asdict(settings).items() if key != "comm_penalty"}
             group_started = time.perf_counter()
-            results = run_tasks(tasks, replay_input, config, settings, workers=workers)
+            done_before, finished = replayed_jobs, {}
+
+            def advance(index: int, jobs: int, done_before: int = done_before, finished: dict = finished) -> None:
+                finished[index] = jobs
+                if on_progress is not None:
+                    on_progress(done_before + sum(finished.values()), total_jobs)
+
+            results = run_tasks(tasks, replay_input, config, settings, workers=workers, on_progress=advance)
+            replayed_jobs = done_before + len(replay_input.trace.jobs) * len(tasks)
             for (setting, variant), run in zip(members, results):
                 runs.append({
                     "variant": variant.label, "setting": setting.key, "seed": seed,

@@ -293,6 +293,8 @@ def run_tasks(
             if on_progress is not None:
                 _SHARED["progress"] = _Direct(on_progress)
             results.append(_run_task(index, task)[1])
+            if on_progress is not None:  # its last jobs, as the processes' path reports a finished replay
+                on_progress(index, results[-1].metrics.summary["jobs"])
         _SHARED.clear()
         return results
     context = multiprocessing.get_context("fork")

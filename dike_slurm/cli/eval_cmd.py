@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from dike_slurm.cli.group import app, console, err_console
+from dike_slurm.cli.progress import LazyProgress
 
 
 @app.command("eval")
@@ -41,8 +42,13 @@ def eval_command(
         err_console.print(f"skipped {reason}", highlight=False, markup=False)
     err_console.print(f"{len(plan.cases)} cases, {plan.runs()} replays, {workers} workers", highlight=False)
     command = shlex.join(["dike-slurm", *sys.argv[1:]])
-    result = evaluate.evaluate(plan, config, workers=workers, command=command,
-                               log=lambda line: err_console.print(line, highlight=False, markup=False))
+    progress = _EvalProgress()
+    try:
+        result = evaluate.evaluate(plan, config, workers=workers, command=command,
+                                   log=lambda line: err_console.print(line, highlight=False, markup=False),
+                                   on_progress=progress)
+    finally:
+        progress.close()
     try:
         table_list = eval_report.write_outputs(result, out, results_md=results, html=html)
     except Exception:
@@ -59,6 +65,22 @@ def eval_command(
     console.print(eval_report.LEGEND, markup=False, highlight=False)
     console.print(f"wrote {out}/eval.json, results.md{', report.html' if html and 'html_error' not in result else ''}"
                   f"{f' and {results}' if results else ''} ({result['wall_s'] / 60:.1f} min)", highlight=False)
+
+
+class _EvalProgress:
+    """One bar over every replay of the plan, in jobs (its total is known once the cases are read)."""
+
+    def __init__(self) -> None:
+        self.bar: LazyProgress | None = None
+
+    def __call__(self, replayed: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = LazyProgress(["replays"], total, err_console)
+        self.bar(0, replayed)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _print_tables(table_list) -> None:  # noqa: ANN001 - eval_report.Table

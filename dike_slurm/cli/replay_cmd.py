@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import load, safe
+from dike_slurm.cli.progress import LazyProgress
 from dike_slurm.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs, not with the CLI
@@ -19,40 +19,7 @@ if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs,
     from dike_slurm.sim.replay import PolicyRun, ReplayInput
     from dike_slurm.sim.records import SimSettings
 
-PROGRESS_AFTER_S = 3.0  # a progress bar appears only for replays slower than this
 SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")
-
-class LazyProgress:
-    """A rich progress bar (on stderr) that shows up only once the work has taken a few seconds."""
-
-    def __init__(self, labels: list[str], total_jobs: int) -> None:
-        self.labels = labels
-        self.total = total_jobs
-        self.started = time.monotonic()
-        self.progress: Progress | None = None
-        self.tasks: dict[int, int] = {}
-        self.done: dict[int, int] = {}
-
-    def __call__(self, index: int, finished: int) -> None:
-        self.done[index] = finished
-        if self.progress is None:
-            if time.monotonic() - self.started < PROGRESS_AFTER_S:
-                return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=err_console, transient=True,
-            )
-            self.progress.start()
-            for position, label in enumerate(self.labels):
-                self.tasks[position] = self.progress.add_task(label, total=self.total)
-        for position, count in self.done.items():
-            self.progress.update(self.tasks[position], completed=count)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
 
 
 def _config(path: Path | None, overrides: dict) -> tuple[Config, ConfigSource]:
@@ -235,7 +202,7 @@ def replay_command(
     tasks = [ReplayTask(name, name, settings.comm_penalty, out_dir / f"jobs-{name}.csv") for name in names]
     tasks += [ReplayTask(f"{name}@{value:g}", name, value) for value in sweep for name in names]
     worker_count = _workers(workers)
-    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs))
+    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs), err_console)
     try:
         runs = run_tasks(tasks, replay_input, config, settings, workers=worker_count, on_progress=progress)
     finally:
@@ -335,7 +302,7 @@ def tune_command(
     if sweep_out is not None:
         _tune_sweep(sweep_out, tasks, proposals, config, settings, replay_input, slurm_conf, topology)
         return
-    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs))
+    progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs), err_console)
     try:
         runs = run_tasks(tasks, replay_input, config, settings, workers=_workers(workers), on_progress=progress)
     finally:

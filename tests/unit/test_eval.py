@@ -36,9 +36,24 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def result(corpus) -> dict:
+def progress_seen() -> list[tuple[int, int]]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def result(corpus, progress_seen) -> dict:
     plan = evaluate.make_plan([corpus], only=("tiresias", "dike"))
-    return evaluate.evaluate(plan, evaluate.load_config(None), workers=1, command="test")
+    return evaluate.evaluate(plan, evaluate.load_config(None), workers=1, command="test",
+                             on_progress=lambda done, total: progress_seen.append((done, total)))
+
+
+def test_the_progress_counts_every_replayed_job_once_and_ends_at_its_total(result, progress_seen):
+    replayed = sum(run["summary"]["jobs"] for case in result["cases"] for run in case["runs"])
+    assert progress_seen[-1] == (replayed, replayed)
+    assert {total for _, total in progress_seen} == {replayed}
+    done = [count for count, _ in progress_seen]
+    runs = sum(len(case["runs"]) for case in result["cases"])
+    assert done == sorted(done) and len(set(done)) == runs  # it moved with every replay that finished
 
 
 def test_cases_follow_cases_json_and_a_case_folder_is_one_case(corpus):

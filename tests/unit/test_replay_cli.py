@@ -219,3 +219,24 @@ def test_the_replay_prints_the_share_it_used(small_trace, tmp_path):
                        "--preemptible", "all", "--out", str(tmp_path / "all"))
     jobs = summary["input"]["jobs_replayed"]
     assert f"preemptible: {jobs:,} of {jobs:,} jobs (100%), a share of 1 drawn per job" in every.stdout
+
+
+def test_the_progress_bar_shows_jobs_per_second_and_time_left_at_a_terminal_and_nothing_in_a_pipe(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from dike_slurm.cli import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "PROGRESS_AFTER_S", 0.0)
+    shown = {}
+    for terminal in (True, False):
+        out = io.StringIO()
+        bar = progress_module.LazyProgress(["dike"], 100, Console(file=out, force_terminal=terminal, width=120))
+        bar(0, 40)
+        bar(0, 100)
+        assert (bar.progress is not None) == terminal
+        bar.close()
+        shown[terminal] = out.getvalue()
+    assert "jobs/s" in shown[True] and "left" in shown[True] and "dike" in shown[True]
+    assert shown[False] == ""
