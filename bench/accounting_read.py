@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from dike_slurm.accounting import AccountingRecord, read_sacct_parsable2
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_tres

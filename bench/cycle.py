@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dike_slurm.backends import squeue_format  # noqa: E402
-from dike_slurm.fields import JobField, SwitchRequest  # noqa: E402
+from dike_slurm.domain.fields import JobField, SwitchRequest  # noqa: E402
 from dike_slurm.backends.cli import SlurmCliBackend  # noqa: E402
 from dike_slurm.backends.commands import CommandResult, FedResult  # noqa: E402
 from dike_slurm.config import SlurmSettings  # noqa: E402

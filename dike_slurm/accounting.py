@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
+from dike_slurm.domain.model import JobState
 from dike_slurm.errors import InputError
-from dike_slurm.model import JobState
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import Tres, parse_tres

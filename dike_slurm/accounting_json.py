@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 
 from dike_slurm.accounting import AccountingRecord, ReadResult, RowCaches, RowError, read_parsable2_lines
 from dike_slurm.errors import InputError
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.slurm_formats import (
     JOB_BASE_STATES,
     JOB_STATE_FLAGS,

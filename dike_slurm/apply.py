@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from dike_slurm.backends.base import Backend, WriteOutcome, started
-from dike_slurm.fields import JobField
+from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
-from dike_slurm.decisions import Requeue, service_forgiven
-from dike_slurm.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
-from dike_slurm.model import Job
+from dike_slurm.domain.decisions import Requeue, service_forgiven
+from dike_slurm.domain.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
+from dike_slurm.domain.model import Job
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.cycle_plan import CyclePlan, PlannedWrite
 from dike_slurm.field_values import describe_value

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dike_slurm.fields import FieldValue, JobField, JobUpdate
-from dike_slurm.decisions import Requeue
-from dike_slurm.freed_rooms import FreedRoom, RoomOutcome
-from dike_slurm.model import Job, Placement
-from dike_slurm.service_prior import Prediction
+from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate
+from dike_slurm.domain.decisions import Requeue
+from dike_slurm.domain.freed_rooms import FreedRoom, RoomOutcome
+from dike_slurm.domain.model import Job, Placement
+from dike_slurm.domain.service_prior import Prediction
 from dike_slurm.state import SiteSpan
 from dike_slurm.usage import Run
 

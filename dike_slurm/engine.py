@@ -17,14 +17,14 @@ from types import MappingProxyType
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
 from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
-from dike_slurm.fields import JobField
+from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
 from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
 from dike_slurm.errors import PolicyError, SlurmError
-from dike_slurm.freed_rooms import LANDED, FreedRoom, follow_rooms
+from dike_slurm.domain.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.gcpause import paused_gc
-from dike_slurm.head_window import window_size
-from dike_slurm.model import Job, JobState, Snapshot
+from dike_slurm.domain.head_window import window_size
+from dike_slurm.domain.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH
 from dike_slurm.policies.base import Policy
@@ -33,8 +33,8 @@ from dike_slurm.reconcile import STRATEGY_FIELD, is_exempt
 from dike_slurm.registry import default_registry
 from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
-from dike_slurm.service_prior import Prediction, ServicePrior
-from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
+from dike_slurm.domain.service_prior import Prediction, ServicePrior
+from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.usage import (
     JobService,

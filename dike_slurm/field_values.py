@@ -3,7 +3,7 @@ placement field is unused, and a value as the audit and the commands print it.""
 
 from __future__ import annotations
 
-from dike_slurm.fields import FieldValue, JobField, SwitchRequest
+from dike_slurm.domain.fields import FieldValue, JobField, SwitchRequest
 
 
 def values_match(key: JobField, current: FieldValue, wanted: FieldValue) -> bool:

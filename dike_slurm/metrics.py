@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dike_slurm.freed_rooms import GONE, LANDED, WASTED, requeues_by_outcome
-from dike_slurm.model import JobState
+from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, requeues_by_outcome
+from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

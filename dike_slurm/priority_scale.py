@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-from dike_slurm.decisions import Decisions, SetPriority
+from dike_slurm.domain.decisions import Decisions, SetPriority
 
 
 def score_ceiling(decisions: Decisions, declared: float | None) -> float:

@@ -3,7 +3,7 @@
 Pure functions, no I/O: only values that differ from what Slurm already holds (or, where Slurm
 does not show a value, from what the engine remembers writing) become writes; values within the
 tolerance are kept unless that would put pending jobs out of the policy's order; pending jobs
-beyond the head window (dike_slurm/head_window.py) only get back what the engine wrote; fields a
+beyond the head window (dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a
 user took over are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
-from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
+from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
 from dike_slurm.backends.base import ClusterState
-from dike_slurm.fields import (
+from dike_slurm.domain.fields import (
     FieldValue,
     JobField,
     JobUpdate,
@@ -28,11 +28,11 @@ from dike_slurm.fields import (
 )
 from dike_slurm.config import Config
 from dike_slurm.cycle_plan import Guard, GuardNote, JobPlan, PlannedWrite
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.field_values import describe_value, is_unset, values_match
-from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.frozen import frozen_record
-from dike_slurm.head_window import policy_window
+from dike_slurm.domain.head_window import policy_window
 from dike_slurm.priority_scale import score_ceiling, wanted_value
 from dike_slurm.state import JobMemory, OwnedField
 

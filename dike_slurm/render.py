@@ -113,7 +113,7 @@ def _priority(config: Config) -> dict[str, Any]:
     whose smallest QOS step is larger than every other factor plus Dike's whole span, so that in
     `engine.priority_mode = "tiers"` Dike writes 1..engine.priority_span and no job passes a QOS tier."""
     from dike_slurm.parsing.slurm_conf import QOS_FILE, parse_slurm_conf
-    from dike_slurm.slurm_priority import (
+    from dike_slurm.domain.slurm_priority import (
         OPTION_NAMES,
         PRIORITY_MAX,
         TYPICAL_WEIGHTS,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dike_slurm.decisions import Decisions, Requeue, SetPlacement
-from dike_slurm.model import Job
+from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement
+from dike_slurm.domain.model import Job
 from dike_slurm.policies.base import Policy, PolicyParams
 
 

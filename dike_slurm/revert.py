@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from dike_slurm.apply import UNCONFIRMED, change_text
 from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
-from dike_slurm.fields import FieldValue, JobField, JobUpdate, placement_value
-from dike_slurm.model import Job, JobState
+from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, placement_value
+from dike_slurm.domain.model import Job, JobState
 from dike_slurm.cycle_plan import PlannedWrite
 from dike_slurm.field_values import describe_value, values_match
 from dike_slurm.state import AuditEntry, StateStore

@@ -18,10 +18,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from dike_slurm.fields import FieldValue, JobField, SwitchRequest
+from dike_slurm.domain.fields import FieldValue, JobField, SwitchRequest
 from dike_slurm.audit_export import append_audit_lines
 from dike_slurm.errors import StateError
-from dike_slurm.freed_rooms import GONE, LANDED, WASTED, FreedRoom
+from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.frozen import frozen_record
 from dike_slurm.state_records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
 from dike_slurm.usage import Run
@@ -229,7 +229,7 @@ class StateStore:
     # ---------------------------------------------------------------- preemptions being followed
 
     def freed_rooms(self) -> list[FreedRoom]:
-        """The preemptions whose job has not started yet (dike_slurm.freed_rooms)."""
+        """The preemptions whose job has not started yet (dike_slurm.domain.freed_rooms)."""
         try:
             rows = self._db.execute("SELECT * FROM freed_rooms ORDER BY job_id").fetchall()
         except sqlite3.OperationalError:  # a file of an earlier version opened read-only: none yet

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dike_slurm.fields import FieldValue, JobField
+from dike_slurm.domain.fields import FieldValue, JobField
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dike_slurm.accounting import AccountingRecord
-from dike_slurm.model import Job, JobState
-from dike_slurm.service_prior import FinishedJob
+from dike_slurm.domain.model import Job, JobState
+from dike_slurm.domain.service_prior import FinishedJob
 
 if TYPE_CHECKING:
-    from dike_slurm.slurm_priority import SlurmPriorityModel
+    from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 # States of a run that did not end the job: the job is back in the queue.
 _NOT_FINAL = frozenset({JobState.REQUEUED, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED})

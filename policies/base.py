@@ -12,8 +12,8 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from dike_slurm.decisions import Decisions
-from dike_slurm.model import Job, Snapshot
+from dike_slurm.domain.decisions import Decisions
+from dike_slurm.domain.model import Job, Snapshot
 
 
 class PolicyParams(BaseModel):

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dike_slurm.accounting import ReadResult
-from dike_slurm.fields import JobUpdate
-from dike_slurm.model import Job, Node, Topology, with_constraint_gpu_types
+from dike_slurm.domain.fields import JobUpdate
+from dike_slurm.domain.model import Job, Node, Topology, with_constraint_gpu_types
 
 if TYPE_CHECKING:
-    from dike_slurm.slurm_priority import SlurmPriorityModel
+    from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 
 @dataclass(frozen=True)

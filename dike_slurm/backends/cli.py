@@ -44,18 +44,18 @@ from typing import Any, TypeVar
 from dike_slurm.accounting import ReadResult, read_sacct_parsable2
 from dike_slurm.backends import scontrol_stdin, squeue_format
 from dike_slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
-from dike_slurm.fields import FieldValue, JobField, JobUpdate, SwitchRequest
+from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, SwitchRequest
 from dike_slurm.backends.commands import CommandResult, Feeder, Runner, feed_command, run_command
 from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
 from dike_slurm.backends.site_priority import read_priority_model
 from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
-from dike_slurm.model import Job, Node, Topology
+from dike_slurm.domain.model import Job, Node, Topology
 from dike_slurm.parsing.durations import format_timestamp, parse_duration
 from dike_slurm.parsing.slurm_conf import parse_topology_conf
 from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
-from dike_slurm.slurm_priority import SlurmPriorityModel
+from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 log = logging.getLogger("dike_slurm.backends.cli")
 _T = TypeVar("_T")

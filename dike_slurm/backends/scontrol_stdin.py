@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dike_slurm.backends.base import WriteOutcome
-from dike_slurm.fields import FieldValue, JobField, JobUpdate, SwitchRequest
+from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, SwitchRequest
 from dike_slurm.parsing.durations import format_duration
 
 MAX_LINE = 1024  # longer lines go alone: scontrol's own line buffer is not a limit we want to find

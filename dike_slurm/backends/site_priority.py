@@ -1,7 +1,7 @@
 """The site's priority model as Slurm's commands print it, read when the engine starts and on a
 reload: `scontrol show config` (PriorityType, PriorityWeight*, ...), `scontrol show partition -o`
 (PriorityJobFactor, PriorityTier, TRES) and, with slurmdbd, `sacctmgr -nP show qos
-format=Name,Priority` (dike_slurm.slurm_priority builds the model from them)."""
+format=Name,Priority` (dike_slurm.domain.slurm_priority builds the model from them)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from dike_slurm.errors import InputError, SlurmError
-from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.slurm_options import parse_show_config
-from dike_slurm.slurm_priority import (
+from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     SlurmPriorityModel,
     build_model,
     parse_qos_dump,
     partition_priorities,
 )
+from dike_slurm.errors import InputError, SlurmError
+from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.slurm_options import parse_show_config
 
 _T = TypeVar("_T")
 

@@ -28,10 +28,10 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 
-from dike_slurm.fields import SwitchRequest
+from dike_slurm.domain.fields import SwitchRequest
 from dike_slurm.errors import InputError
 from dike_slurm.frozen import frozen_record
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dike_slurm.fields import SwitchRequest
+from dike_slurm.domain.fields import SwitchRequest
 from dike_slurm.errors import InputError
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Node, Placement
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types
 from dike_slurm.slurm_formats import feature_list, job_base_state, node_state

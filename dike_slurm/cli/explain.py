@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
     from dike_slurm.backends.base import ClusterState
     from dike_slurm.engine import CyclePlan, Engine
-    from dike_slurm.model import Job
+    from dike_slurm.domain.model import Job
     from dike_slurm.cycle_plan import JobPlan
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
     from dike_slurm.backends.base import ClusterState
-    from dike_slurm.fields import JobField
-    from dike_slurm.model import Job, Placement
+    from dike_slurm.domain.fields import JobField
+    from dike_slurm.domain.model import Job, Placement
     from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
-    from dike_slurm.service_prior import Prediction
+    from dike_slurm.domain.service_prior import Prediction
     from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
 STATES = ("PENDING", "RUNNING", "SUSPENDED")  # as squeue prints them
@@ -51,7 +51,7 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
             expected: Prediction | None = None) -> dict[str, Any]:
     """One managed (or in-scope but exempt) job as `queue` and `status` show it; `expected`: the
     policy's service prior for it."""
-    from dike_slurm.model import JobState
+    from dike_slurm.domain.model import JobState
 
     job = job_plan.job
     pending = job.state is JobState.PENDING
@@ -115,7 +115,7 @@ def published_rows(cluster: ClusterState, key: JobField, in_scope: Callable[[Job
     job's AdminComment (level, attained service at its last write) and the value Slurm holds; what
     only the engine's state knows (planned values, reasons, the prior) stays None. The rows of
     `queue` and `status` for a user PrivateData=jobs restricts (cli/visibility.py)."""
-    from dike_slurm.admin_comment import published
+    from dike_slurm.domain.admin_comment import published
     from dike_slurm.reconcile import strategy_now
 
     rows = []

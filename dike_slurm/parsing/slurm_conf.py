@@ -7,18 +7,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dike_slurm.errors import InputError
-from dike_slurm.model import Node, Switch, Topology
-from dike_slurm.parsing.durations import parse_duration
-from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus
-from dike_slurm.slurm_priority import (
+from dike_slurm.domain.model import Node, Switch, Topology
+from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     SlurmPriorityModel,
     build_model,
     parse_qos_dump,
     partition_priorities,
 )
+from dike_slurm.errors import InputError
+from dike_slurm.parsing.durations import parse_duration
+from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class SlurmLab:
     def unended(self, job_ids: list[int]) -> list[int]:
         """Those of ``job_ids`` whose end sacct does not show yet: no record, or a run (an array
         task's, for an array) not ended."""
-        from dike_slurm.model import JobState
+        from dike_slurm.domain.model import JobState
 
         live = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)  # a REQUEUED run has ended
         records = [r for runs in self.sacct_records("--allusers", "-j", ",".join(map(str, job_ids))).values()

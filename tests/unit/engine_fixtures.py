@@ -9,7 +9,7 @@ from dike_slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
-from dike_slurm.model import Job, JobState, Node, Switch, Topology
+from dike_slurm.domain.model import Job, JobState, Node, Switch, Topology
 from dike_slurm.state import StateStore
 
 NOW = 1_000_000.0

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dike_slurm import reconcile
-from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
+from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
 from dike_slurm.backends.base import ClusterState
 from fakes import FakeBackend
-from dike_slurm.fields import (
+from dike_slurm.domain.fields import (
     FieldValue,
     JobField,
     JobUpdate,
@@ -34,8 +34,8 @@ from dike_slurm.fields import (
 from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult
 from dike_slurm.config import Config, SlurmSettings
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
 from dike_slurm.cycle_plan import JobPlan, PlannedWrite
 from dike_slurm.field_values import is_unset, values_match
 from dike_slurm.priority_scale import priority_value, score_ceiling
@@ -48,7 +48,7 @@ from dike_slurm.reconcile import (
     user_changes,
 )
 from dike_slurm.engine import Engine, in_scope
-from dike_slurm.freed_rooms import FreedRoom
+from dike_slurm.domain.freed_rooms import FreedRoom
 from dike_slurm.state import JobMemory, OwnedField, StateStore
 from dike_slurm.usage import JobService
 

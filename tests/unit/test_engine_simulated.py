@@ -15,7 +15,7 @@ from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import CyclePlan, Engine
 from dike_slurm.errors import ConfigError
-from dike_slurm.fields import JobField
+from dike_slurm.domain.fields import JobField
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
 from dike_slurm.state import StateStore
 

@@ -26,7 +26,7 @@ from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend, topology_from
 from dike_slurm.backends.commands import CommandResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import InputError, SlurmError
-from dike_slurm.model import Topology
+from dike_slurm.domain.model import Topology
 
 FUZZ_EXAMPLES = 200
 fuzz = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -17,7 +17,7 @@ from dike_slurm.accounting_json import read_sacct_json
 from dike_slurm.backends.base import ClusterState
 from dike_slurm.backends.squeue_format import read_jobs, read_nodes
 from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
-from dike_slurm.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
+from dike_slurm.domain.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
 from dike_slurm.parsing.slurm_conf import parse_slurm_conf
 from dike_slurm.parsing.tres import parse_gres_gpu_types
 from dike_slurm.sim.cluster import WrongGpuType
@@ -325,7 +325,7 @@ def test_steering_never_sends_a_typed_light_job_where_its_type_has_no_room():
 # ----------------------------------------------------------------------------- service by TRESBillingWeights
 
 def test_billing_weights_are_slurms_sum_and_equal_where_unset():
-    from dike_slurm.slurm_priority import GpuBilling, parse_billing_weights
+    from dike_slurm.domain.slurm_priority import GpuBilling, parse_billing_weights
 
     assert parse_billing_weights("", "x") is None
     lab = parse_billing_weights("CPU=0,GRES/gpu:a100=2.0,GRES/gpu:v100=1.0", "x")
@@ -342,7 +342,7 @@ def test_billing_weights_are_slurms_sum_and_equal_where_unset():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_labs_billing_weights_come_from_slurm_conf_and_scontrol(version):
     from dike_slurm.backends.site_priority import partitions_from_scontrol
-    from dike_slurm.slurm_priority import build_model
+    from dike_slurm.domain.slurm_priority import build_model
 
     model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
     assert (model.gpu_weight("gpu", ("a100",)), model.gpu_weight("gpu", ("v100",))) == (2.0, 1.0)
@@ -390,7 +390,7 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     from dike_slurm.cli.explain import explain, explain_lines
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine
-    from dike_slurm.slurm_priority import build_model
+    from dike_slurm.domain.slurm_priority import build_model
     from dike_slurm.state import StateStore
 
     cluster = _json_cluster(version)

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from dike_slurm.backends import squeue_format
 from fakes import FakeBackend
-from dike_slurm.fields import JobField, JobUpdate
+from dike_slurm.domain.fields import JobField, JobUpdate
 from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult, run_command
 from dike_slurm.cli.engine_cmd import _plan_table, _safe

@@ -21,7 +21,7 @@ from dike_slurm.backends.cli import SlurmCliBackend
 from dike_slurm.backends.commands import CommandResult
 from dike_slurm.backends.squeue_format import JOB_FIELDS, join_records, read_jobs, read_nodes
 from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
-from dike_slurm.fields import SwitchRequest
+from dike_slurm.domain.fields import SwitchRequest
 from dike_slurm.config import SlurmSettings
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.errors import SlurmError

@@ -15,7 +15,7 @@ from fakes import FakeBackend
 from dike_slurm.engine import SACCT_OVERLAP_S
 from dike_slurm.errors import SlurmError
 from dike_slurm.metrics import MetricsWatch, exported_names, quantile
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.service import Service, Signals, run_cycle
 
 BOUNDED_LABELS = {"level", "partition", "quantile", "phase", "outcome", "reason", "policy", "strategy"}

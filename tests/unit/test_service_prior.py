@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.service_prior import FinishedJob, PriorLearner, ServicePrior
+from dike_slurm.domain.service_prior import FinishedJob, PriorLearner, ServicePrior
 
 
 def job(user="alice", name="train.sh", gpus=4, run_s=3600.0, end=0.0):
@@ -146,7 +146,7 @@ def _decisions_seen(policy_name: str, jobs, **params):
     from dike_slurm.sim.cluster import SimCluster
     from dike_slurm.sim.records import SimSettings, Timeline
     from dike_slurm.sim.simulator import Simulator
-    from dike_slurm.model import Topology
+    from dike_slurm.domain.model import Topology
 
     policy = default_registry().create(policy_name)
     seen = []
@@ -222,7 +222,7 @@ def _gaming_trace(seed: int, naming: str):
 
 def _total_jct(jobs) -> tuple[float, float]:
     """(u0's, the other users') total JCT under Dike's defaults, no job preemptible."""
-    from dike_slurm.model import Topology
+    from dike_slurm.domain.model import Topology
     from dike_slurm.parsing.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.cluster import SimCluster

@@ -17,7 +17,7 @@ from dike_slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.dike import DikePolicy
 from dike_slurm.sim.cluster import SimCluster

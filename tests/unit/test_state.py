@@ -11,7 +11,7 @@ import pytest
 import in_process
 
 from dike_slurm.audit_export import audit_json_line
-from dike_slurm.fields import JobField, SwitchRequest
+from dike_slurm.domain.fields import JobField, SwitchRequest
 from dike_slurm.lock import exclusive_lock
 from dike_slurm.state import (
     AuditEntry,

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.fields import JobField, SwitchRequest
+from dike_slurm.domain.fields import JobField, SwitchRequest
 from dike_slurm.state import JobMemory, OwnedField, StateStore
 
 TEXT = st.text(max_size=20)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
-from dike_slurm.model import Placement
+from dike_slurm.domain.model import Placement
 
 
 class JobField(enum.Enum):

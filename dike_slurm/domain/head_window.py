@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from dike_slurm.decisions import SetPriority
-from dike_slurm.model import Job, JobState
+from dike_slurm.domain.decisions import SetPriority
+from dike_slurm.domain.model import Job, JobState
 
 # squeue reasons of jobs Slurm's scheduler does not consider yet: they take no place in the head
 NOT_CONSIDERED = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin"})

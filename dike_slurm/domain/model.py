@@ -13,8 +13,8 @@ from dike_slurm.errors import InputError
 from dike_slurm.frozen import frozen_record
 
 if TYPE_CHECKING:
-    from dike_slurm.service_prior import ServicePrior
-    from dike_slurm.slurm_priority import SlurmPriorityModel
+    from dike_slurm.domain.service_prior import ServicePrior
+    from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 
 class JobState(enum.Enum):
@@ -348,7 +348,7 @@ class Snapshot:
     completed_service_gpu_s: Sequence[float] = ()
     # the site's own priority (partition and QOS tiers, weights); None when unknown
     site_priority: SlurmPriorityModel | None = None
-    # expected GPU service learned from finished jobs (dike_slurm.service_prior); None when not learned
+    # expected GPU service learned from finished jobs (dike_slurm.domain.service_prior); None when not learned
     service_prior: ServicePrior | None = None
 
     @property

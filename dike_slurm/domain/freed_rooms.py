@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from dike_slurm.model import Job, JobState
+from dike_slurm.domain.model import Job, JobState
 
 WASTED_AFTER_CYCLES = 2
 LANDED, WASTED, GONE = "landed", "wasted", "gone"

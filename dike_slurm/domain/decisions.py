@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Union
 
-from dike_slurm.model import Placement
-from dike_slurm.service_prior import Prediction
+from dike_slurm.domain.model import Placement
+from dike_slurm.domain.service_prior import Prediction
 
 
 @dataclass(frozen=True)
