@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from dike_slurm.backends.base import Backend, WriteOutcome, started
+from dike_slurm.slurm.backends.base import Backend, WriteOutcome, started
 from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
 from dike_slurm.domain.decisions import Requeue, service_forgiven

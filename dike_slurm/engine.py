@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from dike_slurm import reconcile
 from dike_slurm.apply import Applier, CycleReport
-from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
 from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
@@ -36,7 +36,7 @@ from dike_slurm.revert import RevertPlan, revert, revert_plan
 from dike_slurm.domain.service_prior import Prediction, ServicePrior
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
-from dike_slurm.usage import (
+from dike_slurm.slurm.usage import (
     JobService,
     completed_service,
     Run,

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.base import ClusterState
 from dike_slurm.domain.fields import (
     FieldValue,
     JobField,

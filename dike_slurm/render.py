@@ -70,7 +70,7 @@ def _switch_wait_s(policy: Policy, params: PolicyParams) -> int:
 
 def _leaves(config: Config, prefix: str) -> list[dict[str, str]]:
     from dike_slurm.parsing.hostlists import compress_hostlist
-    from dike_slurm.parsing.slurm_conf import parse_topology_conf
+    from dike_slurm.slurm.slurm_conf import parse_topology_conf
 
     path = config.slurm.topology_conf
     if path is None and config.slurm.slurm_conf is not None:
@@ -112,7 +112,7 @@ def _priority(config: Config) -> dict[str, Any]:
     slurm.conf's where it sets any, else `slurm_priority.TYPICAL_WEIGHTS`) and a PriorityWeightQOS
     whose smallest QOS step is larger than every other factor plus Dike's whole span, so that in
     `engine.priority_mode = "tiers"` Dike writes 1..engine.priority_span and no job passes a QOS tier."""
-    from dike_slurm.parsing.slurm_conf import QOS_FILE, parse_slurm_conf
+    from dike_slurm.slurm.slurm_conf import QOS_FILE, parse_slurm_conf
     from dike_slurm.domain.slurm_priority import (
         OPTION_NAMES,
         PRIORITY_MAX,

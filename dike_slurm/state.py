@@ -24,7 +24,7 @@ from dike_slurm.errors import StateError
 from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.frozen import frozen_record
 from dike_slurm.state_records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
-from dike_slurm.usage import Run
+from dike_slurm.slurm.usage import Run
 
 SCHEMA_VERSION = 4  # 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights)
 

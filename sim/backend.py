@@ -18,9 +18,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from dike_slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.domain.admin_comment import comment_level
-from dike_slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
+from dike_slurm.slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
 from dike_slurm.domain.fields import JobField, JobUpdate, with_placement_field
 from dike_slurm.config import Config
 from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement, SetPriority
@@ -33,7 +33,7 @@ from dike_slurm.sim.metrics import MetricsCollector, summarise
 from dike_slurm.sim.replay import load_input, sim_settings
 from dike_slurm.sim.records import JobResult, Timeline
 from dike_slurm.sim.simulator import Simulator
-from dike_slurm.usage import run_gpu_types
+from dike_slurm.slurm.usage import run_gpu_types
 
 _TIMELINE_BINS = 200
 

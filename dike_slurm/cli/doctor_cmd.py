@@ -346,7 +346,7 @@ def failure(argv: list[str], returncode: int, stderr: str) -> DikeError:
 
 
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> str:
-    from dike_slurm.backends.commands import run_command
+    from dike_slurm.slurm.backends.commands import run_command
 
     result = run_command(argv, env, timeout)
     if result.returncode != 0:
@@ -358,8 +358,8 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     """Ask Slurm (read-only) and diagnose."""
     import json
 
-    from dike_slurm.slurm_formats import FormatError, detect, slurm_release
-    from dike_slurm.backends.site_priority import SHOW_PARTITIONS_ARGV, SHOW_QOS_ARGV, partitions_from_scontrol, qos_from_sacctmgr
+    from dike_slurm.slurm.formats import FormatError, detect, slurm_release
+    from dike_slurm.slurm.backends.site_priority import SHOW_PARTITIONS_ARGV, SHOW_QOS_ARGV, partitions_from_scontrol, qos_from_sacctmgr
 
     slurm = config.slurm
     command = (lambda name: str(slurm.bin_dir / name)) if slurm.bin_dir else (lambda name: name)
@@ -386,7 +386,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     show_config = parse_show_config(config_text)
     priority_model, priority_error = None, ""
     if show_config.get("prioritytype") == "priority/multifactor":
-        from dike_slurm.backends.site_priority import read_priority_model
+        from dike_slurm.slurm.backends.site_priority import read_priority_model
 
         try:
             priority_model = read_priority_model(lambda argv: runner(list(argv), env, timeout), command, config_text)

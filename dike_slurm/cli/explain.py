@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
-    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.engine import CyclePlan, Engine
     from dike_slurm.domain.model import Job
     from dike_slurm.cycle_plan import JobPlan
@@ -90,7 +90,7 @@ def billing(engine: Engine, job: Job) -> dict[str, Any]:
     """What a GPU-second of the job is charged in its attained service and fair share (issue 33):
     the weight of its run's GPU type under the site's TRESBillingWeights (the partition's, else
     slurm.conf's), or, pending, the weight of each type it may run on; 1 where the site weighs none."""
-    from dike_slurm.usage import run_gpu_types
+    from dike_slurm.slurm.usage import run_gpu_types
 
     model = engine.site_priority
     weighs = model.billing_of(job.partition) if model is not None else None

@@ -29,7 +29,7 @@ from dike_slurm.errors import DikeError, InputError
 if TYPE_CHECKING:
     from rich.text import Text
 
-    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.cli.visibility import Viewer
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine

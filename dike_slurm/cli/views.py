@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dike_slurm.apply import CycleReport
-    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.domain.fields import JobField
     from dike_slurm.domain.model import Job, Placement
     from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite

@@ -88,7 +88,7 @@ def sprio(lab: SlurmLab) -> dict[int, SprioRow]:
 def lab_model(lab: SlurmLab) -> Any:
     """SlurmPriorityModel of the lab: its slurm.conf and its QOS table."""
     from dike_slurm.domain.slurm_priority import parse_qos_dump
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 
     qos = parse_qos_dump(lab.run("sacctmgr", "show", "qos", "-P", "format=Name,Priority").stdout, "sacctmgr show qos")
     assert qos == {"normal": 0, "low": 10, "urgent": 100}, f"scripts/slurm-lab sets these QOS: {qos}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dike_slurm.accounting import AccountingRecord
+from dike_slurm.slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.backends import squeue_format
+from dike_slurm.slurm.backends import squeue_format
 from dike_slurm.domain.fields import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult, FedResult
+from dike_slurm.slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult, FedResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.domain.model import JobState, Placement

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dike_slurm import reconcile
 from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.base import ClusterState
 from fakes import FakeBackend
 from dike_slurm.domain.fields import (
     FieldValue,
@@ -31,8 +31,8 @@ from dike_slurm.domain.fields import (
     placement_value,
     SwitchRequest,
 )
-from dike_slurm.backends.cli import SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult
 from dike_slurm.config import Config, SlurmSettings
 from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
@@ -50,7 +50,7 @@ from dike_slurm.reconcile import (
 from dike_slurm.engine import Engine, in_scope
 from dike_slurm.domain.freed_rooms import FreedRoom
 from dike_slurm.state import JobMemory, OwnedField, StateStore
-from dike_slurm.usage import JobService
+from dike_slurm.slurm.usage import JobService
 
 # ---------------------------------------------------------------- the references: diff and enrich as they were
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dike_slurm.domain.admin_comment import admin_comment_text
-from dike_slurm.backends.base import WriteOutcome
+from dike_slurm.slurm.backends.base import WriteOutcome
 from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField, SwitchRequest
 from dike_slurm.domain.decisions import Decisions, SetPlacement, SetPriority

@@ -10,7 +10,7 @@ import in_process
 
 from dike_slurm import apply as apply_module
 from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.base import ClusterState
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import CyclePlan, Engine

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dike_slurm.domain.model import Topology
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.policies.dike import DikeParams, DikePolicy
 from dike_slurm.policies.preemption import plan_preemptions
 from dike_slurm.sim.cluster import SimCluster

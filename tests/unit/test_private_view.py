@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.domain.admin_comment import Published, admin_comment_text, published
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.base import ClusterState
 from dike_slurm.domain.fields import JobField
 from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.cli.visibility import private_data, read_viewer, slurm_user, viewer_from

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from dike_slurm.backends.base import ClusterState, WriteOutcome
+from dike_slurm.slurm.backends.base import ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.pyslurm import (
+from dike_slurm.slurm.backends.pyslurm import (
     PyslurmBackend,
     PyslurmUnavailable,
     gres_gpus,

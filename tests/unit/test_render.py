@@ -14,8 +14,8 @@ import pytest
 from dike_slurm.config import Config
 from dike_slurm.domain.slurm_priority import effective_span, tier_gap
 from dike_slurm.errors import InputError
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
 from dike_slurm.render import render
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 
 
 def make_config(tmp_path, slurm_conf: str = "NodeName=n[1-4] Gres=gpu:8\n", replay=None, **engine) -> Config:

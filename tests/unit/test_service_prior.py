@@ -141,7 +141,7 @@ def _trace(longer_after: float | None = None, ends: dict[int, float] | None = No
 
 def _decisions_seen(policy_name: str, jobs, **params):
     """Every (snapshot time, order, levels, scores) the policy decided in a replay of `jobs`, and each job's end."""
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.cluster import SimCluster
     from dike_slurm.sim.records import SimSettings, Timeline
@@ -223,7 +223,7 @@ def _gaming_trace(seed: int, naming: str):
 def _total_jct(jobs) -> tuple[float, float]:
     """(u0's, the other users') total JCT under Dike's defaults, no job preemptible."""
     from dike_slurm.domain.model import Topology
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.cluster import SimCluster
     from dike_slurm.sim.records import SimSettings, Timeline

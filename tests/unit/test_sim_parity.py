@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import pytest
 
-from dike_slurm.accounting import AccountingRecord
+from dike_slurm.slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.domain.model import JobState
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.dike import DikePolicy
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.replay import sim_settings

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dike_slurm.errors import InputError
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     PriorityInputs,

@@ -23,7 +23,7 @@ from dike_slurm.state import (
     decode_value,
     encode_value,
 )
-from dike_slurm.usage import Run
+from dike_slurm.slurm.usage import Run
 
 
 def test_everything_survives_a_restart(tmp_path):

@@ -20,9 +20,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dike_slurm.backends.base import WriteOutcome
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, SwitchRequest
 from dike_slurm.parsing.durations import format_duration
+from dike_slurm.slurm.backends.base import WriteOutcome
 
 MAX_LINE = 1024  # longer lines go alone: scontrol's own line buffer is not a limit we want to find
 INTEGER_FIELDS = frozenset({JobField.SITE_FACTOR, JobField.PRIORITY, JobField.NICE})

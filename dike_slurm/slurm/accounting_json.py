@@ -1,5 +1,5 @@
 """Reading `sacct --json` dumps into run records, and `read_sacct_file`, which reads a dump file
-of either format (dike_slurm/accounting.py: the records and the parsable2 reader)."""
+of either format (dike_slurm/slurm/accounting.py: the records and the parsable2 reader)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dike_slurm.accounting import AccountingRecord, ReadResult, RowCaches, RowError, read_parsable2_lines
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult, RowCaches, RowError, read_parsable2_lines
 from dike_slurm.errors import InputError
 from dike_slurm.domain.model import JobState
-from dike_slurm.slurm_formats import (
+from dike_slurm.slurm.formats import (
     JOB_BASE_STATES,
     JOB_STATE_FLAGS,
     FormatError,
@@ -24,7 +24,7 @@ from dike_slurm.slurm_formats import (
 
 def read_sacct_json(text: str, source: str) -> ReadResult:
     """Read `sacct --json` output: `{"meta": ..., "jobs": [...]}` of Slurm 22.05 (openapi
-    dbv0.0.38) or 23.11 to 26.05 (data_parser v0.0.40+; see dike_slurm.slurm_formats).
+    dbv0.0.38) or 23.11 to 26.05 (data_parser v0.0.40+; see dike_slurm.slurm.formats).
 
     A format the `meta` block does not name as known is an InputError; an entry with a job
     state Slurm does not document is skipped and counted under its reason.

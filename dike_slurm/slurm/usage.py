@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dike_slurm.accounting import AccountingRecord
 from dike_slurm.domain.model import Job, JobState
 from dike_slurm.domain.service_prior import FinishedJob
+from dike_slurm.slurm.accounting import AccountingRecord
 
 if TYPE_CHECKING:
     from dike_slurm.domain.slurm_priority import SlurmPriorityModel

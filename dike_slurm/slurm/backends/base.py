@@ -12,9 +12,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dike_slurm.accounting import ReadResult
 from dike_slurm.domain.fields import JobUpdate
 from dike_slurm.domain.model import Job, Node, Topology, with_constraint_gpu_types
+from dike_slurm.slurm.accounting import ReadResult
 
 if TYPE_CHECKING:
     from dike_slurm.domain.slurm_priority import SlurmPriorityModel

@@ -35,7 +35,7 @@ from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types
-from dike_slurm.slurm_formats import FormatError, ReadCount, job_base_state
+from dike_slurm.slurm.formats import FormatError, ReadCount, job_base_state
 
 # squeue -O names, in the order they are printed; the free text comes last.
 JOB_FIELDS = (

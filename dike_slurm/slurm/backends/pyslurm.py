@@ -33,16 +33,16 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any, TypeVar
 
-from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField, JobUpdate, placement_value, SwitchRequest
-from dike_slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import DikeError, InputError, SlurmError
 from dike_slurm.domain.model import Job, JobState, Node, Placement, Topology
 from dike_slurm.parsing.durations import format_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.slurm_conf import parse_topology_conf
+from dike_slurm.slurm.slurm_conf import parse_topology_conf
 from dike_slurm.parsing.tres import tracks_gpus
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 

@@ -1,7 +1,7 @@
 """The JSON read of the command-line backend: `squeue --json` jobs and `sinfo --json` /
-`scontrol show nodes --json` nodes (either format family, dike_slurm.slurm_formats) as domain objects.
+`scontrol show nodes --json` nodes (either format family, dike_slurm.slurm.formats) as domain objects.
 
-The cycle reads the lean `squeue -O` (dike_slurm.backends.squeue_format) and falls back to this
+The cycle reads the lean `squeue -O` (dike_slurm.slurm.backends.squeue_format) and falls back to this
 when squeue refuses it; tests/unit/test_lean_read.py holds the two reads equal.
 """
 
@@ -15,7 +15,7 @@ from dike_slurm.errors import InputError
 from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Node, Placement
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres, requested_gpu_types
-from dike_slurm.slurm_formats import feature_list, job_base_state, node_state
+from dike_slurm.slurm.formats import feature_list, job_base_state, node_state
 
 _NO_TIME_LIMIT = 0xFFFFFFFE  # Slurm's INFINITE (NO_VAL is one more)
 _NO_SWITCHES = SwitchRequest(0)

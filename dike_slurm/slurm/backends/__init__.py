@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from dike_slurm.backends.base import Backend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError
+from dike_slurm.slurm.backends.base import Backend
 
 # Backends outside the core (the simulated cluster lives in dike_slurm.sim), by name.
 ENTRY_POINT_GROUP = "dike_slurm.backends"
@@ -16,11 +16,11 @@ def open_backend(config: Config) -> Backend:
     """The backend `slurm.backend` names; pyslurm and the simulator are imported only when chosen."""
     kind = config.slurm.backend
     if kind == "pyslurm":
-        from dike_slurm.backends.pyslurm import PyslurmBackend
+        from dike_slurm.slurm.backends.pyslurm import PyslurmBackend
 
         return PyslurmBackend.create(config.slurm)
     if kind == "cli":
-        from dike_slurm.backends.cli import SlurmCliBackend
+        from dike_slurm.slurm.backends.cli import SlurmCliBackend
 
         return SlurmCliBackend(config.slurm)
     points = entry_points(group=ENTRY_POINT_GROUP, name=kind)

@@ -19,7 +19,7 @@ record, and it can repair rows whose job name or comment contains the `|` separa
 does not escape it).
 
 The JSON reader and `read_sacct_file` (a dump file of either format) are in
-dike_slurm/accounting_json.py; both readers share the record type, the per-read caches
+dike_slurm/slurm/accounting_json.py; both readers share the record type, the per-read caches
 (interned users, parsed TRES), the row-level error type and the skip counting defined here.
 """
 
@@ -38,7 +38,7 @@ from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import Tres, parse_tres
-from dike_slurm.slurm_formats import JOB_BASE_STATES, JOB_STATE_FLAGS
+from dike_slurm.slurm.formats import JOB_BASE_STATES, JOB_STATE_FLAGS
 
 
 @dataclass(frozen=True, slots=True)

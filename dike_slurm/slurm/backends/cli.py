@@ -9,7 +9,7 @@ Read once when the engine starts (and after a reload), not every cycle: the site
 settings (`priority_model`, backends/site_priority.py). The commands run through
 backends/commands.py.
 
-Reads per cycle, the lean way (the default; dike_slurm.backends.squeue_format): `squeue -O` with
+Reads per cycle, the lean way (the default; dike_slurm.slurm.backends.squeue_format): `squeue -O` with
 the 29 fields the engine uses (jobs by id), `squeue -o %A%x` (ExcNodeList, which -O lacks), `sprio`
 (SiteFactor, which `scontrol show job` does not print in 22.05), `sinfo -N -O` (nodes), `sacct
 --parsable2` with explicit -S/-E, and `scontrol show topology` unless a topology.conf is
@@ -22,7 +22,7 @@ batch (`apply_many`, backends/scontrol_stdin.py), or one `scontrol update` proce
 that cannot be a line.
 
 The JSON format (Slurm 22.05's v0.0.38, or the v0.0.40+ family of 23.11 to 26.05) is taken from
-the `meta` block of squeue's output every cycle; dike_slurm.slurm_formats adapts each family to
+the `meta` block of squeue's output every cycle; dike_slurm.slurm.formats adapts each family to
 the one domain model. Every entry Slurm printed is read, deliberately left out (a finished job)
 or an error: an unknown format, a missing list, an unknown job state or an entry that cannot be
 read stops the cycle before any write, with one line that names the command.
@@ -41,20 +41,20 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from dike_slurm.accounting import ReadResult, read_sacct_parsable2
-from dike_slurm.backends import scontrol_stdin, squeue_format
-from dike_slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
+from dike_slurm.slurm.accounting import ReadResult, read_sacct_parsable2
+from dike_slurm.slurm.backends import scontrol_stdin, squeue_format
+from dike_slurm.slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.commands import CommandResult, Feeder, Runner, feed_command, run_command
-from dike_slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
-from dike_slurm.backends.site_priority import read_priority_model
-from dike_slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
+from dike_slurm.slurm.backends.commands import CommandResult, Feeder, Runner, feed_command, run_command
+from dike_slurm.slurm.backends.scontrol_stdin import JOB_GONE, refused, value_text
+from dike_slurm.slurm.backends.site_priority import read_priority_model
+from dike_slurm.slurm.backends.squeue_json import _text, job_from_squeue, node_from_sinfo
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, InputError, SlurmError
 from dike_slurm.domain.model import Job, Node, Topology
 from dike_slurm.parsing.durations import format_timestamp, parse_duration
-from dike_slurm.parsing.slurm_conf import parse_topology_conf
-from dike_slurm.slurm_formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
+from dike_slurm.slurm.slurm_conf import parse_topology_conf
+from dike_slurm.slurm.formats import FormatError, ReadCount, SlurmFormat, detect, entries, slurm_release
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 log = logging.getLogger("dike_slurm.backends.cli")
