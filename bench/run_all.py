@@ -41,7 +41,7 @@ from synthetic import SIZES, Size  # noqa: E402
 from dike_slurm import reconcile  # noqa: E402
 from dike_slurm.config import Config  # noqa: E402
 from dike_slurm.engine import Engine  # noqa: E402
-from dike_slurm.state import StateStore  # noqa: E402
+from dike_slurm.store.state import StateStore  # noqa: E402
 
 RESULTS = HERE / "results"
 REPLAY_POLICIES = ("fifo", "tiresias", "dike")

@@ -50,7 +50,7 @@ from dike_slurm.engine import Engine  # noqa: E402
 from dike_slurm.parsing.durations import format_timestamp, parse_timestamp  # noqa: E402
 from dike_slurm.service import run_cycle  # noqa: E402
 from dike_slurm.sim.backend import SimulatedBackend  # noqa: E402
-from dike_slurm.state import StateStore  # noqa: E402
+from dike_slurm.store.state import StateStore  # noqa: E402
 
 RESULTS = HERE / "results"
 DAY = 86400.0

@@ -27,7 +27,7 @@ from dike_slurm.cycle_plan import CyclePlan, PlannedWrite
 from dike_slurm.field_values import describe_value
 from dike_slurm.reconcile import STRATEGY_FIELD
 from dike_slurm.requeue_guard import requeue_groups
-from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, StateStore
+from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, StateStore
 
 log = logging.getLogger("dike_slurm.engine")
 

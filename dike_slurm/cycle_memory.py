@@ -22,7 +22,7 @@ from dike_slurm.domain.model import Job
 from dike_slurm.reconcile import DiffMemory
 from dike_slurm.slurm.backends.base import ReadMemory
 from dike_slurm.slurm.usage import JobService
-from dike_slurm.state import SiteSpan
+from dike_slurm.store.state import SiteSpan
 
 
 class EnrichInputs(NamedTuple):

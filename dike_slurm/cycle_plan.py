@@ -13,7 +13,7 @@ from dike_slurm.domain.decisions import Requeue
 from dike_slurm.domain.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.domain.model import Job, Placement
 from dike_slurm.domain.service_prior import Prediction
-from dike_slurm.state import SiteSpan
+from dike_slurm.store.state import SiteSpan
 from dike_slurm.slurm.usage import Run
 
 

@@ -35,7 +35,7 @@ from dike_slurm.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.revert import RevertPlan, revert, revert_plan
 from dike_slurm.domain.service_prior import Prediction, ServicePrior
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
-from dike_slurm.state import JobMemory, OwnedField, SiteSpan, StateStore
+from dike_slurm.store.state import JobMemory, OwnedField, SiteSpan, StateStore
 from dike_slurm.slurm.usage import (
     JobService,
     completed_service,

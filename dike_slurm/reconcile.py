@@ -34,7 +34,7 @@ from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.frozen import frozen_record
 from dike_slurm.domain.head_window import policy_window
 from dike_slurm.priority_scale import score_ceiling, wanted_value
-from dike_slurm.state import JobMemory, OwnedField
+from dike_slurm.store.state import JobMemory, OwnedField
 
 STRATEGY_FIELD = {
     "site_factor": JobField.SITE_FACTOR,

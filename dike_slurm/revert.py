@@ -12,7 +12,7 @@ from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, placement_
 from dike_slurm.domain.model import Job, JobState
 from dike_slurm.cycle_plan import PlannedWrite
 from dike_slurm.field_values import describe_value, values_match
-from dike_slurm.state import AuditEntry, StateStore
+from dike_slurm.store.state import AuditEntry, StateStore
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dike_slurm.engine import Engine
 from dike_slurm.errors import DikeError
 from dike_slurm.metrics import MetricsWatch, write_metrics
 from dike_slurm.slurm.backends import open_backend
-from dike_slurm.state import Pruned, StateError, StateStore
+from dike_slurm.store.state import Pruned, StateError, StateStore
 
 log = logging.getLogger("dike_slurm.run")
 

@@ -225,7 +225,7 @@ def breaker_command(
     """The circuit breaker: why it tripped, or `reset` to let the engine write again (audited)."""
     if action not in ("status", "reset"):
         raise InputError(f"breaker: unknown action {action!r} (status or reset)")
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     config, source = load(config_path)
     say_source(source, as_json)
@@ -260,7 +260,7 @@ def breaker_command(
 def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -> None:
     """Pause (reason given) or resume (None): the flag and its audit row in one transaction. No
     engine lock: a running service holds it, and reads the flag before each cycle's writes."""
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     config, source = load(config_path)
     say_source(source, as_json)

@@ -44,7 +44,7 @@ def _reader(config: Config) -> tuple[Engine, str | None]:
     """An engine on a read-only store; a state file this user cannot read becomes an empty store
     and a note (levels then come from accounting and the queue alone)."""
     from dike_slurm.service import open_engine
-    from dike_slurm.state import StateError, StateStore
+    from dike_slurm.store.state import StateError, StateStore
 
     try:
         store = StateStore(config.engine.state_db, read_only=True)
@@ -64,7 +64,7 @@ def _published(config: Config) -> tuple[Engine, ClusterState]:
     """For a viewer Slurm restricts: an engine that never opens the state store, and what Slurm
     shows this user (a read of the queue, nodes and topology; no accounting)."""
     from dike_slurm.service import open_engine
-    from dike_slurm.state import StateStore
+    from dike_slurm.store.state import StateStore
 
     engine = open_engine(config, StateStore(None))
     return engine, engine.backend.read_cluster()
@@ -347,8 +347,8 @@ def audit_command(
     A user PrivateData=jobs restricts sees the rows of their own jobs only, where they can read
     the state store at all (it is private to the service unless the site opens it)."""
     from dike_slurm.cli.views import audit_row
-    from dike_slurm.audit_export import export_audit
-    from dike_slurm.state import StateStore
+    from dike_slurm.store.audit_export import export_audit
+    from dike_slurm.store.state import StateStore
 
     start = parse_since(since, time.time()) if since is not None else None
     config, source = load(config_path)

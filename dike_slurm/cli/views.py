@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dike_slurm.domain.model import Job, Placement
     from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
     from dike_slurm.domain.service_prior import Prediction
-    from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField
+    from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
 STATES = ("PENDING", "RUNNING", "SUSPENDED")  # as squeue prints them
 

@@ -10,7 +10,7 @@ from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.engine import Engine
 from dike_slurm.domain.model import Job, JobState, Node, Switch, Topology
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 NOW = 1_000_000.0
 TOPOLOGY = Topology.from_switches(

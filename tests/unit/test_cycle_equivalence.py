@@ -49,7 +49,7 @@ from dike_slurm.reconcile import (
 )
 from dike_slurm.engine import Engine, in_scope
 from dike_slurm.domain.freed_rooms import FreedRoom
-from dike_slurm.state import JobMemory, OwnedField, StateStore
+from dike_slurm.store.state import JobMemory, OwnedField, StateStore
 from dike_slurm.slurm.usage import JobService
 
 # ---------------------------------------------------------------- the references: diff and enrich as they were

@@ -16,7 +16,7 @@ from dike_slurm.errors import PolicyError
 from dike_slurm.domain.model import JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.priority_scale import priority_value, score_ceiling
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
 

@@ -13,7 +13,7 @@ from dike_slurm.domain.fields import JobField
 from dike_slurm.errors import SlurmError
 from dike_slurm.service import Service
 from dike_slurm.domain.slurm_priority import PartitionPriority, PriorityInputs, PriorityWeights, SlurmPriorityModel
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending
 

@@ -17,7 +17,7 @@ from dike_slurm.engine import CyclePlan, Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.domain.fields import JobField
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 
 def generate(out: Path, *extra: str) -> Path:

@@ -391,7 +391,7 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     from dike_slurm.config import Config
     from dike_slurm.engine import Engine
     from dike_slurm.domain.slurm_priority import build_model
-    from dike_slurm.state import StateStore
+    from dike_slurm.store.state import StateStore
 
     cluster = _json_cluster(version)
     partitions, nodes, cpus = partitions_from_scontrol(_fixture(version, "scontrol-show-partition-o.txt"))

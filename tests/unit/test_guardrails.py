@@ -17,7 +17,7 @@ from dike_slurm.domain.decisions import Requeue, SetPlacement
 from dike_slurm.domain.model import Placement
 from dike_slurm.engine import Engine
 from dike_slurm.registry import default_registry
-from dike_slurm.state import JobMemory, StateStore
+from dike_slurm.store.state import JobMemory, StateStore
 
 
 def cluster(*jobs, alloc=None):

@@ -11,7 +11,7 @@ from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField
 from dike_slurm.engine import Engine
 from dike_slurm.domain.model import NO_PLACEMENT, Placement
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 OPTED = {"requeueable": True, "comment": "dike:preemptible"}
 PREEMPTING = {"thresholds_gpuh": [1.0, 8.0], "preemption": True, "min_runtime_s": 600, "steer_light_jobs": False}

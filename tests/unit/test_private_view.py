@@ -125,7 +125,7 @@ def test_published_rows_carry_the_engines_numbers_and_nothing_it_alone_knows():
 
 
 def test_the_audit_of_one_user_holds_their_jobs_rows_only(tmp_path):
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     store = StateStore(tmp_path / "state.sqlite")
     for at, job_id, user in ((1.0, 5, "alice"), (2.0, 6, "bob"), (3.0, 0, ""), (4.0, 7, "alice"), (5.0, 8, "bob")):

@@ -26,7 +26,7 @@ from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.cycle_plan import CyclePlan
 from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
 from dike_slurm.engine import Engine
-from dike_slurm.state import AuditEntry, CycleSummary, StateError, StateStore
+from dike_slurm.store.state import AuditEntry, CycleSummary, StateError, StateStore
 
 STORE = StateStore(None)  # handed from engine to engine; retention runs on it (in memory)
 

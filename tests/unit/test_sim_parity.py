@@ -25,7 +25,7 @@ from dike_slurm.sim.replay import sim_settings
 from dike_slurm.sim.records import JobResult, Timeline
 from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceJob
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 SLURM_CONF = "NodeName=n[1-4] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-4] Default=YES\n"
 # issue 33: two GPU types, one of each per leaf switch (as the lab's two-type mode)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import in_process
 
-from dike_slurm.audit_export import audit_json_line
+from dike_slurm.store.audit_export import audit_json_line
 from dike_slurm.domain.fields import JobField, SwitchRequest
-from dike_slurm.lock import exclusive_lock
-from dike_slurm.state import (
+from dike_slurm.store.lock import exclusive_lock
+from dike_slurm.store.state import (
     AuditEntry,
     CycleSummary,
     JobMemory,

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from dike_slurm.domain.fields import FieldValue, JobField, SwitchRequest
-from dike_slurm.audit_export import append_audit_lines
+from dike_slurm.store.audit_export import append_audit_lines
 from dike_slurm.errors import StateError
 from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, FreedRoom
 from dike_slurm.frozen import frozen_record
-from dike_slurm.state_records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
+from dike_slurm.store.records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
 from dike_slurm.slurm.usage import Run
 
 SCHEMA_VERSION = 4  # 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dike_slurm.errors import StateError
-from dike_slurm.state_records import AuditEntry
+from dike_slurm.store.records import AuditEntry
 
 
 def audit_json_line(entry: AuditEntry) -> str:

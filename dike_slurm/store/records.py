@@ -1,4 +1,4 @@
-"""The records the state store (dike_slurm/state.py) keeps and hands out: a job's memory, the
+"""The records the state store (dike_slurm/store/state.py) keeps and hands out: a job's memory, the
 fields the engine owns, audit entries, cycle summaries, the site's priority span, and what a
 retention pass pruned."""
 
