@@ -66,7 +66,7 @@ class Policy(ABC, Generic[P]):
         run (seconds since the job's last start) it may preempt.
 
         The live engine and the replay both refuse requeues of younger runs with it (one guard,
-        `dike_slurm.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
+        `dike_slurm.cycle.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
         """
         return None
 

@@ -26,7 +26,7 @@ from dike_slurm.config import Config
 from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
 from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
-from dike_slurm.reconcile import STRATEGY_FIELD
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise

@@ -25,8 +25,8 @@ from dike_slurm.domain.fields import JobField
 from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.domain.head_window import policy_window
 from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
-from dike_slurm.priority_scale import score_ceiling, wanted_value
-from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order
+from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD, keep_policy_order
 from dike_slurm.domain.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
 from dike_slurm.sim.records import SimSettings

@@ -137,7 +137,7 @@ class SimStats:
     starts: int = 0
     typed_starts: int = 0  # starts of jobs that asked for GPU types, each checked against its nodes' types
     preemptions: int = 0
-    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
+    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.cycle.requeue_guard)
     # preemptions whose beneficiary started on the freed nodes (landed) or did not within 2 cycles
     # of the victims' end, or started elsewhere (wasted)
     landed_preemptions: int = 0

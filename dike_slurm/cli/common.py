@@ -15,7 +15,7 @@ from dike_slurm.cli.group import console
 
 if TYPE_CHECKING:  # loaded by the commands that need them: `--help` needs none
     from dike_slurm.config import Config, ConfigSource
-    from dike_slurm.engine import Engine
+    from dike_slurm.cycle.engine import Engine
     from dike_slurm.store.state import StateStore
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
@@ -65,7 +65,7 @@ def store(config: Config, *, writing: bool) -> StateStore:
 
 
 def open_engine(config: Config, *, writing: bool) -> Engine:
-    from dike_slurm.service import open_engine as open_on_backend
+    from dike_slurm.ops.service import open_engine as open_on_backend
 
     return open_on_backend(config, store(config, writing=writing))
 

@@ -31,10 +31,10 @@ from dike_slurm.cli.common import (
 from dike_slurm.errors import DikeError, InputError
 
 if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` need none of them
-    from dike_slurm.apply import CycleReport
+    from dike_slurm.cycle.apply import CycleReport
     from dike_slurm.config import Config, ConfigSource
-    from dike_slurm.engine import Engine
-    from dike_slurm.cycle_plan import CyclePlan
+    from dike_slurm.cycle.engine import Engine
+    from dike_slurm.cycle.plan import CyclePlan
 
 _LOG_RECORD_KEYS = ("job", "action", "changes", "ok")
 
@@ -94,7 +94,7 @@ def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
 
 def _print_cycle(report: CycleReport) -> None:
     """One cycle for a person: the table of changes and the summary line (the service logs instead)."""
-    from dike_slurm.service import summary_line
+    from dike_slurm.ops.service import summary_line
 
     plan = report.plan
     if plan.writes:
@@ -123,7 +123,7 @@ def run_command(
     finishes (each write is atomic with its audit row) and the loop stops. SIGHUP: the
     configuration is read again before the next cycle (a bad file keeps the old one).
     """
-    from dike_slurm.service import Service, Signals, run_cycle
+    from dike_slurm.ops.service import Service, Signals, run_cycle
 
     if as_json and not once:
         raise InputError("--json needs --once (the service logs JSON with engine.log_format = \"json\")")

@@ -14,9 +14,9 @@ from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
     from dike_slurm.slurm.backends.base import ClusterState
-    from dike_slurm.engine import CyclePlan, Engine
+    from dike_slurm.cycle.engine import CyclePlan, Engine
     from dike_slurm.domain.model import Job
-    from dike_slurm.cycle_plan import JobPlan
+    from dike_slurm.cycle.plan import JobPlan
 
 
 def _matches(job: Job, wanted: tuple[int, int | None]) -> bool:
@@ -174,7 +174,7 @@ def _utc(at: float) -> str:
 
 
 def _value(value: object) -> str:
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.field_values import describe_value
 
     return describe_value(value)  # type: ignore[arg-type]
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.cli.visibility import Viewer
     from dike_slurm.config import Config
-    from dike_slurm.engine import Engine
+    from dike_slurm.cycle.engine import Engine
 
 STATE_OPTION = typer.Option([], "--state", "-t", metavar="STATE", help="PENDING, RUNNING or SUSPENDED (repeat, or a,b)")
 USER_OPTION = typer.Option([], "--user", "-u", metavar="USER", help="only this user's jobs (repeat, or a,b)")
@@ -43,7 +43,7 @@ PARTITION_OPTION = typer.Option([], "--partition", "-p", metavar="PARTITION", he
 def _reader(config: Config) -> tuple[Engine, str | None]:
     """An engine on a read-only store; a state file this user cannot read becomes an empty store
     and a note (levels then come from accounting and the queue alone)."""
-    from dike_slurm.service import open_engine
+    from dike_slurm.ops.service import open_engine
     from dike_slurm.store.state import StateError, StateStore
 
     try:
@@ -63,7 +63,7 @@ def _viewer(config: Config) -> Viewer:
 def _published(config: Config) -> tuple[Engine, ClusterState]:
     """For a viewer Slurm restricts: an engine that never opens the state store, and what Slurm
     shows this user (a read of the queue, nodes and topology; no accounting)."""
-    from dike_slurm.service import open_engine
+    from dike_slurm.ops.service import open_engine
     from dike_slurm.store.state import StateStore
 
     engine = open_engine(config, StateStore(None))
@@ -72,7 +72,7 @@ def _published(config: Config) -> tuple[Engine, ClusterState]:
 
 def _published_rows(config: Config, engine: Engine, cluster: ClusterState) -> list[dict]:
     from dike_slurm.cli.views import published_rows
-    from dike_slurm.engine import in_scope
+    from dike_slurm.cycle.engine import in_scope
 
     return published_rows(cluster, engine.strategy_field, lambda job: in_scope(job, config))
 

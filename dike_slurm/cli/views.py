@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dike_slurm.apply import CycleReport
+    from dike_slurm.cycle.apply import CycleReport
     from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.domain.fields import JobField
     from dike_slurm.domain.model import Job, Placement
-    from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
+    from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
     from dike_slurm.domain.service_prior import Prediction
     from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
@@ -116,7 +116,7 @@ def published_rows(cluster: ClusterState, key: JobField, in_scope: Callable[[Job
     only the engine's state knows (planned values, reasons, the prior) stays None. The rows of
     `queue` and `status` for a user PrivateData=jobs restricts (cli/visibility.py)."""
     from dike_slurm.domain.admin_comment import published
-    from dike_slurm.reconcile import strategy_now
+    from dike_slurm.cycle.reconcile import strategy_now
 
     rows = []
     for job in sorted(cluster.jobs, key=lambda j: j.job_id):
@@ -188,7 +188,7 @@ def cycle_row(cycle: CycleSummary | None) -> dict[str, Any] | None:
 
 
 def owned_rows(owned: dict) -> list[dict[str, Any]]:
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.field_values import describe_value
 
     mine: Iterable[OwnedField] = owned.values()
     return [{"field": o.field.value, "written": describe_value(o.written), "original": describe_value(o.original),
@@ -197,8 +197,8 @@ def owned_rows(owned: dict) -> list[dict[str, Any]]:
 
 def write_row(write: PlannedWrite, job_plan: JobPlan | None, result: str | None) -> dict[str, Any]:
     """One planned (or written) update: the job, each field from what Slurm held to the new value."""
-    from dike_slurm.apply import field_changes
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.apply import field_changes
+    from dike_slurm.cycle.field_values import describe_value
 
     job = job_plan.job if job_plan is not None else None
     return {

@@ -8,7 +8,7 @@ from typing import Any
 from dike_slurm.slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
-from dike_slurm.engine import Engine
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.domain.model import Job, JobState, Node, Switch, Topology
 from dike_slurm.store.state import StateStore
 

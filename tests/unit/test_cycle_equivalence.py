@@ -18,7 +18,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm import reconcile
+from dike_slurm.cycle import reconcile
 from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
 from dike_slurm.slurm.backends.base import ClusterState
 from fakes import FakeBackend
@@ -36,10 +36,10 @@ from dike_slurm.slurm.backends.commands import CommandResult
 from dike_slurm.config import Config, SlurmSettings
 from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
-from dike_slurm.cycle_plan import JobPlan, PlannedWrite
-from dike_slurm.field_values import is_unset, values_match
-from dike_slurm.priority_scale import priority_value, score_ceiling
-from dike_slurm.reconcile import (
+from dike_slurm.cycle.plan import JobPlan, PlannedWrite
+from dike_slurm.cycle.field_values import is_unset, values_match
+from dike_slurm.cycle.priority_scale import priority_value, score_ceiling
+from dike_slurm.cycle.reconcile import (
     STRATEGY_FIELD,
     _JobContext,
     is_exempt,
@@ -47,7 +47,7 @@ from dike_slurm.reconcile import (
     strategy_now,
     user_changes,
 )
-from dike_slurm.engine import Engine, in_scope
+from dike_slurm.cycle.engine import Engine, in_scope
 from dike_slurm.domain.freed_rooms import FreedRoom
 from dike_slurm.store.state import JobMemory, OwnedField, StateStore
 from dike_slurm.slurm.usage import JobService

@@ -11,11 +11,11 @@ from dike_slurm.slurm.backends.base import WriteOutcome
 from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField, SwitchRequest
 from dike_slurm.domain.decisions import Decisions, SetPlacement, SetPriority
-from dike_slurm.engine import Engine
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.errors import PolicyError
 from dike_slurm.domain.model import JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.priority_scale import priority_value, score_ceiling
+from dike_slurm.cycle.priority_scale import priority_value, score_ceiling
 from dike_slurm.store.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running

@@ -11,7 +11,7 @@ import pytest
 from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField
 from dike_slurm.errors import SlurmError
-from dike_slurm.service import Service
+from dike_slurm.ops.service import Service
 from dike_slurm.domain.slurm_priority import PartitionPriority, PriorityInputs, PriorityWeights, SlurmPriorityModel
 from dike_slurm.store.state import StateStore
 

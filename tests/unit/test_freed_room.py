@@ -109,7 +109,7 @@ def test_a_higher_tiers_blocked_job_is_not_passed_over_by_a_preemption():
 
 def test_decisions_rank_protected_jobs_first_and_the_engine_writes_them_the_top():
     from dike_slurm.domain.decisions import Decisions, SetPriority
-    from dike_slurm.priority_scale import wanted_value
+    from dike_slurm.cycle.priority_scale import wanted_value
 
     decisions = Decisions((SetPriority(1, 0, 2.9, "a"), SetPriority(2, 0, 2.5, "b"), SetPriority(3, 1, 1.2, "c")),
                           protected=(2,))
@@ -124,7 +124,7 @@ def test_the_requeue_cap_unprotects_only_the_jobs_whose_requeues_it_refused():
     cycle's room; only the refused one is not (nothing is freed for it)."""
     from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement
     from dike_slurm.domain.model import Job, JobState, Placement
-    from dike_slurm.requeue_guard import RequeueLimits, guard_requeues
+    from dike_slurm.cycle.requeue_guard import RequeueLimits, guard_requeues
 
     victims = {v: Job(job_id=v, user="u", state=JobState.RUNNING, submit_time=0.0, gpus=8, start_time=0.0,
                       requeueable=True, nodes=(f"n{v}",)) for v in (1, 2)}

@@ -12,8 +12,8 @@ import pytest
 from dike_slurm.domain.fields import JobField, JobUpdate
 from dike_slurm.frozen import frozen_record
 from dike_slurm.domain.model import Job, JobState
-from dike_slurm.cycle_plan import JobPlan, PlannedWrite
-from dike_slurm.reconcile import _job_plan, _job_update, _planned_write
+from dike_slurm.cycle.plan import JobPlan, PlannedWrite
+from dike_slurm.cycle.reconcile import _job_plan, _job_update, _planned_write
 from dike_slurm.store.records import JobMemory, OwnedField
 
 # the classes built with frozen_record

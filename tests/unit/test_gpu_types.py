@@ -389,7 +389,7 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     from dike_slurm.slurm.backends.site_priority import partitions_from_scontrol
     from dike_slurm.cli.explain import explain, explain_lines
     from dike_slurm.config import Config
-    from dike_slurm.engine import Engine
+    from dike_slurm.cycle.engine import Engine
     from dike_slurm.domain.slurm_priority import build_model
     from dike_slurm.store.state import StateStore
 

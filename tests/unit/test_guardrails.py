@@ -9,13 +9,13 @@ from pathlib import Path
 import in_process
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
-from dike_slurm.apply import Stop
+from dike_slurm.cycle.apply import Stop
 from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField
-from dike_slurm.cycle_plan import Guard
+from dike_slurm.cycle.plan import Guard
 from dike_slurm.domain.decisions import Requeue, SetPlacement
 from dike_slurm.domain.model import Placement
-from dike_slurm.engine import Engine
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.registry import default_registry
 from dike_slurm.store.state import JobMemory, StateStore
 

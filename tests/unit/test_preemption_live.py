@@ -9,7 +9,7 @@ from test_backend_contract import Recorder, backend
 
 from fakes import FakeBackend
 from dike_slurm.domain.fields import JobField
-from dike_slurm.engine import Engine
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.domain.model import NO_PLACEMENT, Placement
 from dike_slurm.store.state import StateStore
 

@@ -16,7 +16,7 @@ import pytest
 from dike_slurm.slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
-from dike_slurm.engine import Engine
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.domain.model import JobState
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.dike import DikePolicy

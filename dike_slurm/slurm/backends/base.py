@@ -81,7 +81,7 @@ class Backend(ABC):
 
     def keep_reads_in(self, memory: ReadMemory) -> None:
         """Keep what reads carry to the next read in `memory` (the engine's CycleMemory.reads,
-        dike_slurm/cycle_memory.py); a backend whose reads keep nothing ignores it."""
+        dike_slurm/cycle/memory.py); a backend whose reads keep nothing ignores it."""
 
     def limit_reads(self, seconds: float | None) -> None:
         """Bound all reads from now on by `seconds` in total, on top of each call's own timeout

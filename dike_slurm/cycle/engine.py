@@ -14,25 +14,25 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
-from dike_slurm import reconcile
-from dike_slurm.apply import Applier, CycleReport
+from dike_slurm.cycle import reconcile
+from dike_slurm.cycle.apply import Applier, CycleReport
 from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
-from dike_slurm.cycle_memory import CycleMemory, EnrichInputs, Enriched
+from dike_slurm.cycle.memory import CycleMemory, EnrichInputs, Enriched
 from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.domain.freed_rooms import LANDED, FreedRoom, follow_rooms
-from dike_slurm.gcpause import paused_gc
+from dike_slurm.cycle.gcpause import paused_gc
 from dike_slurm.domain.head_window import window_size
 from dike_slurm.domain.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH
 from dike_slurm.policies.base import Policy
-from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
-from dike_slurm.reconcile import STRATEGY_FIELD, is_exempt
+from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD, is_exempt
 from dike_slurm.registry import default_registry
-from dike_slurm.requeue_guard import guard_requeues, requeue_limits
-from dike_slurm.revert import RevertPlan, revert, revert_plan
+from dike_slurm.cycle.requeue_guard import guard_requeues, requeue_limits
+from dike_slurm.cycle.revert import RevertPlan, revert, revert_plan
 from dike_slurm.domain.service_prior import Prediction, ServicePrior
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
 from dike_slurm.store.state import JobMemory, OwnedField, SiteSpan, StateStore
@@ -103,7 +103,7 @@ class Engine:
         self.strategy = config.engine.priority_strategy
         self.strategy_field = STRATEGY_FIELD[self.strategy]
         self.clock = clock
-        # What the engine keeps between cycles (dike_slurm/cycle_memory.py), the backend's reads included.
+        # What the engine keeps between cycles (dike_slurm/cycle/memory.py), the backend's reads included.
         self.memory = CycleMemory()
         backend.keep_reads_in(self.memory.reads)
         # The site's own priority: read before the first plan, kept for the engine's life (a

@@ -23,10 +23,10 @@ from dike_slurm.domain.decisions import Requeue, service_forgiven
 from dike_slurm.domain.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
 from dike_slurm.domain.model import Job
 from dike_slurm.parsing.durations import format_timestamp
-from dike_slurm.cycle_plan import CyclePlan, PlannedWrite
-from dike_slurm.field_values import describe_value
-from dike_slurm.reconcile import STRATEGY_FIELD
-from dike_slurm.requeue_guard import requeue_groups
+from dike_slurm.cycle.plan import CyclePlan, PlannedWrite
+from dike_slurm.cycle.field_values import describe_value
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD
+from dike_slurm.cycle.requeue_guard import requeue_groups
 from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, StateStore
 
 log = logging.getLogger("dike_slurm.engine")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dike_slurm.cycle.reconcile import DiffMemory
 from dike_slurm.domain.model import Job
-from dike_slurm.reconcile import DiffMemory
 from dike_slurm.slurm.backends.base import ReadMemory
 from dike_slurm.slurm.usage import JobService
 from dike_slurm.store.state import SiteSpan

@@ -6,12 +6,12 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from dike_slurm.apply import UNCONFIRMED, change_text
+from dike_slurm.cycle.apply import UNCONFIRMED, change_text
 from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, placement_value
 from dike_slurm.domain.model import Job, JobState
-from dike_slurm.cycle_plan import PlannedWrite
-from dike_slurm.field_values import describe_value, values_match
+from dike_slurm.cycle.plan import PlannedWrite
+from dike_slurm.cycle.field_values import describe_value, values_match
 from dike_slurm.store.state import AuditEntry, StateStore
 
 

@@ -1,7 +1,7 @@
 """What admins are alerted on and watch: Prometheus alert rules and a Grafana dashboard over the
-metrics the engine exports (dike_slurm/metrics.py), as files sites load as they are.
+metrics the engine exports (dike_slurm/ops/metrics.py), as files sites load as they are.
 
-The rules are values for templates/prometheus-rules.yml.j2 (dike_slurm/render.py renders it);
+The rules are values for templates/prometheus-rules.yml.j2 (dike_slurm/ops/render.py renders it);
 the dashboard is JSON built here. Every expression names only metrics `metrics.exported_names()`
 lists (tests/unit/test_alert_rules.py checks it with promtool).
 """

@@ -27,13 +27,13 @@ from dike_slurm.domain.fields import (
     placement_value,
 )
 from dike_slurm.config import Config
-from dike_slurm.cycle_plan import Guard, GuardNote, JobPlan, PlannedWrite
+from dike_slurm.cycle.plan import Guard, GuardNote, JobPlan, PlannedWrite
 from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
-from dike_slurm.field_values import describe_value, is_unset, values_match
+from dike_slurm.cycle.field_values import describe_value, is_unset, values_match
 from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.frozen import frozen_record
 from dike_slurm.domain.head_window import policy_window
-from dike_slurm.priority_scale import score_ceiling, wanted_value
+from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
 from dike_slurm.store.state import JobMemory, OwnedField
 
 STRATEGY_FIELD = {

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dike_slurm.alerting import ALERTING_KINDS, grafana_dashboard, prometheus_rule_values
+from dike_slurm.ops.alerting import ALERTING_KINDS, grafana_dashboard, prometheus_rule_values
 from dike_slurm.errors import InputError
 
 if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is rendered, not with the CLI

@@ -19,7 +19,7 @@ from dike_slurm.domain.model import JobState
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from dike_slurm.apply import CycleReport
+    from dike_slurm.cycle.apply import CycleReport
 
 PREFIX = "dike_slurm_"
 PHASES = ("read", "decide", "diff", "write")

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dike_slurm.apply import CycleReport
 from dike_slurm.config import Config, RetentionSettings
+from dike_slurm.cycle.apply import CycleReport
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.domain.freed_rooms import requeues_by_outcome
-from dike_slurm.engine import Engine
 from dike_slurm.errors import DikeError
-from dike_slurm.metrics import MetricsWatch, write_metrics
+from dike_slurm.ops.metrics import MetricsWatch, write_metrics
 from dike_slurm.slurm.backends import open_backend
 from dike_slurm.store.state import Pruned, StateError, StateStore
 
