@@ -5,7 +5,7 @@
 DESIGN.md prefers pandas at the input boundary if it is not slower than the standard library.
 This script builds the same AccountingRecords both ways from the same dump (the bundled
 sample's rows repeated) and prints the CPU time of each; the faster one is what
-dike_slurm/accounting.py ships. The pandas reader lives only here, for the comparison.
+dike_slurm/slurm/accounting.py ships. The pandas reader lives only here, for the comparison.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dike_slurm.accounting import AccountingRecord, read_sacct_parsable2
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
 from dike_slurm.parsing.tres import parse_tres
+from dike_slurm.slurm.accounting import AccountingRecord, read_sacct_parsable2
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

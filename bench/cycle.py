@@ -22,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dike_slurm.backends import squeue_format  # noqa: E402
-from dike_slurm.fields import JobField, SwitchRequest  # noqa: E402
-from dike_slurm.backends.cli import SlurmCliBackend  # noqa: E402
-from dike_slurm.backends.commands import CommandResult, FedResult  # noqa: E402
+from dike_slurm.slurm.backends import squeue_format  # noqa: E402
+from dike_slurm.domain.fields import JobField, SwitchRequest  # noqa: E402
+from dike_slurm.slurm.backends.cli import SlurmCliBackend  # noqa: E402
+from dike_slurm.slurm.backends.commands import CommandResult, FedResult  # noqa: E402
 from dike_slurm.config import SlurmSettings  # noqa: E402
-from dike_slurm.gcpause import paused_gc  # noqa: E402
+from dike_slurm.cycle.gcpause import paused_gc  # noqa: E402
 from dike_slurm.parsing.durations import format_duration  # noqa: E402
 from dike_slurm.parsing.hostlists import compress_hostlist  # noqa: E402
-from dike_slurm.cycle_plan import CyclePlan  # noqa: E402
+from dike_slurm.cycle.plan import CyclePlan  # noqa: E402
 from synthetic import BASE_TIME, Size, slurm_json, slurm_text, topology  # noqa: E402
 
 POLICIES = ("fifo", "multifactor", "tiresias", "dike")

@@ -225,7 +225,7 @@ def counts(engine: Engine) -> tuple[int, int, int]:
 
 def audit_matches(lab: Lab, engine: Engine) -> dict[str, int]:
     """Every value the state store owns (wrote, and was told Slurm took) against what Slurm holds."""
-    from dike_slurm.backends.cli import SlurmCliBackend
+    from dike_slurm.slurm.backends.cli import SlurmCliBackend
     from dike_slurm.config import SlurmSettings
 
     cluster = SlurmCliBackend(SlurmSettings(slurm_conf=Path(lab.env["SLURM_CONF"]), bin_dir=lab.bin),

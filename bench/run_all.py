@@ -38,10 +38,10 @@ from plots import fitted_exponent, loglog  # noqa: E402
 from replay_bench import run_one, trace_for  # noqa: E402
 from synthetic import SIZES, Size  # noqa: E402
 
-from dike_slurm import reconcile  # noqa: E402
+from dike_slurm.cycle import reconcile  # noqa: E402
 from dike_slurm.config import Config  # noqa: E402
-from dike_slurm.engine import Engine  # noqa: E402
-from dike_slurm.state import StateStore  # noqa: E402
+from dike_slurm.cycle.engine import Engine  # noqa: E402
+from dike_slurm.store.state import StateStore  # noqa: E402
 
 RESULTS = HERE / "results"
 REPLAY_POLICIES = ("fifo", "tiresias", "dike")

@@ -46,11 +46,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 from dike_slurm.config import Config  # noqa: E402
-from dike_slurm.engine import Engine  # noqa: E402
+from dike_slurm.cycle.engine import Engine  # noqa: E402
 from dike_slurm.parsing.durations import format_timestamp, parse_timestamp  # noqa: E402
-from dike_slurm.service import run_cycle  # noqa: E402
+from dike_slurm.ops.service import run_cycle  # noqa: E402
 from dike_slurm.sim.backend import SimulatedBackend  # noqa: E402
-from dike_slurm.state import StateStore  # noqa: E402
+from dike_slurm.store.state import StateStore  # noqa: E402
 
 RESULTS = HERE / "results"
 DAY = 86400.0
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
     def close_day() -> None:
         nonlocal day_cycles, day_engine, day_writes
         tables = store.table_rows()
-        # As the service's own collector would: what a cycle froze (dike_slurm/gcpause.py) stays
+        # As the service's own collector would: what a cycle froze (dike_slurm/cycle/gcpause.py) stays
         # frozen, so garbage that only a full collection of the frozen objects would find counts.
         gc.collect()
         row = {

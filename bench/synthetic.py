@@ -10,7 +10,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from dike_slurm.model import Switch, Topology
+from dike_slurm.domain.model import Switch, Topology
 
 GPUS_PER_NODE = 8
 NODES_PER_LEAF = 16

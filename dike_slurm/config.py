@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dike_slurm.domain.model import PreemptionOptIn
 from dike_slurm.errors import ConfigError, RegistryError
-from dike_slurm.model import PreemptionOptIn
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.registry import default_registry
 

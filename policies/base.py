@@ -12,8 +12,8 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from dike_slurm.decisions import Decisions
-from dike_slurm.model import Job, Snapshot
+from dike_slurm.domain.decisions import Decisions
+from dike_slurm.domain.model import Job, Snapshot
 
 
 class PolicyParams(BaseModel):
@@ -66,7 +66,7 @@ class Policy(ABC, Generic[P]):
         run (seconds since the job's last start) it may preempt.
 
         The live engine and the replay both refuse requeues of younger runs with it (one guard,
-        `dike_slurm.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
+        `dike_slurm.cycle.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
         """
         return None
 

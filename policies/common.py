@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.domain.decisions import ClearPlacement, SetPlacement
+from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 
 COMMENT_TAG = re.compile(r"dike:comm=(high|low)\b", re.IGNORECASE)
 JOB_ID = attrgetter("job_id")

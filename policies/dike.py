@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dike_slurm.decisions import SetPlacement, SetPriority
-from dike_slurm.model import Job, JobState, Placement, Snapshot
+from dike_slurm.domain.decisions import SetPlacement, SetPriority
+from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import (
     ClusterView,
@@ -30,7 +30,7 @@ from dike_slurm.policies.levels import levels_with_promotion, promotion_time
 from dike_slurm.policies.node_hold import plan_node_hold, with_node_hold
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, PreemptionRule
 from dike_slurm.policies.stages import Holding, Ordering, Placing, PlacementDecision, Ranking, StagedPolicy, Victims
-from dike_slurm.service_prior import Prediction
+from dike_slurm.domain.service_prior import Prediction
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
 WITHIN_SPAN = 0.999

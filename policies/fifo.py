@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from dike_slurm.decisions import SetPriority
-from dike_slurm.model import Snapshot
+from dike_slurm.domain.decisions import SetPriority
+from dike_slurm.domain.model import Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import JOB_ID, split_active, submit_order
 from dike_slurm.policies.stages import Ordering, Ranking, StagedPolicy

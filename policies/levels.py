@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from dike_slurm.model import Job, JobState
+from dike_slurm.domain.model import Job, JobState
 
 
 def level_of(service_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:

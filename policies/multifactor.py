@@ -1,7 +1,7 @@
 """Slurm's own priority/multifactor: the baseline a site already runs.
 
 The policy decides nothing: the engine writes no SiteFactor, and Slurm orders the queue by the
-site's own weights. The replay computes that order with `dike_slurm.slurm_priority` from the
+site's own weights. The replay computes that order with `dike_slurm.domain.slurm_priority` from the
 replay's slurm.conf (PriorityWeight*, partitions) and QOS priorities, so `multifactor` in a
 replay is Slurm itself with SiteFactor 0: one model of Slurm's priority, not two.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from dike_slurm.decisions import Decisions
-from dike_slurm.model import Snapshot
+from dike_slurm.domain.decisions import Decisions
+from dike_slurm.domain.model import Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
 
 

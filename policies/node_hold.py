@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, Placement, Snapshot
+from dike_slurm.domain.decisions import ClearPlacement, SetPlacement
+from dike_slurm.domain.model import Job, Placement, Snapshot
 from dike_slurm.policies.preemption import NodeLedger, PreemptionPlan, can_start, pick_nodes
 
 

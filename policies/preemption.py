@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dike_slurm.decisions import ClearPlacement, Requeue, SetPlacement
-from dike_slurm.model import Job, Placement, Snapshot, may_use_gpus
-from dike_slurm.slurm_priority import scheduling_tier
+from dike_slurm.domain.decisions import ClearPlacement, Requeue, SetPlacement
+from dike_slurm.domain.model import Job, Placement, Snapshot, may_use_gpus
+from dike_slurm.domain.slurm_priority import scheduling_tier
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from dike_slurm.decisions import SetPriority
+from dike_slurm.domain.decisions import SetPriority
 from dike_slurm.errors import PolicyError
-from dike_slurm.model import JobState, Snapshot
+from dike_slurm.domain.model import JobState, Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionRule
 from dike_slurm.policies.stages import Ordering, Ranking, StagedPolicy, Victims

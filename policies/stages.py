@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic
 
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
-from dike_slurm.model import Job, Snapshot
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.model import Job, Snapshot
 from dike_slurm.policies.base import P, Policy
 from dike_slurm.policies.preemption import PreemptionPlan, PreemptionRule, preempt, with_pins
-from dike_slurm.service_prior import Prediction
+from dike_slurm.domain.service_prior import Prediction
 
 PlacementDecision = SetPlacement | ClearPlacement
 

@@ -6,8 +6,8 @@ from bisect import bisect_right
 
 from pydantic import Field, model_validator
 
-from dike_slurm.decisions import SetPriority
-from dike_slurm.model import Job, JobState, Snapshot
+from dike_slurm.domain.decisions import SetPriority
+from dike_slurm.domain.model import Job, JobState, Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import Consolidator, leaf_capacity_and_free, split_active, submit_order
 from dike_slurm.policies.levels import levels_with_promotion, promotion_time

@@ -18,22 +18,22 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.admin_comment import comment_level
-from dike_slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
-from dike_slurm.fields import JobField, JobUpdate, with_placement_field
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.domain.admin_comment import comment_level
+from dike_slurm.slurm.backends.base import Backend, ClusterState, ReadMemory, WriteOutcome
+from dike_slurm.domain.fields import JobField, JobUpdate, with_placement_field
 from dike_slurm.config import Config
-from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement, SetPriority
 from dike_slurm.errors import ConfigError, DikeError
-from dike_slurm.model import Job, JobState, Placement, Snapshot
-from dike_slurm.reconcile import STRATEGY_FIELD
+from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.metrics import MetricsCollector, summarise
 from dike_slurm.sim.replay import load_input, sim_settings
 from dike_slurm.sim.records import JobResult, Timeline
 from dike_slurm.sim.simulator import Simulator
-from dike_slurm.usage import run_gpu_types
+from dike_slurm.slurm.usage import run_gpu_types
 
 _TIMELINE_BINS = 200
 

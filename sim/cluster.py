@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from dike_slurm.model import Node, Placement, Topology, may_use_gpus
-from dike_slurm.parsing.slurm_conf import ClusterConf
+from dike_slurm.domain.model import Node, Placement, Topology, may_use_gpus
+from dike_slurm.slurm.slurm_conf import ClusterConf
 
 
 class WrongGpuType(RuntimeError):

@@ -129,8 +129,8 @@ def real_outcomes(run_dir: Path, workload_index: Callable[[str], int | None]
     """The run's jobs from its sacct dump: workload index -> outcome (times from the first submit),
     the origin (epoch s), and job id -> workload index. `workload_index` reads a job's index from
     its name (None: not a job of the workload)."""
-    from dike_slurm.accounting_json import read_sacct_file
-    from dike_slurm.parsing.slurm_conf import load_cluster
+    from dike_slurm.slurm.accounting_json import read_sacct_file
+    from dike_slurm.slurm.slurm_conf import load_cluster
 
     _, topology = load_cluster(run_dir / "slurm.conf", run_dir / "topology.conf")
     read = read_sacct_file(run_dir / "sacct.txt")
@@ -206,7 +206,7 @@ def measured_cycle_s(state_db: Path) -> float:
 def replay_trace(trace, run_dir: Path):
     """The trace with each requeued job's run time set to its last run's: a `sleep` starts over
     when requeued (the trace's default, the sum of the runs, stands for a job that resumes)."""
-    from dike_slurm.accounting_json import read_sacct_file
+    from dike_slurm.slurm.accounting_json import read_sacct_file
 
     last_run: dict[int, int] = {}
     runs: dict[int, int] = {}

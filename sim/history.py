@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from dike_slurm.service_prior import FinishedJob, PriorLearner
+from dike_slurm.domain.service_prior import FinishedJob, PriorLearner
 from dike_slurm.sim.trace import TraceJob
 
 BLOCK = 512

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
 from dike_slurm.policies.common import is_comm_heavy
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.records import SimSettings

@@ -1,6 +1,6 @@
 """The replay's queue order as Slurm makes it, and the values the live engine would write into it.
 
-`SlurmOrder` gives each pending job Slurm's priority (dike_slurm/slurm_priority.py: the site's
+`SlurmOrder` gives each pending job Slurm's priority (dike_slurm/domain/slurm_priority.py: the site's
 weighted factors plus what the engine wrote) and the order Slurm tries jobs in: partition
 PriorityTier, priority, submit time, job id. Fair share comes from each association's usage,
 decayed with the site's PriorityDecayHalfLife, recalculated with the order at every policy cycle.
@@ -9,7 +9,7 @@ decayed with the site's PriorityDecayHalfLife, recalculated with the order at ev
 configuration: mapped onto [1, span - reserve] against the policy's ceiling (a protected job: span), left alone within the
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
 order (priority_scale.priority_value, score_ceiling and reconcile.keep_policy_order: the engine's own functions);
-beyond the head window a value is handed back (dike_slurm/head_window.py). `within_budget` keeps
+beyond the head window a value is handed back (dike_slurm/domain/head_window.py). `within_budget` keeps
 the writes the engine's guardrails and write budget let through in one cycle; `cycle_writes` is
 the whole of one cycle: the priority writes and the constraints (placements) the engine would write.
 """
@@ -21,13 +21,13 @@ from dataclasses import replace
 from functools import partial
 from typing import NamedTuple
 
-from dike_slurm.fields import JobField
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
-from dike_slurm.head_window import policy_window
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement
-from dike_slurm.priority_scale import score_ceiling, wanted_value
-from dike_slurm.reconcile import STRATEGY_FIELD, keep_policy_order
-from dike_slurm.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
+from dike_slurm.domain.fields import JobField
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.head_window import policy_window
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
+from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
+from dike_slurm.cycle.reconcile import STRATEGY_FIELD, keep_policy_order
+from dike_slurm.domain.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
 from dike_slurm.sim.job import PENDING, SimJob
 from dike_slurm.sim.records import SimSettings
 from dike_slurm.sim.usage import DecayedUsage

@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dike_slurm.model import PreemptionOptIn
+from dike_slurm.domain.model import PreemptionOptIn
 from dike_slurm.policies.common import CommRule
-from dike_slurm.slurm_priority import SlurmPriorityModel
+from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class SimSettings:
     priority_span: int = 1_000_000
     priority_reserve: int = 0  # the top values kept for protected jobs (slurm_priority.protection_reserve)
     priority_tolerance: float = 0.01
-    # What the engine writes per cycle (dike_slurm/head_window.py, engine.write_budget_s): the
+    # What the engine writes per cycle (dike_slurm/domain/head_window.py, engine.write_budget_s): the
     # pending jobs per partition it orders (0: every one), and the writes one cycle makes (None: all).
     head_window: int = 0
     writes_per_cycle: int | None = None
@@ -137,7 +137,7 @@ class SimStats:
     starts: int = 0
     typed_starts: int = 0  # starts of jobs that asked for GPU types, each checked against its nodes' types
     preemptions: int = 0
-    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.requeue_guard)
+    requeues_refused: int = 0  # requeues the guard refused (dike_slurm.cycle.requeue_guard)
     # preemptions whose beneficiary started on the freed nodes (landed) or did not within 2 cycles
     # of the victims' end, or started elsewhere (wasted)
     landed_preemptions: int = 0

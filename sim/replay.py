@@ -11,12 +11,12 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dike_slurm.accounting_json import read_sacct_file
+from dike_slurm.slurm.accounting_json import read_sacct_file
 from dike_slurm.config import Config
 from dike_slurm.errors import InputError
-from dike_slurm.head_window import window_size
-from dike_slurm.model import Topology
-from dike_slurm.parsing.slurm_conf import ClusterConf, load_cluster
+from dike_slurm.domain.head_window import window_size
+from dike_slurm.domain.model import Topology
+from dike_slurm.slurm.slurm_conf import ClusterConf, load_cluster
 from dike_slurm.parsing.slurm_options import DEFAULT_BF_MAX_JOB_TEST, scheduler_depth, scheduler_parameters
 from dike_slurm.policies.dike import DikeParams
 from dike_slurm.registry import default_registry
@@ -25,7 +25,7 @@ from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
 from dike_slurm.sim.records import SimSettings, SimStats, Timeline
 from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceBuild, build_trace
-from dike_slurm.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
+from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
 DEFAULT_MAX_SWITCH_WAIT_S = 300

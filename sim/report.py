@@ -13,7 +13,7 @@ import jinja2
 import numpy as np
 
 from dike_slurm.config import Config
-from dike_slurm.model import Snapshot
+from dike_slurm.domain.model import Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.dike import DikeParams, thresholds_gpu_s
 from dike_slurm.policies.tiresias import TiresiasParams

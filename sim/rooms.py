@@ -1,5 +1,5 @@
 """The rooms preemptions free in the replay, followed until they land or are wasted, by the rule
-the live engine follows (dike_slurm/freed_rooms.py): a room lands when the job it was freed for
+the live engine follows (dike_slurm/domain/freed_rooms.py): a room lands when the job it was freed for
 starts on its nodes, and is wasted when that job starts elsewhere or still waits
 `WASTED_AFTER_CYCLES` cycles after the victims' end (here the requeue itself; the live engine
 first sees it at its next cycle, hence the +1)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dike_slurm.decisions import Decisions, SetPlacement
-from dike_slurm.freed_rooms import WASTED_AFTER_CYCLES
+from dike_slurm.domain.decisions import Decisions, SetPlacement
+from dike_slurm.domain.freed_rooms import WASTED_AFTER_CYCLES
 from dike_slurm.sim.job import SimJob
 from dike_slurm.sim.records import SimStats
 

@@ -1,7 +1,7 @@
 """A synthetic job history written exactly as ``sacct --parsable2`` prints it.
 
 The format decisions, with their sources in the Slurm code, are listed in the docstring of
-:func:`write_sacct_parsable2`; ``dike_slurm.accounting`` reads the text back.
+:func:`write_sacct_parsable2`; ``dike_slurm.slurm.accounting`` reads the text back.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from dike_slurm.model import Placement
+from dike_slurm.domain.model import Placement
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.job import INFINITY, PENDING, SimJob
 from dike_slurm.sim.priority import SlurmOrder

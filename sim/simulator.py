@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from dike_slurm.decisions import Decisions, service_forgiven
+from dike_slurm.domain.decisions import Decisions, service_forgiven
 from dike_slurm.errors import DikeError
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.requeue_guard import guard_requeues, requeue_limits
-from dike_slurm.service_prior import PriorLearner
+from dike_slurm.cycle.requeue_guard import guard_requeues, requeue_limits
+from dike_slurm.domain.service_prior import PriorLearner
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.history import FinishedService
 from dike_slurm.sim.priority import SlurmOrder, cycle_writes, policy_placements

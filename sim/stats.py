@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from dike_slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.policies.common import quantile
 from dike_slurm.sim.metrics import SIZE_BUCKETS, size_label
 

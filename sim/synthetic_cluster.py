@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dike_slurm.parsing.hostlists import compress_hostlist
-from dike_slurm.slurm_priority import TYPICAL_WEIGHTS
+from dike_slurm.domain.slurm_priority import TYPICAL_WEIGHTS
 
 
 # --------------------------------------------------------------------------- cluster
@@ -167,7 +167,7 @@ def write_slurm_conf(cluster: ClusterSpec, fh: TextIO) -> None:
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
         "SchedulerType=sched/backfill",
-        "# Slurm's priority: weights ASSUMED typical (dike_slurm.slurm_priority.TYPICAL_WEIGHTS)",
+        "# Slurm's priority: weights ASSUMED typical (dike_slurm.domain.slurm_priority.TYPICAL_WEIGHTS)",
         *TYPICAL_WEIGHTS,
         "TopologyPlugin=topology/tree",
         f"AccountingStorageTRES=gres/gpu,gres/gpu:{c.gpu_type}",

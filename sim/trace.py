@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dike_slurm.accounting import AccountingRecord
-from dike_slurm.model import Node, constraint_gpu_types, may_use_gpus
-from dike_slurm.parsing.slurm_conf import ClusterConf
+from dike_slurm.domain.model import Node, constraint_gpu_types, may_use_gpus
+from dike_slurm.slurm.accounting import AccountingRecord
+from dike_slurm.slurm.slurm_conf import ClusterConf
 
 # Reasons a job of the dump is not replayed (keys of TraceBuild.excluded).
 EXCLUDED_NEVER_STARTED = "never started (pending or cancelled before start)"

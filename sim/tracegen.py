@@ -7,7 +7,7 @@ the draws of users, shapes and outcomes: ``sim/workload_sampler.py``) on a
 :class:`~dike_slurm.sim.synthetic_cluster.ClusterSpec`; :func:`generate_sample`
 writes it with ``sim/sacct_writer.py`` (``sacct --parsable2`` text) and the cluster's
 ``slurm.conf`` and ``topology.conf`` with ``sim/synthetic_cluster.py``.  The replay's
-own reader (``dike_slurm.accounting``) reads the dumps back.
+own reader (``dike_slurm.slurm.accounting``) reads the dumps back.
 
 It is deterministic: the same arguments and seed give byte-identical output.
 Generation is streaming (one submission at a time), so a million jobs need

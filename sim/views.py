@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from dike_slurm.frozen import frozen_record
-from dike_slurm.model import Job, JobState, Node
+from dike_slurm.domain.model import Job, JobState, Node
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.job import PENDING, SimJob
 from dike_slurm.sim.records import SimSettings

@@ -15,8 +15,8 @@ from dike_slurm.cli.group import console
 
 if TYPE_CHECKING:  # loaded by the commands that need them: `--help` needs none
     from dike_slurm.config import Config, ConfigSource
-    from dike_slurm.engine import Engine
-    from dike_slurm.state import StateStore
+    from dike_slurm.cycle.engine import Engine
+    from dike_slurm.store.state import StateStore
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML configuration (default: $DIKE_CONFIG)")
 JSON_OPTION = typer.Option(False, "--json", help="print one JSON document (schema: docs/engine.md)")
@@ -59,19 +59,19 @@ def emit_json(command: str, source: ConfigSource | None, document: dict[str, Any
 
 
 def store(config: Config, *, writing: bool) -> StateStore:
-    from dike_slurm.state import StateStore
+    from dike_slurm.store.state import StateStore
 
     return StateStore(config.engine.state_db, read_only=not writing, group=config.engine.state_group)
 
 
 def open_engine(config: Config, *, writing: bool) -> Engine:
-    from dike_slurm.service import open_engine as open_on_backend
+    from dike_slurm.ops.service import open_engine as open_on_backend
 
     return open_on_backend(config, store(config, writing=writing))
 
 
 def lock(config: Config):
-    from dike_slurm.lock import exclusive_lock
+    from dike_slurm.store.lock import exclusive_lock
 
     return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
 

@@ -26,7 +26,7 @@ from dike_slurm.parsing.slurm_options import parse_show_config, scheduler_parame
 from dike_slurm.parsing.tres import tracks_gpus
 
 if TYPE_CHECKING:  # the model loads when doctor runs, not with the CLI
-    from dike_slurm.slurm_priority import SlurmPriorityModel
+    from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 GRANT_ADVICE = ("run as root or SlurmUser, or: sacctmgr -i modify user {user} set AdminLevel=Admin "
@@ -241,7 +241,7 @@ def _num(value: float) -> str:
 
 def qos_weight_for(model: SlurmPriorityModel, step: float) -> int | None:
     """The PriorityWeightQOS that makes the site's smallest QOS step weigh `step` (None: no tiers)."""
-    from dike_slurm.slurm_priority import tier_gap
+    from dike_slurm.domain.slurm_priority import tier_gap
 
     gap = tier_gap(model)
     if gap is None or not model.weights.qos:
@@ -254,7 +254,7 @@ def priority_checks(model: SlurmPriorityModel | None, error: str, mode: str, con
     """The site's weights (a line per factor), its QOS and partition tiers, the span each
     `engine.priority_mode` gives Dike, and whether Dike can lift a job over a QOS tier."""
     from dike_slurm.parsing.durations import format_duration
-    from dike_slurm.slurm_priority import PRIORITY_MAX, PRIORITY_MODES, effective_span, tier_gap
+    from dike_slurm.domain.slurm_priority import PRIORITY_MAX, PRIORITY_MODES, effective_span, tier_gap
 
     if model is None:
         if not error:
@@ -346,7 +346,7 @@ def failure(argv: list[str], returncode: int, stderr: str) -> DikeError:
 
 
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> str:
-    from dike_slurm.backends.commands import run_command
+    from dike_slurm.slurm.backends.commands import run_command
 
     result = run_command(argv, env, timeout)
     if result.returncode != 0:
@@ -358,8 +358,8 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     """Ask Slurm (read-only) and diagnose."""
     import json
 
-    from dike_slurm.slurm_formats import FormatError, detect, slurm_release
-    from dike_slurm.backends.site_priority import SHOW_PARTITIONS_ARGV, SHOW_QOS_ARGV, partitions_from_scontrol, qos_from_sacctmgr
+    from dike_slurm.slurm.formats import FormatError, detect, slurm_release
+    from dike_slurm.slurm.backends.site_priority import SHOW_PARTITIONS_ARGV, SHOW_QOS_ARGV, partitions_from_scontrol, qos_from_sacctmgr
 
     slurm = config.slurm
     command = (lambda name: str(slurm.bin_dir / name)) if slurm.bin_dir else (lambda name: name)
@@ -386,7 +386,7 @@ def gather(config, user: str, runner: Callable[[list[str], dict[str, str], float
     show_config = parse_show_config(config_text)
     priority_model, priority_error = None, ""
     if show_config.get("prioritytype") == "priority/multifactor":
-        from dike_slurm.backends.site_priority import read_priority_model
+        from dike_slurm.slurm.backends.site_priority import read_priority_model
 
         try:
             priority_model = read_priority_model(lambda argv: runner(list(argv), env, timeout), command, config_text)

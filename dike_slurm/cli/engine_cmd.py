@@ -31,10 +31,10 @@ from dike_slurm.cli.common import (
 from dike_slurm.errors import DikeError, InputError
 
 if TYPE_CHECKING:  # imported in the commands: `--help` and `breaker status` need none of them
-    from dike_slurm.apply import CycleReport
+    from dike_slurm.cycle.apply import CycleReport
     from dike_slurm.config import Config, ConfigSource
-    from dike_slurm.engine import Engine
-    from dike_slurm.cycle_plan import CyclePlan
+    from dike_slurm.cycle.engine import Engine
+    from dike_slurm.cycle.plan import CyclePlan
 
 _LOG_RECORD_KEYS = ("job", "action", "changes", "ok")
 
@@ -94,7 +94,7 @@ def _plan_table(plan: CyclePlan, report: CycleReport | None = None) -> Table:
 
 def _print_cycle(report: CycleReport) -> None:
     """One cycle for a person: the table of changes and the summary line (the service logs instead)."""
-    from dike_slurm.service import summary_line
+    from dike_slurm.ops.service import summary_line
 
     plan = report.plan
     if plan.writes:
@@ -123,7 +123,7 @@ def run_command(
     finishes (each write is atomic with its audit row) and the loop stops. SIGHUP: the
     configuration is read again before the next cycle (a bad file keeps the old one).
     """
-    from dike_slurm.service import Service, Signals, run_cycle
+    from dike_slurm.ops.service import Service, Signals, run_cycle
 
     if as_json and not once:
         raise InputError("--json needs --once (the service logs JSON with engine.log_format = \"json\")")
@@ -225,7 +225,7 @@ def breaker_command(
     """The circuit breaker: why it tripped, or `reset` to let the engine write again (audited)."""
     if action not in ("status", "reset"):
         raise InputError(f"breaker: unknown action {action!r} (status or reset)")
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     config, source = load(config_path)
     say_source(source, as_json)
@@ -260,7 +260,7 @@ def breaker_command(
 def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -> None:
     """Pause (reason given) or resume (None): the flag and its audit row in one transaction. No
     engine lock: a running service holds it, and reads the flag before each cycle's writes."""
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     config, source = load(config_path)
     say_source(source, as_json)

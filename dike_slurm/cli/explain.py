@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
-    from dike_slurm.backends.base import ClusterState
-    from dike_slurm.engine import CyclePlan, Engine
-    from dike_slurm.model import Job
-    from dike_slurm.cycle_plan import JobPlan
+    from dike_slurm.slurm.backends.base import ClusterState
+    from dike_slurm.cycle.engine import CyclePlan, Engine
+    from dike_slurm.domain.model import Job
+    from dike_slurm.cycle.plan import JobPlan
 
 
 def _matches(job: Job, wanted: tuple[int, int | None]) -> bool:
@@ -90,7 +90,7 @@ def billing(engine: Engine, job: Job) -> dict[str, Any]:
     """What a GPU-second of the job is charged in its attained service and fair share (issue 33):
     the weight of its run's GPU type under the site's TRESBillingWeights (the partition's, else
     slurm.conf's), or, pending, the weight of each type it may run on; 1 where the site weighs none."""
-    from dike_slurm.usage import run_gpu_types
+    from dike_slurm.slurm.usage import run_gpu_types
 
     model = engine.site_priority
     weighs = model.billing_of(job.partition) if model is not None else None
@@ -174,7 +174,7 @@ def _utc(at: float) -> str:
 
 
 def _value(value: object) -> str:
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.field_values import describe_value
 
     return describe_value(value)  # type: ignore[arg-type]
 

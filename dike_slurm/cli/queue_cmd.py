@@ -29,10 +29,10 @@ from dike_slurm.errors import DikeError, InputError
 if TYPE_CHECKING:
     from rich.text import Text
 
-    from dike_slurm.backends.base import ClusterState
+    from dike_slurm.slurm.backends.base import ClusterState
     from dike_slurm.cli.visibility import Viewer
     from dike_slurm.config import Config
-    from dike_slurm.engine import Engine
+    from dike_slurm.cycle.engine import Engine
 
 STATE_OPTION = typer.Option([], "--state", "-t", metavar="STATE", help="PENDING, RUNNING or SUSPENDED (repeat, or a,b)")
 USER_OPTION = typer.Option([], "--user", "-u", metavar="USER", help="only this user's jobs (repeat, or a,b)")
@@ -43,8 +43,8 @@ PARTITION_OPTION = typer.Option([], "--partition", "-p", metavar="PARTITION", he
 def _reader(config: Config) -> tuple[Engine, str | None]:
     """An engine on a read-only store; a state file this user cannot read becomes an empty store
     and a note (levels then come from accounting and the queue alone)."""
-    from dike_slurm.service import open_engine
-    from dike_slurm.state import StateError, StateStore
+    from dike_slurm.ops.service import open_engine
+    from dike_slurm.store.state import StateError, StateStore
 
     try:
         store = StateStore(config.engine.state_db, read_only=True)
@@ -63,8 +63,8 @@ def _viewer(config: Config) -> Viewer:
 def _published(config: Config) -> tuple[Engine, ClusterState]:
     """For a viewer Slurm restricts: an engine that never opens the state store, and what Slurm
     shows this user (a read of the queue, nodes and topology; no accounting)."""
-    from dike_slurm.service import open_engine
-    from dike_slurm.state import StateStore
+    from dike_slurm.ops.service import open_engine
+    from dike_slurm.store.state import StateStore
 
     engine = open_engine(config, StateStore(None))
     return engine, engine.backend.read_cluster()
@@ -72,7 +72,7 @@ def _published(config: Config) -> tuple[Engine, ClusterState]:
 
 def _published_rows(config: Config, engine: Engine, cluster: ClusterState) -> list[dict]:
     from dike_slurm.cli.views import published_rows
-    from dike_slurm.engine import in_scope
+    from dike_slurm.cycle.engine import in_scope
 
     return published_rows(cluster, engine.strategy_field, lambda job: in_scope(job, config))
 
@@ -347,8 +347,8 @@ def audit_command(
     A user PrivateData=jobs restricts sees the rows of their own jobs only, where they can read
     the state store at all (it is private to the service unless the site opens it)."""
     from dike_slurm.cli.views import audit_row
-    from dike_slurm.audit_export import export_audit
-    from dike_slurm.state import StateStore
+    from dike_slurm.store.audit_export import export_audit
+    from dike_slurm.store.state import StateStore
 
     start = parse_since(since, time.time()) if since is not None else None
     config, source = load(config_path)

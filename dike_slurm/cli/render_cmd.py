@@ -12,7 +12,7 @@ import typer
 from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import CONFIG_OPTION, load, safe
 from dike_slurm.errors import InputError
-from dike_slurm.render import RENDER_KINDS
+from dike_slurm.ops.render import RENDER_KINDS
 
 
 @app.command("render")
@@ -28,7 +28,7 @@ def render_command(
 
     The file names the configuration the deployed engine reads: --config, else $DIKE_CONFIG.
     """
-    from dike_slurm.render import render
+    from dike_slurm.ops.render import render
 
     config, source = load(config_path)
     if source.path is None:

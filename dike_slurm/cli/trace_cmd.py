@@ -24,8 +24,8 @@ def trace_stats_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="the cluster's GPUs: adds the offered load"),
 ) -> None:
     """Jobs, GPU jobs, users, GPU-hours, sizes, run times and skipped rows of a dump."""
-    from dike_slurm.accounting_json import read_sacct_file
     from dike_slurm.sim.stats import trace_stats
+    from dike_slurm.slurm.accounting_json import read_sacct_file
 
     stats = trace_stats(read_sacct_file(dump), total_gpus=gpus)
     if as_json:
@@ -91,8 +91,8 @@ def trace_generate_command(
         raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
     console.print(f"wrote {out / 'sacct.txt'}, {out / 'slurm.conf'}, {out / 'topology.conf'}", highlight=False)
     if stats:
-        from dike_slurm.accounting_json import read_sacct_file
         from dike_slurm.sim.stats import trace_stats
+        from dike_slurm.slurm.accounting_json import read_sacct_file
 
         _print_stats(trace_stats(read_sacct_file(out / "sacct.txt"), total_gpus=cluster.total_gpus),
                      f"trace stats: {out / 'sacct.txt'}")

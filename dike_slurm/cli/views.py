@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dike_slurm.apply import CycleReport
-    from dike_slurm.backends.base import ClusterState
-    from dike_slurm.fields import JobField
-    from dike_slurm.model import Job, Placement
-    from dike_slurm.cycle_plan import CyclePlan, JobPlan, PlannedWrite
-    from dike_slurm.service_prior import Prediction
-    from dike_slurm.state import AuditEntry, CycleSummary, JobMemory, OwnedField
+    from dike_slurm.cycle.apply import CycleReport
+    from dike_slurm.slurm.backends.base import ClusterState
+    from dike_slurm.domain.fields import JobField
+    from dike_slurm.domain.model import Job, Placement
+    from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
+    from dike_slurm.domain.service_prior import Prediction
+    from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
 STATES = ("PENDING", "RUNNING", "SUSPENDED")  # as squeue prints them
 
@@ -51,7 +51,7 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
             expected: Prediction | None = None) -> dict[str, Any]:
     """One managed (or in-scope but exempt) job as `queue` and `status` show it; `expected`: the
     policy's service prior for it."""
-    from dike_slurm.model import JobState
+    from dike_slurm.domain.model import JobState
 
     job = job_plan.job
     pending = job.state is JobState.PENDING
@@ -115,8 +115,8 @@ def published_rows(cluster: ClusterState, key: JobField, in_scope: Callable[[Job
     job's AdminComment (level, attained service at its last write) and the value Slurm holds; what
     only the engine's state knows (planned values, reasons, the prior) stays None. The rows of
     `queue` and `status` for a user PrivateData=jobs restricts (cli/visibility.py)."""
-    from dike_slurm.admin_comment import published
-    from dike_slurm.reconcile import strategy_now
+    from dike_slurm.domain.admin_comment import published
+    from dike_slurm.cycle.reconcile import strategy_now
 
     rows = []
     for job in sorted(cluster.jobs, key=lambda j: j.job_id):
@@ -188,7 +188,7 @@ def cycle_row(cycle: CycleSummary | None) -> dict[str, Any] | None:
 
 
 def owned_rows(owned: dict) -> list[dict[str, Any]]:
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.field_values import describe_value
 
     mine: Iterable[OwnedField] = owned.values()
     return [{"field": o.field.value, "written": describe_value(o.written), "original": describe_value(o.original),
@@ -197,8 +197,8 @@ def owned_rows(owned: dict) -> list[dict[str, Any]]:
 
 def write_row(write: PlannedWrite, job_plan: JobPlan | None, result: str | None) -> dict[str, Any]:
     """One planned (or written) update: the job, each field from what Slurm held to the new value."""
-    from dike_slurm.apply import field_changes
-    from dike_slurm.field_values import describe_value
+    from dike_slurm.cycle.apply import field_changes
+    from dike_slurm.cycle.field_values import describe_value
 
     job = job_plan.job if job_plan is not None else None
     return {

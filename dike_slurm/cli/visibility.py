@@ -86,7 +86,7 @@ def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | Non
 
 def slurm_runner(config: Config, timeout: float | None = None) -> Callable[[list[str]], str]:
     """Run a read-only Slurm command as the views do: the configured slurm.conf, UTC, one clear error."""
-    from dike_slurm.backends.commands import run_command
+    from dike_slurm.slurm.backends.commands import run_command
 
     env = dict(os.environ, TZ="UTC")
     if config.slurm.slurm_conf is not None:

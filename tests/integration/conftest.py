@@ -114,8 +114,8 @@ class SlurmLab:
 
     def backend(self) -> Any:
         """The engine's command-line backend on this lab, whatever Slurm version it runs."""
-        from dike_slurm.backends.cli import SlurmCliBackend
         from dike_slurm.config import SlurmSettings
+        from dike_slurm.slurm.backends.cli import SlurmCliBackend
 
         settings = SlurmSettings(slurm_conf=self.slurm_conf, bin_dir=self.bin_dir)
         return SlurmCliBackend(settings, environ=self.env)
@@ -126,14 +126,14 @@ class SlurmLab:
 
     def pyslurm_backend(self) -> Any:
         """The engine's pyslurm backend on this lab (the 25.11 lab, inside its chroot)."""
-        from dike_slurm.backends.pyslurm import PyslurmBackend
         from dike_slurm.config import SlurmSettings
+        from dike_slurm.slurm.backends.pyslurm import PyslurmBackend
 
         return PyslurmBackend.create(SlurmSettings(slurm_conf=self.slurm_conf, bin_dir=self.bin_dir))
 
     def sacct_records(self, *argv: str) -> dict[int, list[Any]]:
         """`sacct --json ARGV` read by dike_slurm's own reader: job id -> its runs (AccountingRecord)."""
-        from dike_slurm.accounting_json import read_sacct_json
+        from dike_slurm.slurm.accounting_json import read_sacct_json
 
         result = read_sacct_json(self.run("sacct", "--json", *argv).stdout, "sacct --json")
         assert result.skipped == {}, result.skipped
@@ -186,7 +186,7 @@ class SlurmLab:
     def unended(self, job_ids: list[int]) -> list[int]:
         """Those of ``job_ids`` whose end sacct does not show yet: no record, or a run (an array
         task's, for an array) not ended."""
-        from dike_slurm.model import JobState
+        from dike_slurm.domain.model import JobState
 
         live = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)  # a REQUEUED run has ended
         records = [r for runs in self.sacct_records("--allusers", "-j", ",".join(map(str, job_ids))).values()

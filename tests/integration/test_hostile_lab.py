@@ -53,7 +53,7 @@ def test_hostile_job_name_and_comment_through_the_live_engine(slurm_lab: SlurmLa
 def test_hostile_values_in_one_batch_of_writes_land_as_data_on_their_own_jobs(slurm_lab: SlurmLab) -> None:
     """Writes fed to one scontrol (backends/scontrol_stdin.py): a value that cannot be one line
     goes as its own process, and no value can add a command or reach another job."""
-    from dike_slurm.fields import JobField, JobUpdate
+    from dike_slurm.domain.fields import JobField, JobUpdate
 
     MARKER.unlink(missing_ok=True)
     lab = slurm_lab

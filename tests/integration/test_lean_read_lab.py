@@ -17,8 +17,8 @@ HOSTILE_COMMENT = "a|b|c ;dike:level=9 | ^f00dcafe x"
 
 
 def reads(lab: SlurmLab) -> tuple[Any, Any]:
-    from dike_slurm.backends.cli import SlurmCliBackend
     from dike_slurm.config import SlurmSettings
+    from dike_slurm.slurm.backends.cli import SlurmCliBackend
 
     settings = SlurmSettings(slurm_conf=lab.slurm_conf, bin_dir=lab.bin_dir)
     lean = SlurmCliBackend(settings, environ=lab.env, job_read="lean")

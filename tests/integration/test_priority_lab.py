@@ -1,4 +1,4 @@
-"""Slurm's own priority on the lab against dike_slurm.slurm_priority (issue 24).
+"""Slurm's own priority on the lab against dike_slurm.domain.slurm_priority (issue 24).
 
 The replay orders its queue with `SlurmPriorityModel`: partition tier, then priority, then submit
 time, then job id. These tests show that real Slurm (each lab version) agrees.
@@ -87,8 +87,8 @@ def sprio(lab: SlurmLab) -> dict[int, SprioRow]:
 
 def lab_model(lab: SlurmLab) -> Any:
     """SlurmPriorityModel of the lab: its slurm.conf and its QOS table."""
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
-    from dike_slurm.slurm_priority import parse_qos_dump
+    from dike_slurm.domain.slurm_priority import parse_qos_dump
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 
     qos = parse_qos_dump(lab.run("sacctmgr", "show", "qos", "-P", "format=Name,Priority").stdout, "sacctmgr show qos")
     assert qos == {"normal": 0, "low": 10, "urgent": 100}, f"scripts/slurm-lab sets these QOS: {qos}"
@@ -121,7 +121,7 @@ def pending_jobs(lab: SlurmLab, ids: list[int]) -> dict[int, Any]:
 
 
 def inputs(job: Any, row: SprioRow, site_factor: int, cpus: int | None = None) -> Any:
-    from dike_slurm.slurm_priority import PriorityInputs
+    from dike_slurm.domain.slurm_priority import PriorityInputs
 
     assert job.eligible_time is not None
     return PriorityInputs(partition=job.partition, qos=job.qos, nodes=job.num_nodes, cpus=cpus or job.cpus,
@@ -222,7 +222,7 @@ def test_model_gives_sprios_priority_and_order(slurm_lab: SlurmLab) -> None:
 
 
 def test_a_lower_qos_stays_below_under_tiers_and_overtakes_under_over(slurm_lab: SlurmLab) -> None:
-    from dike_slurm.slurm_priority import effective_span
+    from dike_slurm.domain.slurm_priority import effective_span
 
     lab = slurm_lab
     model = lab_model(lab)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dike_slurm.fields import JobField, JobUpdate, SwitchRequest
+from dike_slurm.domain.fields import JobField, JobUpdate, SwitchRequest
 
 SlurmLab = Any  # the slurm_lab fixture (tests/integration/conftest.py)
 

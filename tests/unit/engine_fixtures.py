@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dike_slurm.accounting import AccountingRecord
+from dike_slurm.slurm.accounting import AccountingRecord
 from fakes import FakeBackend
 from dike_slurm.config import Config
-from dike_slurm.engine import Engine
-from dike_slurm.model import Job, JobState, Node, Switch, Topology
-from dike_slurm.state import StateStore
+from dike_slurm.cycle.engine import Engine
+from dike_slurm.domain.model import Job, JobState, Node, Switch, Topology
+from dike_slurm.store.state import StateStore
 
 NOW = 1_000_000.0
 TOPOLOGY = Topology.from_switches(

@@ -6,11 +6,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from dike_slurm.accounting import AccountingRecord, ReadResult
-from dike_slurm.backends.base import Backend, ClusterState, WriteOutcome
-from dike_slurm.fields import JobField, JobUpdate, with_placement_field
-from dike_slurm.model import Job, JobState, Node, Placement, Topology
-from dike_slurm.slurm_priority import SlurmPriorityModel
+from dike_slurm.domain.fields import JobField, JobUpdate, with_placement_field
+from dike_slurm.domain.model import Job, JobState, Node, Placement, Topology
+from dike_slurm.domain.slurm_priority import SlurmPriorityModel
+from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
+from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 
 
 class FakeBackend(Backend):

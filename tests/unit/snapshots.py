@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dike_slurm.model import Job, JobState, Node, Snapshot, Switch, Topology
+from dike_slurm.domain.model import Job, JobState, Node, Snapshot, Switch, Topology
 
 NOW = 1_000_000.0
 TOPOLOGY = Topology.from_switches(

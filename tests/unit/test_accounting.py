@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.accounting import SKIP_FIELD_COUNT, SKIP_REPEATED_HEADER, SKIP_STEP, read_sacct_parsable2
-from dike_slurm.accounting_json import read_sacct_file, read_sacct_json
+from dike_slurm.slurm.accounting import SKIP_FIELD_COUNT, SKIP_REPEATED_HEADER, SKIP_STEP, read_sacct_parsable2
+from dike_slurm.slurm.accounting_json import read_sacct_file, read_sacct_json
 from dike_slurm.errors import InputError
-from dike_slurm.model import JobState
+from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.durations import parse_timestamp
 
 HEADER = (

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.alerting import alert_rules, dashboard_expressions, metric_names
 from dike_slurm.config import Config
-from dike_slurm.metrics import exported_names
-from dike_slurm.render import render
+from dike_slurm.ops.alerting import alert_rules, dashboard_expressions, metric_names
+from dike_slurm.ops.metrics import exported_names
+from dike_slurm.ops.render import render
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

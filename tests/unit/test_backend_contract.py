@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.backends import squeue_format
-from dike_slurm.fields import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult, FedResult
+from dike_slurm.slurm.backends import squeue_format
+from dike_slurm.domain.fields import JobField, JobUpdate, SwitchRequest
+from dike_slurm.slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult, FedResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import ConfigError, SlurmError
-from dike_slurm.model import JobState, Placement
+from dike_slurm.domain.model import JobState, Placement
 
 SQUEUE_JSON = {
     "meta": {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}},
@@ -359,7 +359,7 @@ def priority_reads(version: str, **replaced: CommandResult) -> dict[tuple[str, .
 
 @pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
 def test_the_sites_priority_is_read_with_exactly_these_calls(version):
-    from dike_slurm.slurm_priority import PartitionPriority, effective_span, tier_gap
+    from dike_slurm.domain.slurm_priority import PartitionPriority, effective_span, tier_gap
 
     recorder = Recorder(priority_reads(version))
     model = backend(recorder).priority_model()

@@ -18,11 +18,11 @@ from dataclasses import replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm import reconcile
-from dike_slurm.admin_comment import admin_comment_text, comment_level, is_engine_comment
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.cycle import reconcile
+from dike_slurm.domain.admin_comment import admin_comment_text, comment_level, is_engine_comment
+from dike_slurm.slurm.backends.base import ClusterState
 from fakes import FakeBackend
-from dike_slurm.fields import (
+from dike_slurm.domain.fields import (
     FieldValue,
     JobField,
     JobUpdate,
@@ -31,15 +31,15 @@ from dike_slurm.fields import (
     placement_value,
     SwitchRequest,
 )
-from dike_slurm.backends.cli import SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult
 from dike_slurm.config import Config, SlurmSettings
-from dike_slurm.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
-from dike_slurm.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
-from dike_slurm.cycle_plan import JobPlan, PlannedWrite
-from dike_slurm.field_values import is_unset, values_match
-from dike_slurm.priority_scale import priority_value, score_ceiling
-from dike_slurm.reconcile import (
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snapshot, Topology
+from dike_slurm.cycle.plan import JobPlan, PlannedWrite
+from dike_slurm.cycle.field_values import is_unset, values_match
+from dike_slurm.cycle.priority_scale import priority_value, score_ceiling
+from dike_slurm.cycle.reconcile import (
     STRATEGY_FIELD,
     _JobContext,
     is_exempt,
@@ -47,10 +47,10 @@ from dike_slurm.reconcile import (
     strategy_now,
     user_changes,
 )
-from dike_slurm.engine import Engine, in_scope
-from dike_slurm.freed_rooms import FreedRoom
-from dike_slurm.state import JobMemory, OwnedField, StateStore
-from dike_slurm.usage import JobService
+from dike_slurm.cycle.engine import Engine, in_scope
+from dike_slurm.domain.freed_rooms import FreedRoom
+from dike_slurm.store.state import JobMemory, OwnedField, StateStore
+from dike_slurm.slurm.usage import JobService
 
 # ---------------------------------------------------------------- the references: diff and enrich as they were
 

@@ -6,17 +6,17 @@ import random
 
 import pytest
 
-from dike_slurm.admin_comment import admin_comment_text
-from dike_slurm.backends.base import WriteOutcome
+from dike_slurm.domain.admin_comment import admin_comment_text
+from dike_slurm.slurm.backends.base import WriteOutcome
 from fakes import FakeBackend
-from dike_slurm.fields import JobField, SwitchRequest
-from dike_slurm.decisions import Decisions, SetPlacement, SetPriority
-from dike_slurm.engine import Engine
+from dike_slurm.domain.fields import JobField, SwitchRequest
+from dike_slurm.domain.decisions import Decisions, SetPlacement, SetPriority
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.errors import PolicyError
-from dike_slurm.model import JobState, Placement, Snapshot
+from dike_slurm.domain.model import JobState, Placement, Snapshot
 from dike_slurm.policies.base import Policy, PolicyParams
-from dike_slurm.priority_scale import priority_value, score_ceiling
-from dike_slurm.state import StateStore
+from dike_slurm.cycle.priority_scale import priority_value, score_ceiling
+from dike_slurm.store.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
 

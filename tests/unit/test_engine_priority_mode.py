@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeBackend
-from dike_slurm.fields import JobField
+from dike_slurm.domain.fields import JobField
 from dike_slurm.errors import SlurmError
-from dike_slurm.service import Service
-from dike_slurm.slurm_priority import PartitionPriority, PriorityInputs, PriorityWeights, SlurmPriorityModel
-from dike_slurm.state import StateStore
+from dike_slurm.ops.service import Service
+from dike_slurm.domain.slurm_priority import PartitionPriority, PriorityInputs, PriorityWeights, SlurmPriorityModel
+from dike_slurm.store.state import StateStore
 
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending
 

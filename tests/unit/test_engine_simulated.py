@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import in_process
 
-from dike_slurm import apply as apply_module
-from dike_slurm.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
-from dike_slurm.backends.base import ClusterState
+from dike_slurm.cycle import apply as apply_module
+from dike_slurm.cycle.apply import FORGET_AFTER_S, LAST_SEEN_EVERY_S
+from dike_slurm.slurm.backends.base import ClusterState
 from dike_slurm.sim.backend import SimulatedBackend
 from dike_slurm.config import Config
-from dike_slurm.engine import CyclePlan, Engine
+from dike_slurm.cycle.engine import CyclePlan, Engine
 from dike_slurm.errors import ConfigError
-from dike_slurm.fields import JobField
+from dike_slurm.domain.fields import JobField
 from dike_slurm.sim.replay import load_input, run_policy, sim_settings
-from dike_slurm.state import StateStore
+from dike_slurm.store.state import StateStore
 
 
 def generate(out: Path, *extra: str) -> Path:

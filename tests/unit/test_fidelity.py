@@ -15,7 +15,7 @@ import pytest
 from dike_slurm.errors import InputError
 from dike_slurm.sim.fidelity import (JobOutcome, compare, kendall_tau, leaves_of, measured_cycle_s, percentile,
                                      real_outcomes, replay_outcomes)
-from dike_slurm.state import CycleSummary, StateStore
+from dike_slurm.store.state import CycleSummary, StateStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from dike_slurm.model import Topology
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+from dike_slurm.domain.model import Topology
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.policies.dike import DikeParams, DikePolicy
 from dike_slurm.policies.preemption import plan_preemptions
 from dike_slurm.sim.cluster import SimCluster
 from dike_slurm.sim.records import JobResult, SimSettings, Timeline
 from dike_slurm.sim.simulator import Simulator
 from dike_slurm.sim.trace import TraceJob
-from dike_slurm.slurm_priority import (
+from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     PriorityWeights,
     SlurmPriorityModel,
@@ -83,7 +83,7 @@ def test_the_reserve_keeps_a_protected_job_above_any_other_of_its_tier():
 def test_a_higher_tiers_blocked_job_is_not_passed_over_by_a_preemption():
     """A blocked urgent job that preemption cannot help (no victim it outranks) keeps a normal
     job from preempting: Slurm would give what is freed to the urgent job."""
-    from dike_slurm.model import Job, JobState, Node, Snapshot
+    from dike_slurm.domain.model import Job, JobState, Node, Snapshot
     from dike_slurm.policies.preemption import PreemptionLimits
 
     tiers = SlurmPriorityModel(
@@ -108,8 +108,8 @@ def test_a_higher_tiers_blocked_job_is_not_passed_over_by_a_preemption():
 
 
 def test_decisions_rank_protected_jobs_first_and_the_engine_writes_them_the_top():
-    from dike_slurm.decisions import Decisions, SetPriority
-    from dike_slurm.priority_scale import wanted_value
+    from dike_slurm.domain.decisions import Decisions, SetPriority
+    from dike_slurm.cycle.priority_scale import wanted_value
 
     decisions = Decisions((SetPriority(1, 0, 2.9, "a"), SetPriority(2, 0, 2.5, "b"), SetPriority(3, 1, 1.2, "c")),
                           protected=(2,))
@@ -122,9 +122,9 @@ def test_the_requeue_cap_unprotects_only_the_jobs_whose_requeues_it_refused():
     """The engine's cap keeps the first blocked job's victims and refuses the second's: the first
     job stays protected (its room is being freed), and so does a job protected for an earlier
     cycle's room; only the refused one is not (nothing is freed for it)."""
-    from dike_slurm.decisions import Decisions, Requeue, SetPlacement
-    from dike_slurm.model import Job, JobState, Placement
-    from dike_slurm.requeue_guard import RequeueLimits, guard_requeues
+    from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement
+    from dike_slurm.domain.model import Job, JobState, Placement
+    from dike_slurm.cycle.requeue_guard import RequeueLimits, guard_requeues
 
     victims = {v: Job(job_id=v, user="u", state=JobState.RUNNING, submit_time=0.0, gpus=8, start_time=0.0,
                       requeueable=True, nodes=(f"n{v}",)) for v in (1, 2)}

@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
-from dike_slurm.fields import JobField, JobUpdate
+from dike_slurm.domain.fields import JobField, JobUpdate
 from dike_slurm.frozen import frozen_record
-from dike_slurm.model import Job, JobState
-from dike_slurm.cycle_plan import JobPlan, PlannedWrite
-from dike_slurm.reconcile import _job_plan, _job_update, _planned_write
-from dike_slurm.state_records import JobMemory, OwnedField
+from dike_slurm.domain.model import Job, JobState
+from dike_slurm.cycle.plan import JobPlan, PlannedWrite
+from dike_slurm.cycle.reconcile import _job_plan, _job_update, _planned_write
+from dike_slurm.store.records import JobMemory, OwnedField
 
 # the classes built with frozen_record
 FROZEN_RECORDS = (Job, JobPlan, JobUpdate, PlannedWrite, JobMemory, OwnedField)

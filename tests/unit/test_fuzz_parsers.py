@@ -15,8 +15,8 @@ from dike_slurm.config import load_config
 from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.parsing.tres import parse_gres_gpus, parse_tres
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 
 FUZZ_EXAMPLES = 300
 fuzz = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -18,15 +18,15 @@ from collections.abc import Mapping, Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.accounting import read_sacct_parsable2
-from dike_slurm.accounting_json import read_sacct_json
-from dike_slurm.backends import squeue_format
-from dike_slurm.backends.base import ClusterState
-from dike_slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend, topology_from_scontrol
-from dike_slurm.backends.commands import CommandResult
+from dike_slurm.slurm.accounting import read_sacct_parsable2
+from dike_slurm.slurm.accounting_json import read_sacct_json
+from dike_slurm.slurm.backends import squeue_format
+from dike_slurm.slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.cli import SACCT_FORMAT, SlurmCliBackend, topology_from_scontrol
+from dike_slurm.slurm.backends.commands import CommandResult
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import InputError, SlurmError
-from dike_slurm.model import Topology
+from dike_slurm.domain.model import Topology
 
 FUZZ_EXAMPLES = 200
 fuzz = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

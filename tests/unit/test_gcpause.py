@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from dike_slurm.gcpause import FULL_COLLECTION_EVERY, paused_gc
+from dike_slurm.cycle.gcpause import FULL_COLLECTION_EVERY, paused_gc
 
 
 class Node:

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.accounting import read_sacct_parsable2
-from dike_slurm.accounting_json import read_sacct_json
-from dike_slurm.backends.base import ClusterState
-from dike_slurm.backends.squeue_format import read_jobs, read_nodes
-from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
-from dike_slurm.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+from dike_slurm.slurm.accounting import read_sacct_parsable2
+from dike_slurm.slurm.accounting_json import read_sacct_json
+from dike_slurm.slurm.backends.base import ClusterState
+from dike_slurm.slurm.backends.squeue_format import read_jobs, read_nodes
+from dike_slurm.slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
+from dike_slurm.domain.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.parsing.tres import parse_gres_gpu_types
 from dike_slurm.sim.cluster import WrongGpuType
 from dike_slurm.sim.trace import EXCLUDED_NO_GPU_TYPE, NOTE_TYPES_IGNORED, build_trace
@@ -325,7 +325,7 @@ def test_steering_never_sends_a_typed_light_job_where_its_type_has_no_room():
 # ----------------------------------------------------------------------------- service by TRESBillingWeights
 
 def test_billing_weights_are_slurms_sum_and_equal_where_unset():
-    from dike_slurm.slurm_priority import GpuBilling, parse_billing_weights
+    from dike_slurm.domain.slurm_priority import GpuBilling, parse_billing_weights
 
     assert parse_billing_weights("", "x") is None
     lab = parse_billing_weights("CPU=0,GRES/gpu:a100=2.0,GRES/gpu:v100=1.0", "x")
@@ -341,8 +341,8 @@ def test_billing_weights_are_slurms_sum_and_equal_where_unset():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_labs_billing_weights_come_from_slurm_conf_and_scontrol(version):
-    from dike_slurm.backends.site_priority import partitions_from_scontrol
-    from dike_slurm.slurm_priority import build_model
+    from dike_slurm.slurm.backends.site_priority import partitions_from_scontrol
+    from dike_slurm.domain.slurm_priority import build_model
 
     model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
     assert (model.gpu_weight("gpu", ("a100",)), model.gpu_weight("gpu", ("v100",))) == (2.0, 1.0)
@@ -354,7 +354,7 @@ def test_the_labs_billing_weights_come_from_slurm_conf_and_scontrol(version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_runs_service_is_weighed_by_the_type_it_held(version):
-    from dike_slurm.usage import current_runs, decayed_usage, job_service, runs_from_records
+    from dike_slurm.slurm.usage import current_runs, decayed_usage, job_service, runs_from_records
 
     model = parse_slurm_conf(_fixture(version, "slurm-conf-excerpt.txt")).priority_model({}, "slurm.conf")
     records = read_sacct_json(_fixture(version, "sacct.json"), "sacct.json").records
@@ -386,12 +386,12 @@ def test_explain_shows_the_weight_a_jobs_gpu_type_is_charged(version, tmp_path):
     weight from the partition's TRESBillingWeights (scontrol show partition -o), a pending job's
     the weight of each type it may run on; where the site weighs no GPU, every one counts 1."""
     from fakes import FakeBackend
-    from dike_slurm.backends.site_priority import partitions_from_scontrol
+    from dike_slurm.slurm.backends.site_priority import partitions_from_scontrol
     from dike_slurm.cli.explain import explain, explain_lines
     from dike_slurm.config import Config
-    from dike_slurm.engine import Engine
-    from dike_slurm.slurm_priority import build_model
-    from dike_slurm.state import StateStore
+    from dike_slurm.cycle.engine import Engine
+    from dike_slurm.domain.slurm_priority import build_model
+    from dike_slurm.store.state import StateStore
 
     cluster = _json_cluster(version)
     partitions, nodes, cpus = partitions_from_scontrol(_fixture(version, "scontrol-show-partition-o.txt"))

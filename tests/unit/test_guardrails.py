@@ -9,15 +9,15 @@ from pathlib import Path
 import in_process
 from engine_fixtures import NOW, config, engine, nodes, pending, running
 
-from dike_slurm.apply import Stop
+from dike_slurm.cycle.apply import Stop
 from fakes import FakeBackend
-from dike_slurm.fields import JobField
-from dike_slurm.cycle_plan import Guard
-from dike_slurm.decisions import Requeue, SetPlacement
-from dike_slurm.model import Placement
-from dike_slurm.engine import Engine
+from dike_slurm.domain.fields import JobField
+from dike_slurm.cycle.plan import Guard
+from dike_slurm.domain.decisions import Requeue, SetPlacement
+from dike_slurm.domain.model import Placement
+from dike_slurm.cycle.engine import Engine
 from dike_slurm.registry import default_registry
-from dike_slurm.state import JobMemory, StateStore
+from dike_slurm.store.state import JobMemory, StateStore
 
 
 def cluster(*jobs, alloc=None):

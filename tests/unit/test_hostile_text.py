@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dike_slurm.backends import squeue_format
+from dike_slurm.slurm.backends import squeue_format
 from fakes import FakeBackend
-from dike_slurm.fields import JobField, JobUpdate
-from dike_slurm.backends.cli import SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult, run_command
+from dike_slurm.domain.fields import JobField, JobUpdate
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult, run_command
 from dike_slurm.cli.engine_cmd import _plan_table, _safe
 from dike_slurm.config import SlurmSettings
 from engine_fixtures import NOW, config, engine, nodes, pending, running
@@ -121,7 +121,7 @@ LEAN_TOKEN = "^a1b2c3d4"
 
 def lean_squeue(text: str) -> str:
     """One pending job with `text` as user, account, name, comment and admin comment, as `squeue -O`
-    prints it (dike_slurm.backends.squeue_format: every field ends with the call's token)."""
+    prints it (dike_slurm.slurm.backends.squeue_format: every field ends with the call's token)."""
     values = {"JobID": "7", "ArrayJobID": "7", "ArrayTaskID": "N/A", "State": "PENDING", "UserName": text,
               "Account": text, "Partition": "gpu", "QOS": "normal", "SubmitTime": "1", "EligibleTime": "1",
               "StartTime": "N/A", "TimeLimit": "1:00:00", "NumNodes": "1", "NumCPUs": "1",

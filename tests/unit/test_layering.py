@@ -110,19 +110,19 @@ def test_every_module_has_a_layer():
 
 
 def test_the_graph_checks_find_a_circle_and_an_upward_import():
-    modules = {"dike_slurm.model", "dike_slurm.engine", "dike_slurm.cli", "dike_slurm.cli.group"}
+    modules = {"dike_slurm.domain.model", "dike_slurm.cycle.engine", "dike_slurm.cli", "dike_slurm.cli.group"}
     sources = {
-        "dike_slurm.model": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dike_slurm.engine import Engine\n",
-        "dike_slurm.engine": "def f():\n    from dike_slurm import model\n",
+        "dike_slurm.domain.model": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dike_slurm.cycle.engine import Engine\n",
+        "dike_slurm.cycle.engine": "def f():\n    from dike_slurm.domain import model\n",
         "dike_slurm.cli": "from . import group\n",
         "dike_slurm.cli.group": "import dike_slurm.cli\n",
     }
     edges = [edge for name, source in sources.items()
              for edge in imports_of(name, source, modules, package=name == "dike_slurm.cli")]
     assert {(e.importer, e.imported) for e in edges} == {
-        ("dike_slurm.model", "dike_slurm.engine"), ("dike_slurm.engine", "dike_slurm.model"),
+        ("dike_slurm.domain.model", "dike_slurm.cycle.engine"), ("dike_slurm.cycle.engine", "dike_slurm.domain.model"),
         ("dike_slurm.cli", "dike_slurm.cli.group"), ("dike_slurm.cli.group", "dike_slurm.cli")}
-    assert circles(edges) == [["dike_slurm.cli", "dike_slurm.cli.group"], ["dike_slurm.engine", "dike_slurm.model"]]
-    layers = [("domain", ("dike_slurm.model",)), ("cycle", ("dike_slurm.engine",)), ("cli", ("dike_slurm.cli",))]
+    assert circles(edges) == [["dike_slurm.cli", "dike_slurm.cli.group"], ["dike_slurm.cycle.engine", "dike_slurm.domain.model"]]
+    layers = [("domain", ("dike_slurm.domain.model",)), ("cycle", ("dike_slurm.cycle.engine",)), ("cli", ("dike_slurm.cli",))]
     assert layer_of("dike_slurm.cli.group", layers) == 2
-    assert upward_imports(edges, layers) == ["dike_slurm.model (domain) -> dike_slurm.engine (cycle), line 3"]
+    assert upward_imports(edges, layers) == ["dike_slurm.domain.model (domain) -> dike_slurm.cycle.engine (cycle), line 3"]

@@ -1,4 +1,4 @@
-"""The lean read (`squeue -O`, `squeue -o %A%x`, `sinfo -N -O`: dike_slurm.backends.squeue_format)
+"""The lean read (`squeue -O`, `squeue -o %A%x`, `sinfo -N -O`: dike_slurm.slurm.backends.squeue_format)
 builds the same jobs as the JSON read: on generated queues (hypothesis, both texts made from the
 same jobs) and on what real Slurm printed at the same moment (tests/fixtures/lean-VERSION,
 recorded by tests/fixtures/record-slurm-lean). Hostile text never shifts a field; an empty, cut
@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.backends import squeue_format
-from dike_slurm.backends.cli import SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult
-from dike_slurm.backends.squeue_format import JOB_FIELDS, join_records, read_jobs, read_nodes
-from dike_slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
-from dike_slurm.fields import SwitchRequest
+from dike_slurm.slurm.backends import squeue_format
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult
+from dike_slurm.slurm.backends.squeue_format import JOB_FIELDS, join_records, read_jobs, read_nodes
+from dike_slurm.slurm.backends.squeue_json import job_from_squeue, node_from_sinfo
+from dike_slurm.domain.fields import SwitchRequest
 from dike_slurm.config import SlurmSettings
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.errors import SlurmError
-from dike_slurm.slurm_formats import FormatError
+from dike_slurm.slurm.formats import FormatError
 
 TOKEN = "^deadbeef"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -12,11 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_fixtures import NOW, TOPOLOGY, config, engine, finished_run, nodes, pending, running
 
 from fakes import FakeBackend
-from dike_slurm.engine import SACCT_OVERLAP_S
+from dike_slurm.cycle.engine import SACCT_OVERLAP_S
 from dike_slurm.errors import SlurmError
-from dike_slurm.metrics import MetricsWatch, exported_names, quantile
-from dike_slurm.model import JobState
-from dike_slurm.service import Service, Signals, run_cycle
+from dike_slurm.ops.metrics import MetricsWatch, exported_names, quantile
+from dike_slurm.domain.model import JobState
+from dike_slurm.ops.service import Service, Signals, run_cycle
 
 BOUNDED_LABELS = {"level", "partition", "quantile", "phase", "outcome", "reason", "policy", "strategy"}
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.model import Job, JobState, Placement
+from dike_slurm.domain.model import Job, JobState, Placement
 
 _values = st.fixed_dictionaries(
     {"job_id": st.integers(1, 2**31), "user": st.text(max_size=8), "state": st.sampled_from(JobState),

@@ -7,7 +7,7 @@ import pytest
 from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
 from dike_slurm.parsing.hostlists import compress_hostlist, expand_hostlist
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus, parse_tres
 
 

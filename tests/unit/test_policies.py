@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from dike_slurm.decisions import ClearPlacement, Decisions, Requeue, SetPlacement
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, Requeue, SetPlacement
 from dike_slurm.errors import PolicyError
 from dike_slurm.policies.common import CommRule
 from dike_slurm.policies.dike import DikeParams, DikePolicy
@@ -15,7 +15,7 @@ from dike_slurm.policies.fifo import FifoPolicy
 from dike_slurm.policies.multifactor import MultifactorParams, MultifactorPolicy
 from dike_slurm.policies.srtf_oracle import SrtfOraclePolicy
 from dike_slurm.policies.tiresias import TiresiasParams, TiresiasPolicy
-from dike_slurm.model import JobState, Placement
+from dike_slurm.domain.model import JobState, Placement
 
 from snapshots import NOW, pending, running, snapshot
 
@@ -287,7 +287,7 @@ def test_dike_preemption_backs_off_instead_of_a_per_job_cap():
 
 
 def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run():
-    from dike_slurm.service_prior import FinishedJob, ServicePrior
+    from dike_slurm.domain.service_prior import FinishedJob, ServicePrior
 
     # alice's finished 8-GPU eval.sh jobs ran 20 min each; train.sh has no history of its own
     prior = ServicePrior.learn([FinishedJob("alice", "eval.sh", 8, 1200.0, NOW - 3600 * i) for i in range(1, 30)])

@@ -13,8 +13,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.decisions import ClearPlacement, SetPlacement
-from dike_slurm.model import Job, JobState, Node, Placement, Snapshot, Switch, Topology, may_use_gpus
+from dike_slurm.domain.decisions import ClearPlacement, SetPlacement
+from dike_slurm.domain.model import Job, JobState, Node, Placement, Snapshot, Switch, Topology, may_use_gpus
 from dike_slurm.policies.common import ClusterView, Consolidator, leaf_capacity_and_free
 from dike_slurm.policies.preemption import NodeLedger, VictimOrder
 

@@ -8,10 +8,10 @@ from engine_fixtures import NOW, TOPOLOGY, config, nodes, pending, running
 from test_backend_contract import Recorder, backend
 
 from fakes import FakeBackend
-from dike_slurm.fields import JobField
-from dike_slurm.engine import Engine
-from dike_slurm.model import NO_PLACEMENT, Placement
-from dike_slurm.state import StateStore
+from dike_slurm.domain.fields import JobField
+from dike_slurm.cycle.engine import Engine
+from dike_slurm.domain.model import NO_PLACEMENT, Placement
+from dike_slurm.store.state import StateStore
 
 OPTED = {"requeueable": True, "comment": "dike:preemptible"}
 PREEMPTING = {"thresholds_gpuh": [1.0, 8.0], "preemption": True, "min_runtime_s": 600, "steer_light_jobs": False}
@@ -131,7 +131,7 @@ def test_a_preemption_is_wasted_when_its_job_still_waits_two_cycles_after_the_vi
 
 
 def test_a_grace_period_does_not_count_against_the_preemption():
-    from dike_slurm.freed_rooms import FreedRoom, follow_rooms
+    from dike_slurm.domain.freed_rooms import FreedRoom, follow_rooms
 
     room = FreedRoom(2, ("n1",), (1,), NOW)
     victim_still_on_n1 = {1: running(1, gpus=32, node="n1"), 2: pending(2, "bob", gpus=8)}
@@ -147,7 +147,7 @@ def test_a_pin_outlives_its_run_and_is_cleared_once_the_job_is_requeued_or_by_re
     """Slurm keeps a running job's ReqNodeList (an update would shrink the job) and applies it
     again after a requeue: the engine keeps owning the pin, revert names it instead of forgetting
     it, and once the job is pending again without a live preemption the pin is cleared."""
-    from dike_slurm.model import JobState
+    from dike_slurm.domain.model import JobState
 
     cfg = config(tmp_path, policies={"dike": PREEMPTING})
     store = StateStore(cfg.engine.state_db)
@@ -172,7 +172,7 @@ def test_a_job_that_started_before_its_constraint_was_cleared_stays_owned(tmp_pa
     """Between the read and the write the job started: Slurm refuses the placement write ("no
     longer pending") but keeps the constraint, so the engine keeps owning it (to clear it after
     a requeue); a job that is gone for good is let go of."""
-    from dike_slurm.model import JobState
+    from dike_slurm.domain.model import JobState
 
     cfg = config(tmp_path, policies={"dike": PREEMPTING})
     store = StateStore(cfg.engine.state_db)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.admin_comment import Published, admin_comment_text, published
-from dike_slurm.backends.base import ClusterState
-from dike_slurm.fields import JobField
+from dike_slurm.domain.admin_comment import Published, admin_comment_text, published
+from dike_slurm.slurm.backends.base import ClusterState
+from dike_slurm.domain.fields import JobField
 from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.cli.visibility import private_data, read_viewer, slurm_user, viewer_from
 from dike_slurm.config import Config
 from dike_slurm.errors import DikeError
-from dike_slurm.model import Job, JobState, Topology
+from dike_slurm.domain.model import Job, JobState, Topology
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 VERSIONS = ("22.05", "24.11")
@@ -125,7 +125,7 @@ def test_published_rows_carry_the_engines_numbers_and_nothing_it_alone_knows():
 
 
 def test_the_audit_of_one_user_holds_their_jobs_rows_only(tmp_path):
-    from dike_slurm.state import AuditEntry, StateStore
+    from dike_slurm.store.state import AuditEntry, StateStore
 
     store = StateStore(tmp_path / "state.sqlite")
     for at, job_id, user in ((1.0, 5, "alice"), (2.0, 6, "bob"), (3.0, 0, ""), (4.0, 7, "alice"), (5.0, 8, "bob")):

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from dike_slurm.backends.base import ClusterState, WriteOutcome
-from dike_slurm.fields import JobField, JobUpdate, SwitchRequest
-from dike_slurm.backends.pyslurm import (
+from dike_slurm.slurm.backends.base import ClusterState, WriteOutcome
+from dike_slurm.domain.fields import JobField, JobUpdate, SwitchRequest
+from dike_slurm.slurm.backends.pyslurm import (
     PyslurmBackend,
     PyslurmUnavailable,
     gres_gpus,
@@ -30,7 +30,7 @@ from dike_slurm.backends.pyslurm import (
 )
 from dike_slurm.config import SlurmSettings
 from dike_slurm.errors import SlurmError
-from dike_slurm.model import JobState, Topology
+from dike_slurm.domain.model import JobState, Topology
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "pyslurm-25.11"
 

@@ -48,7 +48,7 @@ def test_broken_plugin_is_reported_not_fatal():
 
 PLUGIN = '''
 import random
-from dike_slurm.decisions import Decisions, SetPriority
+from dike_slurm.domain.decisions import Decisions, SetPriority
 from dike_slurm.policies.base import Policy, PolicyParams
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.config import Config
+from dike_slurm.domain.slurm_priority import effective_span, tier_gap
 from dike_slurm.errors import InputError
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
-from dike_slurm.render import render
-from dike_slurm.slurm_priority import effective_span, tier_gap
+from dike_slurm.ops.render import render
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 
 
 def make_config(tmp_path, slurm_conf: str = "NodeName=n[1-4] Gres=gpu:8\n", replay=None, **engine) -> Config:
@@ -78,7 +78,7 @@ def test_the_state_folder_is_systemds_and_the_metrics_have_a_folder_of_their_own
 
 
 def test_a_unit_rendered_from_a_source_checkout_says_so(tmp_path, monkeypatch):
-    import dike_slurm.render as rendering
+    import dike_slurm.ops.render as rendering
 
     tree = Path(rendering.__file__).resolve().parent.parent
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # an environment the package is not installed in

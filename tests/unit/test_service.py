@@ -19,14 +19,14 @@ import pytest
 from engine_fixtures import NOW, TOPOLOGY, nodes, pending
 from engine_fixtures import config as fixture_config
 
-from dike_slurm.apply import FIRST_BATCH, CycleReport
+from dike_slurm.cycle.apply import FIRST_BATCH, CycleReport
 from fakes import FakeBackend
 from dike_slurm.config import Config
 from dike_slurm.errors import ConfigError, SlurmError
-from dike_slurm.cycle_plan import CyclePlan
-from dike_slurm.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
-from dike_slurm.engine import Engine
-from dike_slurm.state import AuditEntry, CycleSummary, StateError, StateStore
+from dike_slurm.cycle.plan import CyclePlan
+from dike_slurm.ops.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
+from dike_slurm.cycle.engine import Engine
+from dike_slurm.store.state import AuditEntry, CycleSummary, StateError, StateStore
 
 STORE = StateStore(None)  # handed from engine to engine; retention runs on it (in memory)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.service_prior import FinishedJob, PriorLearner, ServicePrior
+from dike_slurm.domain.service_prior import FinishedJob, PriorLearner, ServicePrior
 
 
 def job(user="alice", name="train.sh", gpus=4, run_s=3600.0, end=0.0):
@@ -141,12 +141,12 @@ def _trace(longer_after: float | None = None, ends: dict[int, float] | None = No
 
 def _decisions_seen(policy_name: str, jobs, **params):
     """Every (snapshot time, order, levels, scores) the policy decided in a replay of `jobs`, and each job's end."""
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.cluster import SimCluster
     from dike_slurm.sim.records import SimSettings, Timeline
     from dike_slurm.sim.simulator import Simulator
-    from dike_slurm.model import Topology
+    from dike_slurm.domain.model import Topology
 
     policy = default_registry().create(policy_name)
     seen = []
@@ -222,8 +222,8 @@ def _gaming_trace(seed: int, naming: str):
 
 def _total_jct(jobs) -> tuple[float, float]:
     """(u0's, the other users') total JCT under Dike's defaults, no job preemptible."""
-    from dike_slurm.model import Topology
-    from dike_slurm.parsing.slurm_conf import parse_slurm_conf
+    from dike_slurm.domain.model import Topology
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.cluster import SimCluster
     from dike_slurm.sim.records import SimSettings, Timeline

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 from pydantic import Field
 
-from dike_slurm.decisions import Decisions, Requeue, SetPlacement, SetPriority
-from dike_slurm.model import JobState, Placement, Snapshot, Topology
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf, parse_topology_conf
+from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement, SetPriority
+from dike_slurm.domain.model import JobState, Placement, Snapshot, Topology
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.cluster import SimCluster

@@ -59,7 +59,7 @@ def test_removing_a_value_that_is_not_there_is_an_error_and_changes_nothing():
 
 
 def test_a_snapshot_holds_any_sequence_of_finished_service_sorted_and_counts_it_like_bisect():
-    from dike_slurm.model import AscendingTuple, Snapshot
+    from dike_slurm.domain.model import AscendingTuple, Snapshot
 
     snapshot = Snapshot(time=0.0, jobs=(), nodes=(), completed_service_gpu_s=[5.0, 1.0, 3.0, 3.0])
     held = snapshot.completed_service_gpu_s

@@ -1,4 +1,4 @@
-"""Slurm's priority as the replay models it (dike_slurm/slurm_priority.py, sim/priority.py).
+"""Slurm's priority as the replay models it (dike_slurm/domain/slurm_priority.py, sim/priority.py).
 
 The formula is pinned against real Slurm by tests/integration/test_priority_lab.py; here the
 pure parts: each factor by hand, fair share, the tiers and the span each mode gives, the readers.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from dike_slurm.errors import InputError
-from dike_slurm.parsing.slurm_conf import parse_slurm_conf
-from dike_slurm.slurm_priority import (
+from dike_slurm.slurm.slurm_conf import parse_slurm_conf
+from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     PriorityInputs,
     effective_span,
@@ -172,7 +172,7 @@ def test_priority_strategy_pins_and_nice_subtracts():
 def test_the_scheduler_depth_comes_from_schedulerparameters_and_a_bad_value_names_its_source():
     from dike_slurm.errors import InputError
     from dike_slurm.parsing.slurm_options import scheduler_depth, scheduler_parameters
-    from dike_slurm.slurm_priority import build_model
+    from dike_slurm.domain.slurm_priority import build_model
 
     assert scheduler_depth({}) == 500  # Slurm's bf_max_job_test default
     assert scheduler_depth(scheduler_parameters("bf_continue,bf_max_job_test=1000,bf_max_job_part=300")) == 300

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import in_process
 
-from dike_slurm.accounting_json import read_sacct_json
-from dike_slurm.backends.cli import SlurmCliBackend
-from dike_slurm.backends.commands import CommandResult
+from dike_slurm.slurm.accounting_json import read_sacct_json
+from dike_slurm.slurm.backends.cli import SlurmCliBackend
+from dike_slurm.slurm.backends.commands import CommandResult
 from dike_slurm.config import SlurmSettings
-from dike_slurm.model import JobState
-from dike_slurm.slurm_formats import FormatError, array_task_text, job_base_state, sacct_state_text
+from dike_slurm.domain.model import JobState
+from dike_slurm.slurm.formats import FormatError, array_task_text, job_base_state, sacct_state_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VERSIONS = ("22.05", "24.11", "26.05")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import in_process
 
-from dike_slurm.audit_export import audit_json_line
-from dike_slurm.fields import JobField, SwitchRequest
-from dike_slurm.lock import exclusive_lock
-from dike_slurm.state import (
+from dike_slurm.store.audit_export import audit_json_line
+from dike_slurm.domain.fields import JobField, SwitchRequest
+from dike_slurm.store.lock import exclusive_lock
+from dike_slurm.store.state import (
     AuditEntry,
     CycleSummary,
     JobMemory,
@@ -23,7 +23,7 @@ from dike_slurm.state import (
     decode_value,
     encode_value,
 )
-from dike_slurm.usage import Run
+from dike_slurm.slurm.usage import Run
 
 
 def test_everything_survives_a_restart(tmp_path):

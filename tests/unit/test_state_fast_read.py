@@ -1,4 +1,4 @@
-"""The state store's every-cycle reads build their objects in one step (dike_slurm/state.py:
+"""The state store's every-cycle reads build their objects in one step (dike_slurm/store/state.py:
 `_job_memory`, `owned`): what they read back equals what the dataclass constructors build, for
 any remembered job and any owned field (hypothesis); and the owned fields and remembered jobs
 kept between reads equal what the file holds (hypothesis)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.fields import JobField, SwitchRequest
-from dike_slurm.state import JobMemory, OwnedField, StateStore
+from dike_slurm.domain.fields import JobField, SwitchRequest
+from dike_slurm.store.state import JobMemory, OwnedField, StateStore
 
 TEXT = st.text(max_size=20)
 MEMORIES = st.builds(

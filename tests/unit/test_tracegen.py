@@ -13,9 +13,9 @@ import hostlist
 import pytest
 import in_process
 
-from dike_slurm.accounting import read_sacct_parsable2
-from dike_slurm.accounting_json import read_sacct_file
-from dike_slurm.model import JobState
+from dike_slurm.slurm.accounting import read_sacct_parsable2
+from dike_slurm.slurm.accounting_json import read_sacct_file
+from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
 from dike_slurm.sim import tracegen
 from dike_slurm.sim.sacct_writer import (

@@ -1,0 +1,1 @@
+"""One engine cycle: plan, diff against Slurm, guardrails, writes, reverts, memory."""

@@ -1,0 +1,1 @@
+"""What a policy sees and decides: the cluster model, the decisions, the job fields, Slurm's priority model."""

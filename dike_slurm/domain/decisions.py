@@ -1,0 +1,112 @@
+"""Typed decisions a policy returns; backends translate them into Slurm changes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Union
+
+from dike_slurm.domain.model import Placement
+from dike_slurm.domain.service_prior import Prediction
+
+
+@dataclass(frozen=True)
+class SetPriority:
+    """Put a job in a queue level with a score: higher scores run first, levels dominate."""
+
+    job_id: int
+    level: int
+    score: float
+    reason: str
+    promoted: bool = False  # starvation promotion: attained service counted so far is forgiven
+
+
+def service_forgiven(before_gpu_s: float, promoted: bool, attained_gpu_s: float) -> float:
+    """The attained service that no longer counts towards the job's level after this cycle.
+
+    A promotion forgives all the service attained so far; otherwise what an earlier promotion
+    forgave stays forgiven. The engine (what it remembers) and the simulator both record it so.
+    """
+    return attained_gpu_s if promoted else before_gpu_s
+
+
+@dataclass(frozen=True)
+class SetPlacement:
+    """Ask Slurm to place a pending job under this constraint."""
+
+    job_id: int
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClearPlacement:
+    """Remove the constraint the engine set earlier on a pending job."""
+
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Preempt a running job by requeueing it, to make room for the pending job `for_job`.
+
+    The requeues of one `for_job` are a group: a guard keeps all of them or none (half of the
+    room a blocked job needs frees nothing it can use).
+    """
+
+    job_id: int
+    reason: str
+    for_job: int | None = None
+
+
+Decision = Union[SetPriority, SetPlacement, ClearPlacement, Requeue]
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The whole output of one `decide` call."""
+
+    priorities: tuple[SetPriority, ...] = ()
+    placements: tuple[SetPlacement | ClearPlacement, ...] = ()
+    requeues: tuple[Requeue, ...] = ()
+    # Pending jobs a preemption freed (or is freeing) nodes for: they run before every other job
+    # of their tier (the engine writes them the top of its span), so the room goes to them.
+    protected: tuple[int, ...] = ()
+    # What the policy expected of a job's GPU service and where that came from (the service
+    # prior; explain and queue show it); only jobs with a prediction
+    expected: Mapping[int, Prediction] = field(default_factory=dict)
+
+    def ranked(self) -> list[SetPriority]:
+        """The priorities from the first job to run to the last: protected jobs first, then score
+        descending, then id."""
+        # Two stable sorts by one attribute each, cheaper than one by a (-score, id) tuple per job;
+        # a reversed sort keeps equal scores in id order (the sort stays stable).
+        ranked = sorted(self.priorities, key=attrgetter("job_id"))
+        ranked.sort(key=attrgetter("score"), reverse=True)
+        if self.protected:
+            protected = frozenset(self.protected)
+            ranked.sort(key=lambda p: p.job_id not in protected)
+        return ranked
+
+    def order(self) -> tuple[int, ...]:
+        """Job ids from the first to run to the last (score descending, then id)."""
+        return tuple(p.job_id for p in self.ranked())
+
+    def priority_of(self, job_id: int) -> SetPriority | None:
+        for decision in self.priorities:
+            if decision.job_id == job_id:
+                return decision
+        return None
+
+    def placement_of(self, job_id: int) -> SetPlacement | ClearPlacement | None:
+        for decision in self.placements:
+            if decision.job_id == job_id:
+                return decision
+        return None
+
+    def __iter__(self):
+        yield from self.priorities
+        yield from self.placements
+        yield from self.requeues

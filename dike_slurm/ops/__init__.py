@@ -1,0 +1,1 @@
+"""Running the engine as a service: the loop, metrics, alerting, deployment files."""

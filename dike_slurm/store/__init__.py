@@ -1,0 +1,1 @@
+"""The engine's state store: the SQLite state, its records, the audit export, the lock file."""
