@@ -344,7 +344,7 @@ class Snapshot:
     user_usage_gpu_s: Mapping[str, float] = field(default_factory=dict)  # decayed GPU-seconds
     user_shares: Mapping[str, float] = field(default_factory=dict)  # missing user: share 1
     # ascending GPU service of recently finished jobs: a tuple from the engine, an immutable
-    # block view (dike_slurm.sim.history) from the simulator
+    # block view (dike_slurm.sim.kernel.history) from the simulator
     completed_service_gpu_s: Sequence[float] = ()
     # the site's own priority (partition and QOS tiers, weights); None when unknown
     site_priority: SlurmPriorityModel | None = None

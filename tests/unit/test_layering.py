@@ -46,7 +46,7 @@ def test_the_core_imports_nothing_from_the_simulator():
 def test_the_check_finds_every_form_of_import():
     assert len(core_modules()) > 10
     assert sim_imports("def f():\n    from dike_slurm.sim.backend import SimulatedBackend\n")
-    assert sim_imports("import dike_slurm.sim.simulator as s\n")
+    assert sim_imports("import dike_slurm.sim.kernel.simulator as s\n")
     assert sim_imports("from dike_slurm import sim\n")
     assert sim_imports("from sim.replay import run_policy\n")
     assert not sim_imports("from dike_slurm.simple import x\nimport simplejson\n")
