@@ -126,3 +126,13 @@ def test_the_graph_checks_find_a_circle_and_an_upward_import():
     layers = [("domain", ("dike_slurm.domain.model",)), ("cycle", ("dike_slurm.cycle.engine",)), ("cli", ("dike_slurm.cli",))]
     assert layer_of("dike_slurm.cli.group", layers) == 2
     assert upward_imports(edges, layers) == ["dike_slurm.domain.model (domain) -> dike_slurm.cycle.engine (cycle), line 3"]
+
+
+def test_the_core_keeps_few_modules_at_its_top():
+    """dike_slurm/ is grouped by concept: one sub-package per layer (domain, slurm, store, cycle,
+    ops, cli), with only what every layer shares and the policy layer's configuration and registry
+    left at its top (docs/architecture.md, "Layers")."""
+    top = sorted(path.name for path in CORE.glob("*.py"))
+    assert len(top) <= 8, top
+    assert {path.name for path in CORE.iterdir() if (path / "__init__.py").is_file()} >= {
+        "domain", "slurm", "store", "cycle", "ops", "cli"}
