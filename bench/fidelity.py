@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dike_slurm.errors import DikeError
-from dike_slurm.sim.fidelity import JobOutcome, compare, real_outcomes, replay_outcomes
+from dike_slurm.sim.eval.fidelity import JobOutcome, compare, real_outcomes, replay_outcomes
 
 REPO = Path(__file__).resolve().parents[1]
 LAB_SCRIPT = REPO / "scripts" / "slurm-lab"
@@ -447,7 +447,7 @@ def table(rows: Sequence[tuple[str, dict]]) -> str:
 def html_page(rows: Sequence[tuple[str, dict]], png: Path, meta: Mapping) -> str:
     """fidelity.html: the table and the plot (embedded) in the replay report's format, one file
     that loads nothing from the network."""
-    from dike_slurm.sim.report import template_environment
+    from dike_slurm.sim.eval.report import template_environment
 
     image = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
     settings = [(key, str(meta[key])) for key in ("date", "commit", "lab", "runs", "jobs", "seed", "load",

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dike_slurm.config import Config
-from dike_slurm.sim.replay import load_input, run_policy, sim_settings
+from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {

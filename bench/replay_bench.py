@@ -121,8 +121,8 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
     baseline_kb = peak_rss_kb()
     from dike_slurm.config import Config
     from dike_slurm.registry import default_registry
-    from dike_slurm.sim import simulator as simulator_module
-    from dike_slurm.sim.replay import load_input, run_policy, sim_settings
+    from dike_slurm.sim.kernel import simulator as simulator_module
+    from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
 
     imported_kb = peak_rss_kb()
     started = time.process_time()
@@ -201,9 +201,9 @@ def child(trace: Path, policy: str, record: Path | None, result: Path, comm_pena
 def trace_for(jobs: int, root: Path = RESULTS / "traces") -> Path:
     """The generated trace of `jobs` jobs on 1,000 nodes (leaves of 20, fan-out 5), 200 users,
     offered load 0.7, seed 11 (made once, then reused)."""
-    from dike_slurm.sim.synthetic_cluster import ClusterSpec
-    from dike_slurm.sim.tracegen import generate_sample
-    from dike_slurm.sim.workload_model import WorkloadModel
+    from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
+    from dike_slurm.sim.tracegen.generate import generate_sample
+    from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
     folder = root / f"trace-{jobs}-{NODES}-{LOAD:g}-{SEED}"
     if not (folder / "sacct.txt").is_file():

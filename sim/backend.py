@@ -28,11 +28,11 @@ from dike_slurm.errors import ConfigError, DikeError
 from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.cycle.reconcile import STRATEGY_FIELD
 from dike_slurm.registry import default_registry
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.metrics import MetricsCollector, summarise
-from dike_slurm.sim.replay import load_input, sim_settings
-from dike_slurm.sim.records import JobResult, Timeline
-from dike_slurm.sim.simulator import Simulator
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.metrics import MetricsCollector, summarise
+from dike_slurm.sim.kernel.replay import load_input, sim_settings
+from dike_slurm.sim.kernel.records import JobResult, Timeline
+from dike_slurm.sim.kernel.simulator import Simulator
 from dike_slurm.slurm.usage import run_gpu_types
 
 _TIMELINE_BINS = 200

@@ -1,4 +1,4 @@
-"""`dike-slurm eval`: replay a corpus of cases under every policy (sim/evaluate.py runs, sim/eval_report.py tabulates)."""
+"""`dike-slurm eval`: replay a corpus of cases under every policy (sim/eval/evaluate.py runs, sim/eval/eval_report.py tabulates)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def eval_command(
 ) -> None:
     """Replay every case under every policy (penalty 0; penalty 1 with none, half and every job
     preemptible): tables against fifo and multifactor, targets, JSON and a report."""
-    from dike_slurm.sim import eval_report, evaluate
+    from dike_slurm.sim.eval import eval_report, evaluate
 
     folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
     plan = evaluate.make_plan(folders, quick=quick, only=variant or ())

@@ -16,8 +16,8 @@ from dike_slurm.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs, not with the CLI
     from dike_slurm.config import Config, ConfigSource
-    from dike_slurm.sim.replay import PolicyRun, ReplayInput
-    from dike_slurm.sim.records import SimSettings
+    from dike_slurm.sim.kernel.replay import PolicyRun, ReplayInput
+    from dike_slurm.sim.kernel.records import SimSettings
 
 SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")
 
@@ -77,7 +77,7 @@ def _print_reasons(title: str, reasons: dict[str, int]) -> None:
 
 def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
     """The report's comparison table turned sideways (a column per policy) to fit a terminal."""
-    from dike_slurm.sim.metrics import COMPARISON_HEADERS, comparison_rows
+    from dike_slurm.sim.kernel.metrics import COMPARISON_HEADERS, comparison_rows
 
     table = Table(title=title)
     rows = comparison_rows((run.name, run.metrics.summary) for run in runs)
@@ -92,8 +92,8 @@ def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
 def verdict_lines(runs: list[PolicyRun]) -> list[str]:
     """The report's headline, one sentence per policy against the report's baseline (multifactor,
     else fifo, else the first policy), then where each policy's GPU-hours went."""
-    from dike_slurm.sim.report import baseline_of
-    from dike_slurm.sim.report_compare import headline
+    from dike_slurm.sim.eval.report import baseline_of
+    from dike_slurm.sim.eval.report_compare import headline
 
     summaries = {run.name: run.metrics.summary for run in runs}
     baseline = baseline_of(list(summaries))
@@ -179,8 +179,8 @@ def replay_command(
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
-    from dike_slurm.sim.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings, write_summary
-    from dike_slurm.sim.report import render_report
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings, write_summary
+    from dike_slurm.sim.eval.report import render_report
 
     names = _check_policies(policy)
     preemptible_share = parse_preemptible(preemptible) if preemptible is not None else None
@@ -278,8 +278,8 @@ def tune_command(
     ),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
-    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
-    from dike_slurm.sim.tune import candidate_quantiles, propose
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, run_tasks, sim_settings
+    from dike_slurm.sim.eval.tune import candidate_quantiles, propose
 
     config, _ = _config(config_path, {})
     dike = config.policy_params("dike")

@@ -24,7 +24,7 @@ def trace_stats_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="the cluster's GPUs: adds the offered load"),
 ) -> None:
     """Jobs, GPU jobs, users, GPU-hours, sizes, run times and skipped rows of a dump."""
-    from dike_slurm.sim.stats import trace_stats
+    from dike_slurm.sim.eval.stats import trace_stats
     from dike_slurm.slurm.accounting_json import read_sacct_file
 
     stats = trace_stats(read_sacct_file(dump), total_gpus=gpus)
@@ -71,9 +71,9 @@ def trace_generate_command(
     stats: bool = typer.Option(False, "--stats", help="then print `trace stats` of the written dump"),
 ) -> None:
     """Write a synthetic deep-learning workload (docs/workload.md) as a sacct dump plus its cluster."""
-    from dike_slurm.sim.synthetic_cluster import ClusterSpec
-    from dike_slurm.sim.tracegen import generate_sample
-    from dike_slurm.sim.workload_model import WorkloadModel
+    from dike_slurm.sim.tracegen.generate import generate_sample
+    from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
+    from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
     try:
         cluster = ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
@@ -91,7 +91,7 @@ def trace_generate_command(
         raise InputError(f"cannot write: {exc.strerror}", source=str(out)) from None
     console.print(f"wrote {out / 'sacct.txt'}, {out / 'slurm.conf'}, {out / 'topology.conf'}", highlight=False)
     if stats:
-        from dike_slurm.sim.stats import trace_stats
+        from dike_slurm.sim.eval.stats import trace_stats
         from dike_slurm.slurm.accounting_json import read_sacct_file
 
         _print_stats(trace_stats(read_sacct_file(out / "sacct.txt"), total_gpus=cluster.total_gpus),

@@ -124,7 +124,7 @@ class Engine:
         `over` uses the site's weights for the reserve only). When the read fails (slurmdbd down:
         `sacctmgr` cannot answer), the span last read for the same mode and configured span comes
         from the state store, and the next cycle asks again; with none stored, the read's
-        SlurmError fails the cycle. The replay sizes its span the same way (sim/replay.py).
+        SlurmError fails the cycle. The replay sizes its span the same way (sim/kernel/replay.py).
         """
         memory = self.memory
         if memory.span is not None:

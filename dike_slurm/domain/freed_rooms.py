@@ -4,7 +4,7 @@ A preemption *lands* when its job starts on the nodes the engine pinned it to. I
 when the job starts elsewhere, or still waits `WASTED_AFTER_CYCLES` cycles after the cycle that
 first saw every victim off those nodes (the victims lost their work for nothing). A job that
 leaves the queue between two cycles before the engine saw it run is *gone*: not judged. The
-replay counts the same way (sim/simulator.py, `landed_preemptions` and `wasted_preemptions`).
+replay counts the same way (sim/kernel/simulator.py, `landed_preemptions` and `wasted_preemptions`).
 Pure: the engine reads the open rooms from the state store and stores what this returns.
 """
 

@@ -7,7 +7,7 @@ trying a partition at its first job that cannot start. The order of a job deeper
 changes nothing until it comes near the head, so the engine orders exactly the first
 `margin x depth` jobs of each partition in the policy's order and leaves the rest to Slurm's
 own factors (SiteFactor back to what it was). The live engine and the replay use the same
-window (reconcile.diff, sim/priority.py).
+window (reconcile.diff, sim/kernel/priority.py).
 """
 
 from __future__ import annotations

@@ -368,7 +368,7 @@ class Snapshot:
     user_usage_gpu_s: Mapping[str, float] = field(default_factory=dict)  # decayed GPU-seconds
     user_shares: Mapping[str, float] = field(default_factory=dict)  # missing user: share 1
     # ascending GPU service of recently finished jobs: a sorted tuple from the engine (any other
-    # sequence is sorted into one), an immutable block view (dike_slurm.sim.history) from the simulator
+    # sequence is sorted into one), an immutable block view (dike_slurm.sim.kernel.history) from the simulator
     completed_service_gpu_s: AscendingValues = AscendingTuple()
     # the site's own priority (partition and QOS tiers, weights); None when unknown
     site_priority: SlurmPriorityModel | None = None

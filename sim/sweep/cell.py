@@ -155,7 +155,7 @@ def error_text(exc: BaseException) -> str:
 
 def _replay(plan: dict, cell: dict) -> tuple[dict, dict]:
     from dike_slurm.config import Config
-    from dike_slurm.sim.replay import load_input, run_policy, sim_settings
+    from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
 
     config = Config.model_validate(plan["config"])
     source = cell["input"]

@@ -15,7 +15,7 @@ from dike_slurm.sim.sweep.status import cell_states
 
 
 def _metric_table() -> list:
-    from dike_slurm.sim.report_compare import METRICS
+    from dike_slurm.sim.eval.report_compare import METRICS
 
     return [m for m in METRICS if m.better]
 
@@ -156,7 +156,7 @@ def csv_text(document: dict) -> str:
 
 
 def format_metric(key: str, value: float | None) -> str:
-    from dike_slurm.sim.report_compare import METRICS
+    from dike_slurm.sim.eval.report_compare import METRICS
 
     if value is None:
         return "-"
@@ -172,7 +172,7 @@ REPORT_METRICS = ("avg_jct_s", "p95_jct_s", "avg_wait_s", "gpu_utilization", "us
 
 def report_markdown(document: dict) -> str:
     """The report: best per metric, the seed means per variant, failed and missing cells."""
-    from dike_slurm.sim.report_compare import METRICS
+    from dike_slurm.sim.eval.report_compare import METRICS
 
     labels = {m.key: m.label for m in METRICS}
     sweep, counts = document["sweep"], document["counts"]

@@ -273,7 +273,7 @@ def _tables(data: dict, name: str, keys: set[str], source: str, expected: str) -
 
 
 def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
-    from dike_slurm.sim.evaluate import find_cases
+    from dike_slurm.sim.eval.evaluate import find_cases
 
     inputs: list[SweepInput] = []
     for where, raw in _tables(data, "dump", DUMP_KEYS, source,

@@ -119,7 +119,7 @@ def test_rewriting_the_switches_constraint_does_not_restart_its_clock(slurm_lab)
     n2 and n4 held, so a two-node job can only run spread over n1 + n3: asked for one leaf within
     60 s, rewritten at +25 s to one leaf within 50 s, it spreads about 50 s after its submission.
     Had the update restarted the clock, not before 75 s. The simulator keeps the first start of
-    the clock through rewrites and requeues (sim/scheduler.py `constrain`)."""
+    the clock through rewrites and requeues (sim/kernel/scheduler.py `constrain`)."""
     lab = slurm_lab
     holders = [lab.sbatch("-w", node, "--gres=gpu:8", "--wrap", "sleep 600") for node in ("n2", "n4")]
     for holder in holders:

@@ -5,7 +5,7 @@ limit hold n1 and n3. A 2-node job that asks for one leaf can then only ever run
 n1 + n3, and only once the blockers end. If the clock started when the job first fits somewhere
 (as a reading of select/cons_tres's `_eval_nodes_topo` suggests), the job would start a whole
 wait after the blockers end. Measured on 22.05 and 24.11, it starts as soon as they end: the wait
-ran while the job fit nowhere. sim/scheduler.py starts the clock when the constraint is set
+ran while the job fit nowhere. sim/kernel/scheduler.py starts the clock when the constraint is set
 (tests/unit/test_sim.py replays this scenario).
 """
 

@@ -71,9 +71,9 @@ def test_importing_the_cli_loads_no_heavy_library():
 
 
 def test_trace_generate_passes_every_option_to_the_generator(tmp_path):
-    from dike_slurm.sim.synthetic_cluster import ClusterSpec
-    from dike_slurm.sim.tracegen import generate_sample
-    from dike_slurm.sim.workload_model import WorkloadModel
+    from dike_slurm.sim.tracegen.generate import generate_sample
+    from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
+    from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
     result = run("trace", "generate", "--out", str(tmp_path / "cli"), "--jobs", "60", "--nodes", "6",
                  "--gpus-per-node", "4", "--cpus-per-node", "32", "--mem-per-node", "256000", "--gpu-type", "h100",

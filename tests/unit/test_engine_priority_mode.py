@@ -115,7 +115,7 @@ def test_over_reads_the_site_for_the_protection_reserve_only(tmp_path):
 
 def test_the_priority_strategy_is_sized_as_the_replay_sizes_it(tmp_path):
     """Priority= pins a managed job (its QOS stops counting), but its value still meets the other jobs'
-    multifactor priorities: the span is the mode's, as in the replay (sim/replay.py)."""
+    multifactor priorities: the span is the mode's, as in the replay (sim/kernel/replay.py)."""
     backend = queue(SITE)
     cfg = config(tmp_path, engine={"priority_strategy": "priority"})
     engine(cfg, backend).cycle(apply=True)

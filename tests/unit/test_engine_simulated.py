@@ -16,7 +16,7 @@ from dike_slurm.config import Config
 from dike_slurm.cycle.engine import CyclePlan, Engine
 from dike_slurm.errors import ConfigError
 from dike_slurm.domain.fields import JobField
-from dike_slurm.sim.replay import load_input, run_policy, sim_settings
+from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
 from dike_slurm.store.state import StateStore
 
 
@@ -246,7 +246,7 @@ def test_a_quiet_cycle_rewrites_no_memory_and_remembers_what_rewriting_every_job
 def test_the_engine_reproduces_the_replay_with_a_head_window_and_a_write_cap(busy_trace, tmp_path, hold_nodes):
     """A window of 3 pending jobs per partition and 4 writes per cycle, both binding on the busy
     trace: the engine hands back the values of jobs that fall beyond the window, holds back the
-    queue's tail, and the replay (sim/priority.py: engine_writes, within_budget) lands the same."""
+    queue's tail, and the replay (sim/kernel/priority.py: engine_writes, within_budget) lands the same."""
     cfg = config(busy_trace, tmp_path / "state.sqlite")
     cfg = cfg.model_copy(update={
         "engine": cfg.engine.model_copy(update={"head_window": 3, "max_changes_per_cycle": 4}),

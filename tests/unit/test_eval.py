@@ -12,10 +12,10 @@ import pytest
 import in_process
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim import eval_report, evaluate
-from dike_slurm.sim.synthetic_cluster import ClusterSpec
-from dike_slurm.sim.tracegen import generate_sample
-from dike_slurm.sim.workload_model import WorkloadModel
+from dike_slurm.sim.eval import eval_report, evaluate
+from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
+from dike_slurm.sim.tracegen.generate import generate_sample
+from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -311,8 +311,8 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
 
 
 def test_the_evaluation_stops_when_the_simulator_breaks_the_invariant(mixed_corpus, monkeypatch):
-    from dike_slurm.sim.cluster import SimCluster
-    from dike_slurm.sim.cluster import WrongGpuType
+    from dike_slurm.sim.kernel.cluster import SimCluster
+    from dike_slurm.sim.kernel.cluster import WrongGpuType
 
     def ignore_types(self, partition, placement, gpu_types=()):
         return self.partition_masks.get(partition, self.all_nodes)  # a simulator that forgot the types

@@ -1,4 +1,4 @@
-"""The comparison of a replay with a real run (dike_slurm.sim.fidelity: its statistics, the reading of a
+"""The comparison of a replay with a real run (dike_slurm.sim.eval.fidelity: its statistics, the reading of a
 run's sacct dump and its replay) and the fidelity harness's pure parts (bench/fidelity.py, loaded by
 path: the workload, the runs, the table). The lab runs themselves are `make fidelity`."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.fidelity import (JobOutcome, compare, kendall_tau, leaves_of, measured_cycle_s, percentile,
+from dike_slurm.sim.eval.fidelity import (JobOutcome, compare, kendall_tau, leaves_of, measured_cycle_s, percentile,
                                      real_outcomes, replay_outcomes)
 from dike_slurm.store.state import CycleSummary, StateStore
 

@@ -16,10 +16,10 @@ from dike_slurm.domain.model import Topology
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.policies.dike import DikeParams, DikePolicy
 from dike_slurm.policies.preemption import plan_preemptions
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.records import JobResult, SimSettings, Timeline
-from dike_slurm.sim.simulator import Simulator
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.records import JobResult, SimSettings, Timeline
+from dike_slurm.sim.kernel.simulator import Simulator
+from dike_slurm.sim.kernel.trace import TraceJob
 from dike_slurm.domain.slurm_priority import (
     PartitionPriority,
     PriorityWeights,

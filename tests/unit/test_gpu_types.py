@@ -20,8 +20,8 @@ from dike_slurm.slurm.backends.squeue_json import job_from_squeue, node_from_sin
 from dike_slurm.domain.model import Job, JobState, Node, Placement, Topology, constraint_gpu_types, may_use_gpus
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf
 from dike_slurm.parsing.tres import parse_gres_gpu_types
-from dike_slurm.sim.cluster import WrongGpuType
-from dike_slurm.sim.trace import EXCLUDED_NO_GPU_TYPE, NOTE_TYPES_IGNORED, build_trace
+from dike_slurm.sim.kernel.cluster import WrongGpuType
+from dike_slurm.sim.kernel.trace import EXCLUDED_NO_GPU_TYPE, NOTE_TYPES_IGNORED, build_trace
 
 from test_sim import job as trace_job
 from test_sim import simulate
@@ -209,7 +209,7 @@ def test_the_simulator_places_typed_jobs_on_their_type_only():
 
 
 def test_the_invariant_fails_the_replay_when_the_simulator_breaks_it(monkeypatch):
-    from dike_slurm.sim.cluster import SimCluster
+    from dike_slurm.sim.kernel.cluster import SimCluster
 
     def ignore_types(self, partition, placement, gpu_types=()):
         return self.partition_masks.get(partition, self.all_nodes)  # a simulator that forgot the types

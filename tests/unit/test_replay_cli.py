@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import in_process
 
-from dike_slurm.sim.metrics import JOB_CSV_COLUMNS, METRIC_KEYS
+from dike_slurm.sim.kernel.metrics import JOB_CSV_COLUMNS, METRIC_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample"
@@ -185,7 +185,7 @@ def _opt_in_dump(small_trace: Path, folder: Path, *, comment: bool) -> tuple[Pat
 
 def test_the_replay_lets_preempt_what_the_live_rule_would_and_says_how_many(small_trace, tmp_path):
     from dike_slurm.config import Config
-    from dike_slurm.sim.replay import load_input, preemptible_jobs, sim_settings
+    from dike_slurm.sim.kernel.replay import load_input, preemptible_jobs, sim_settings
 
     dump, by_qos, by_tag = _opt_in_dump(small_trace, tmp_path / "tagged", comment=True)
     replay_input = load_input(dump, small_trace / "slurm.conf", None)

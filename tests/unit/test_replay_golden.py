@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from dike_slurm.config import Config
-from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
+from dike_slurm.sim.kernel.replay import ReplayTask, load_input, run_tasks, sim_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample"

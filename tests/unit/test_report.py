@@ -14,10 +14,10 @@ import in_process
 
 from dike_slurm.config import load_config
 from dike_slurm.policies import dike as dike_module
-from dike_slurm.sim.replay import load_input, run_policy, sim_settings
-from dike_slurm.sim.report import derived_thresholds, describe_source, render_report, thresholds_at, thresholds_used
-from dike_slurm.sim.report_compare import METRICS, comparison, compare, headline
-from dike_slurm.sim.report_plots import (
+from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
+from dike_slurm.sim.eval.report import derived_thresholds, describe_source, render_report, thresholds_at, thresholds_used
+from dike_slurm.sim.eval.report_compare import METRICS, comparison, compare, headline
+from dike_slurm.sim.eval.report_plots import (
     LEVEL_RAMP,
     POLICY_COLOURS,
     SPARE_COLOURS,

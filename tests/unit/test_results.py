@@ -1,4 +1,4 @@
-"""dike_slurm.sim.results.load on a replay output written by the real `dike-slurm replay`."""
+"""dike_slurm.sim.eval.results.load on a replay output written by the real `dike-slurm replay`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import in_process
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.results import load
+from dike_slurm.sim.eval.results import load
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = ("fifo", "dike")

@@ -123,7 +123,7 @@ SLURM_CONF = "NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-2]
 def _trace(longer_after: float | None = None, ends: dict[int, float] | None = None):
     """Invented: 60 jobs of three users and four job names on 16 GPUs, arriving faster than they
     run; with `longer_after`, every job that ended after that time (in `ends`) runs 3x longer."""
-    from dike_slurm.sim.trace import TraceJob
+    from dike_slurm.sim.kernel.trace import TraceJob
 
     jobs = []
     for i in range(60):
@@ -143,9 +143,9 @@ def _decisions_seen(policy_name: str, jobs, **params):
     """Every (snapshot time, order, levels, scores) the policy decided in a replay of `jobs`, and each job's end."""
     from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
-    from dike_slurm.sim.cluster import SimCluster
-    from dike_slurm.sim.records import SimSettings, Timeline
-    from dike_slurm.sim.simulator import Simulator
+    from dike_slurm.sim.kernel.cluster import SimCluster
+    from dike_slurm.sim.kernel.records import SimSettings, Timeline
+    from dike_slurm.sim.kernel.simulator import Simulator
     from dike_slurm.domain.model import Topology
 
     policy = default_registry().create(policy_name)
@@ -198,7 +198,7 @@ def _gaming_trace(seed: int, naming: str):
     """Invented: six users submit 1,500 jobs of 1, 2 or 4 GPUs to 32 GPUs at about 93% load; a fifth of
     the jobs run 3-5 h and are named long.sh, the rest run 10-30 min and are named short.sh. User u0
     names them `honest`ly, names its long jobs short.sh (`mislabel`), or names every job alike (`alike`)."""
-    from dike_slurm.sim.trace import TraceJob
+    from dike_slurm.sim.kernel.trace import TraceJob
 
     rng, jobs, now = random.Random(seed), [], 1_000_000.0
     for i in range(1500):
@@ -225,9 +225,9 @@ def _total_jct(jobs) -> tuple[float, float]:
     from dike_slurm.domain.model import Topology
     from dike_slurm.slurm.slurm_conf import parse_slurm_conf
     from dike_slurm.registry import default_registry
-    from dike_slurm.sim.cluster import SimCluster
-    from dike_slurm.sim.records import SimSettings, Timeline
-    from dike_slurm.sim.simulator import Simulator
+    from dike_slurm.sim.kernel.cluster import SimCluster
+    from dike_slurm.sim.kernel.records import SimSettings, Timeline
+    from dike_slurm.sim.kernel.simulator import Simulator
 
     policy, results = default_registry().create("dike"), []
     Simulator(jobs, SimCluster(parse_slurm_conf(FOUR_NODES), Topology()), policy, policy.Params(), SimSettings(),

@@ -13,10 +13,10 @@ from dike_slurm.domain.model import JobState, Placement, Snapshot, Topology
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.registry import default_registry
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.records import JobResult, SimSettings, Timeline
-from dike_slurm.sim.simulator import BACKFILL_PASS, END_INSTANT, MAIN_PASS, SUBMIT, EmptySchedule, SimulationStuck, Simulator
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.records import JobResult, SimSettings, Timeline
+from dike_slurm.sim.kernel.simulator import BACKFILL_PASS, END_INSTANT, MAIN_PASS, SUBMIT, EmptySchedule, SimulationStuck, Simulator
+from dike_slurm.sim.kernel.trace import TraceJob
 
 ONE_NODE = "NodeName=n1 Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n"
 FOUR_NODES = "NodeName=n[1-4] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-4] Default=YES\n"
@@ -225,7 +225,7 @@ def test_the_main_scheduler_runs_at_most_every_batch_sched_delay():
 
 def test_the_scheduler_timing_comes_from_slurm_conf():
     from dike_slurm.config import Config
-    from dike_slurm.sim.replay import sim_settings
+    from dike_slurm.sim.kernel.replay import sim_settings
 
     settings = sim_settings(Config(), parse_slurm_conf(FOUR_NODES))
     assert (settings.sched_interval_s, settings.batch_sched_delay_s) == (60, 3)
@@ -418,7 +418,7 @@ def test_a_requeued_job_is_held_as_slurm_holds_it():
 def test_the_requeue_hold_comes_from_authinfo_cred_expire():
     from dike_slurm.config import Config
     from dike_slurm.errors import InputError
-    from dike_slurm.sim.replay import sim_settings
+    from dike_slurm.sim.kernel.replay import sim_settings
 
     assert sim_settings(Config(), parse_slurm_conf(FOUR_NODES)).requeue_hold_s == 121
     conf = parse_slurm_conf("AuthInfo=socket=/run/m.sock,cred_expire=30\n" + FOUR_NODES)
@@ -600,7 +600,7 @@ def test_a_simulator_that_does_not_decide_stops_at_each_cycle_until_decide():
 def test_utilisation_counts_useful_work_not_rework():
     """A requeue that loses 20 s of work and pays a 60 s restart keeps 8 GPUs busy for 80 s more;
     the utilisation does not count them: they are lost GPU-hours, beside the useful ones."""
-    from dike_slurm.sim.metrics import MetricsCollector, summarise
+    from dike_slurm.sim.kernel.metrics import MetricsCollector, summarise
 
     trace = [job(1, 0, 8, 1000), job(2, 100, 8, 100), job(3, 200, 8, 10)]
     results, simulator = simulate(trace, LeastServedPreempting(), PreemptParams(), restart_cost_s=60.0,

@@ -5,7 +5,7 @@ tests/golden catches a change of the replay; this catches an error in it: a star
 late, a wait or JCT measured from the wrong time, attained GPU-hours with the wrong GPU count, a
 requeue that keeps or loses the wrong work.
 
-The rules used (sim/records.py SimSettings, the defaults unless given here; docs/replay.md):
+The rules used (sim/kernel/records.py SimSettings, the defaults unless given here; docs/replay.md):
 - the main scheduler passes at every change at once (batch_sched_delay_s 0), so a job that fits
   starts when it is submitted, and a job waiting for GPUs starts when the run before it ends;
 - a run ends its work after it starts (run_overhead_s 0), and the policy's cycles fall every

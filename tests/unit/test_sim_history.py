@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.sim import history
-from dike_slurm.sim.history import SortedBlocks
+from dike_slurm.sim.kernel import history
+from dike_slurm.sim.kernel.history import SortedBlocks
 
 _values = st.floats(0, 1e6, allow_nan=False) | st.sampled_from([0.0, 1.0, 3600.0])  # with many duplicates
 

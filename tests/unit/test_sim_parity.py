@@ -20,11 +20,11 @@ from dike_slurm.cycle.engine import Engine
 from dike_slurm.domain.model import JobState
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf, parse_topology_conf
 from dike_slurm.policies.dike import DikePolicy
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.replay import sim_settings
-from dike_slurm.sim.records import JobResult, Timeline
-from dike_slurm.sim.simulator import Simulator
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.replay import sim_settings
+from dike_slurm.sim.kernel.records import JobResult, Timeline
+from dike_slurm.sim.kernel.simulator import Simulator
+from dike_slurm.sim.kernel.trace import TraceJob
 from dike_slurm.store.state import StateStore
 
 SLURM_CONF = "NodeName=n[1-4] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=n[1-4] Default=YES\n"

@@ -1,4 +1,4 @@
-"""Slurm's priority as the replay models it (dike_slurm/domain/slurm_priority.py, sim/priority.py).
+"""Slurm's priority as the replay models it (dike_slurm/domain/slurm_priority.py, sim/kernel/priority.py).
 
 The formula is pinned against real Slurm by tests/integration/test_priority_lab.py; here the
 pure parts: each factor by hand, fair share, the tiers and the span each mode gives, the readers.
@@ -20,10 +20,10 @@ from dike_slurm.domain.slurm_priority import (
     tier_gap,
     weights_from_options,
 )
-from dike_slurm.sim.job import SimJob
-from dike_slurm.sim.priority import SlurmOrder
-from dike_slurm.sim.records import SimSettings
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.job import SimJob
+from dike_slurm.sim.kernel.priority import SlurmOrder
+from dike_slurm.sim.kernel.records import SimSettings
+from dike_slurm.sim.kernel.trace import TraceJob
 
 CONF = """\
 PriorityType=priority/multifactor

@@ -1,4 +1,4 @@
-"""Tests of the synthetic workload generator (sim/tracegen.py, sacct_writer.py, synthetic_cluster.py),
+"""Tests of the synthetic workload generator (sim/tracegen/generate.py, sacct_writer.py, synthetic_cluster.py),
 read back by the replay's reader."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dike_slurm.slurm.accounting import read_sacct_parsable2
 from dike_slurm.slurm.accounting_json import read_sacct_file
 from dike_slurm.domain.model import JobState
 from dike_slurm.parsing.durations import format_duration, parse_duration, parse_timestamp
-from dike_slurm.sim import tracegen
-from dike_slurm.sim.sacct_writer import (
+from dike_slurm.sim.tracegen import generate as tracegen
+from dike_slurm.sim.tracegen.sacct_writer import (
     SACCT_COMMAND,
     SACCT_FIELDS,
     TIMELIMIT_PARTITION,
@@ -29,9 +29,9 @@ from dike_slurm.sim.sacct_writer import (
     tres_text,
     write_sacct_parsable2,
 )
-from dike_slurm.sim.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
-from dike_slurm.sim.stats import trace_stats
-from dike_slurm.sim.workload_model import WorkloadModel
+from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
+from dike_slurm.sim.eval.stats import trace_stats
+from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "examples" / "sample"

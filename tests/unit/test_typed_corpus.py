@@ -14,7 +14,7 @@ import pytest
 
 from dike_slurm.slurm.accounting import read_sacct_parsable2
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf
-from dike_slurm.sim.replay import load_input
+from dike_slurm.sim.kernel.replay import load_input
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "typed-corpus"

@@ -11,7 +11,7 @@ from typing import TextIO
 import numpy as np
 
 from dike_slurm.parsing.durations import format_timestamp
-from dike_slurm.sim.records import JobResult, SimStats, Timeline
+from dike_slurm.sim.kernel.records import JobResult, SimStats, Timeline
 
 # The metric keys of summary.json, in order (the issue fixes the first thirteen).
 METRIC_KEYS = (

@@ -20,11 +20,11 @@ from dike_slurm.slurm.slurm_conf import ClusterConf, load_cluster
 from dike_slurm.parsing.slurm_options import DEFAULT_BF_MAX_JOB_TEST, scheduler_depth, scheduler_parameters
 from dike_slurm.policies.dike import DikeParams
 from dike_slurm.registry import default_registry
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.metrics import MetricsCollector, PolicyMetrics, summarise
-from dike_slurm.sim.records import SimSettings, SimStats, Timeline
-from dike_slurm.sim.simulator import Simulator
-from dike_slurm.sim.trace import TraceBuild, build_trace
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.metrics import MetricsCollector, PolicyMetrics, summarise
+from dike_slurm.sim.kernel.records import SimSettings, SimStats, Timeline
+from dike_slurm.sim.kernel.simulator import Simulator
+from dike_slurm.sim.kernel.trace import TraceBuild, build_trace
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
@@ -344,7 +344,7 @@ def write_summary(path: Path, input_section: dict, runs: Sequence[PolicyRun], ex
 
 def preemptible_jobs(replay_input: ReplayInput, settings: SimSettings) -> tuple[int, str]:
     """How many jobs the replay lets be preempted, and the line the replay prints about it."""
-    from dike_slurm.sim.job import count_preemptible
+    from dike_slurm.sim.kernel.job import count_preemptible
 
     jobs = replay_input.trace.jobs
     count = count_preemptible(jobs, settings)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dike_slurm.sim.metrics import PolicyMetrics
+from dike_slurm.sim.kernel.metrics import PolicyMetrics
 
 CDF_POINTS = 600  # JCT CDF points drawn per policy (the data is subsampled evenly)
 TOP_USERS = 20  # users shown in the per-user slowdown plot (most jobs first)

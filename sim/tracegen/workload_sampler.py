@@ -1,5 +1,5 @@
 """Draws the synthetic workload's users, job shapes and outcomes from its model
-(``sim/workload_model.py``): everything but the arrival times, which ``sim/tracegen.py`` draws."""
+(``sim/tracegen/workload_model.py``): everything but the arrival times, which ``sim/tracegen/generate.py`` draws."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import math
 import random
 from typing import NamedTuple, Sequence
 
-from dike_slurm.sim.sacct_writer import TIMELIMIT_PARTITION, TIMELIMIT_UNLIMITED
-from dike_slurm.sim.synthetic_cluster import ClusterSpec
-from dike_slurm.sim.workload_model import WorkloadModel
+from dike_slurm.sim.tracegen.sacct_writer import (
+    TIMELIMIT_PARTITION,
+    TIMELIMIT_UNLIMITED,
+)
+from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
+from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
 _GPU_JOB_NAMES = (
     "train_resnet50", "train_resnet101", "bert-large-ft", "bert-base-ft",

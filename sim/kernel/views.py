@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping
 
 from dike_slurm.frozen import frozen_record
 from dike_slurm.domain.model import Job, JobState, Node
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.job import PENDING, SimJob
-from dike_slurm.sim.records import SimSettings
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.job import PENDING, SimJob
+from dike_slurm.sim.kernel.records import SimSettings
 
 
 class SnapshotViews:

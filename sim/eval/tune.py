@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dike_slurm.policies.common import quantile
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.trace import TraceJob
 
 # Candidate quantile sets: threshold i sits at quantile 1 - base^(i+1) of per-job GPU service,
 # so base 0.5 gives the median and the 75th percentile for three levels.

@@ -163,10 +163,10 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
     """The run's dump replayed through the simulator under the run's configuration."""
     from dike_slurm.config import load_config
     from dike_slurm.registry import default_registry
-    from dike_slurm.sim.cluster import SimCluster
-    from dike_slurm.sim.records import Timeline
-    from dike_slurm.sim.replay import load_input, sim_settings
-    from dike_slurm.sim.simulator import Simulator
+    from dike_slurm.sim.kernel.cluster import SimCluster
+    from dike_slurm.sim.kernel.records import Timeline
+    from dike_slurm.sim.kernel.replay import load_input, sim_settings
+    from dike_slurm.sim.kernel.simulator import Simulator
 
     config = load_config(run_dir / "dike.toml", environ={}, offline=True)
     replay_input = load_input(run_dir / "sacct.txt", run_dir / "slurm.conf", run_dir / "topology.conf")

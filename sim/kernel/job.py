@@ -10,9 +10,9 @@ import numpy as np
 
 from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
 from dike_slurm.policies.common import is_comm_heavy
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.records import SimSettings
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.records import SimSettings
+from dike_slurm.sim.kernel.trace import TraceJob
 
 PENDING, RUNNING, DONE = 0, 1, 2
 INFINITY = math.inf

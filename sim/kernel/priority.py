@@ -28,9 +28,9 @@ from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
 from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
 from dike_slurm.cycle.reconcile import STRATEGY_FIELD, keep_policy_order
 from dike_slurm.domain.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
-from dike_slurm.sim.job import PENDING, SimJob
-from dike_slurm.sim.records import SimSettings
-from dike_slurm.sim.usage import DecayedUsage
+from dike_slurm.sim.kernel.job import PENDING, SimJob
+from dike_slurm.sim.kernel.records import SimSettings
+from dike_slurm.sim.kernel.usage import DecayedUsage
 
 # A cluster whose weights are unknown: Slurm's defaults (every weight 0), so only what the engine
 # wrote orders the queue, then submit time.

@@ -44,7 +44,7 @@ class SimSettings:
     requeue_hold_s: float = 121.0  # a requeued job may start again this long after (cred_expire + 1)
     comm_gpus: int = 8  # communication-heavy threshold (the Dike policy's comm_gpus)
     comm_rules: tuple[CommRule, ...] = ()
-    # Slurm's priority (sim/priority.py): the site's weights, and how the engine writes into it
+    # Slurm's priority (sim/kernel/priority.py): the site's weights, and how the engine writes into it
     # (engine.priority_strategy, the span engine.priority_mode gives, engine.priority_tolerance).
     # No model: Slurm's default weights (all 0), so only the written values order the queue.
     priority_model: SlurmPriorityModel | None = None
@@ -143,7 +143,7 @@ class SimStats:
     landed_preemptions: int = 0
     wasted_preemptions: int = 0
     reservations: int = 0
-    # the engine's writes the replay worked out (sim/priority.py; not when the live engine drives it):
+    # the engine's writes the replay worked out (sim/kernel/priority.py; not when the live engine drives it):
     # landed, and left for a later cycle by the cap and the write budget
     engine_writes: int = 0
     writes_held: int = 0

@@ -1,5 +1,5 @@
 """The replay report: every value is computed here (comparison, headline, thresholds, settings) and
-the plots drawn (sim/report_plots.py) before one self-contained HTML page renders (jinja2)."""
+the plots drawn (sim/eval/report_plots.py) before one self-contained HTML page renders (jinja2)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from dike_slurm.domain.model import Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.dike import DikeParams, thresholds_gpu_s
 from dike_slurm.policies.tiresias import TiresiasParams
-from dike_slurm.sim.metrics import PolicyMetrics
-from dike_slurm.sim.report_compare import comparison, headline
-from dike_slurm.sim.report_plots import build_plots, policy_colours, top_users
+from dike_slurm.sim.kernel.metrics import PolicyMetrics
+from dike_slurm.sim.eval.report_compare import comparison, headline
+from dike_slurm.sim.eval.report_plots import build_plots, policy_colours, top_users
 
 # Every metric is compared with the first of these that was replayed: Slurm's multifactor is what
 # a site runs today, fifo the textbook baseline.

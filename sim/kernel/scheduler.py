@@ -13,10 +13,10 @@ from operator import attrgetter
 import numpy as np
 
 from dike_slurm.domain.model import Placement
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.job import INFINITY, PENDING, SimJob
-from dike_slurm.sim.priority import SlurmOrder
-from dike_slurm.sim.records import SimSettings, SimStats
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.job import INFINITY, PENDING, SimJob
+from dike_slurm.sim.kernel.priority import SlurmOrder
+from dike_slurm.sim.kernel.records import SimSettings, SimStats
 
 Shape = tuple[str, int, int, int]  # partition, GPUs per node, CPUs per node, nodes
 
@@ -92,7 +92,7 @@ class SlurmScheduler:
         self.wake = wake  # a scheduling pass is due then (a Switches wait runs out)
         self.single_leaf_possible = bool(cluster.topology.switches) and cluster.leaf_count < len(cluster)
         self.pending_shapes: Counter[Shape] = Counter()  # eligible pending jobs
-        self.priority = priority  # Slurm's priority of a pending job (sim/priority.py)
+        self.priority = priority  # Slurm's priority of a pending job (sim/kernel/priority.py)
         self.order: list[SimJob] = []  # pending jobs in Slurm's order, as of the last recalculation
         self.tail: list[SimJob] = []  # jobs that became pending since, each with its priority then
         self.tail_sorted = True
@@ -124,7 +124,7 @@ class SlurmScheduler:
 
     def set_order(self, pending: list[SimJob], now: float) -> None:
         """Slurm recalculates every pending job's priority: the queue in Slurm's order
-        (partition PriorityTier, priority, submit time, job id; sim/priority.py)."""
+        (partition PriorityTier, priority, submit time, job id; sim/kernel/priority.py)."""
         self.order_epoch += 1
         epoch = self.order_epoch
         key = self.priority.key

@@ -1,7 +1,7 @@
 """Corpus evaluation (`dike-slurm eval`, `make eval`): every case under every policy.
 
 What runs (cases, policies, settings, seeds) and the run itself, into one JSON-ready result;
-sim/eval_report.py, which it imports, turns it into the overall and targets tables and the files.
+sim/eval/eval_report.py, which it imports, turns it into the overall and targets tables and the files.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.eval_report import (
+from dike_slurm.sim.eval.eval_report import (
     BASELINE_SETTING,
     FIFO,
     MULTIFACTOR,
@@ -208,7 +208,7 @@ def evaluate(
 ) -> dict:
     """Run every replay of the plan and return the whole result (JSON-ready, every number).
     `on_progress(jobs_replayed, jobs_in_all_replays)` is called as the replays advance."""
-    from dike_slurm.sim.replay import ReplayTask, load_input, run_tasks, sim_settings
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, run_tasks, sim_settings
 
     log = log or (lambda _line: None)
     started = time.perf_counter()

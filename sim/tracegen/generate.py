@@ -1,12 +1,12 @@
 """Synthetic deep-learning workload generator: who submits what, when, and how it ends.
 
-Installed as ``dike_slurm.sim.tracegen``.  :func:`generate_jobs` samples the job
-history of a multi-tenant GPU cluster (the model: ``sim/workload_model.py``,
+Installed as ``dike_slurm.sim.tracegen.generate``.  :func:`generate_jobs` samples the job
+history of a multi-tenant GPU cluster (the model: ``sim/tracegen/workload_model.py``,
 documented with the published statistics behind each shape in ``docs/workload.md``;
-the draws of users, shapes and outcomes: ``sim/workload_sampler.py``) on a
-:class:`~dike_slurm.sim.synthetic_cluster.ClusterSpec`; :func:`generate_sample`
-writes it with ``sim/sacct_writer.py`` (``sacct --parsable2`` text) and the cluster's
-``slurm.conf`` and ``topology.conf`` with ``sim/synthetic_cluster.py``.  The replay's
+the draws of users, shapes and outcomes: ``sim/tracegen/workload_sampler.py``) on a
+:class:`~dike_slurm.sim.tracegen.synthetic_cluster.ClusterSpec`; :func:`generate_sample`
+writes it with ``sim/tracegen/sacct_writer.py`` (``sacct --parsable2`` text) and the cluster's
+``slurm.conf`` and ``topology.conf`` with ``sim/tracegen/synthetic_cluster.py``.  The replay's
 own reader (``dike_slurm.slurm.accounting``) reads the dumps back.
 
 It is deterministic: the same arguments and seed give byte-identical output.
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Iterator
 
 from dike_slurm.parsing.hostlists import compress_hostlist
-from dike_slurm.sim.sacct_writer import SacctRecord, tres_text, write_sacct_parsable2
-from dike_slurm.sim.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
-from dike_slurm.sim.workload_model import DAY_S, WorkloadModel
-from dike_slurm.sim.workload_sampler import SampledJob, Sampler, calibrate, make_users
+from dike_slurm.sim.tracegen.sacct_writer import SacctRecord, tres_text, write_sacct_parsable2
+from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec, write_slurm_conf, write_topology_conf
+from dike_slurm.sim.tracegen.workload_model import DAY_S, WorkloadModel
+from dike_slurm.sim.tracegen.workload_sampler import SampledJob, Sampler, calibrate, make_users
 
 __all__ = ["generate_jobs", "generate_sample"]
 

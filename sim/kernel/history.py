@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import overload
 
 from dike_slurm.domain.service_prior import FinishedJob, PriorLearner
-from dike_slurm.sim.trace import TraceJob
+from dike_slurm.sim.kernel.trace import TraceJob
 
 BLOCK = 512
 

@@ -1,7 +1,7 @@
 """The synthetic workload's model: the parameters of a heavy-tailed multi-tenant deep-learning
 workload (who submits, what, when, and how it ends), each documented with the published statistics
-behind its shape in ``docs/workload.md``. ``sim/workload_sampler.py`` draws jobs from it and
-``sim/tracegen.py`` turns them into sacct records."""
+behind its shape in ``docs/workload.md``. ``sim/tracegen/workload_sampler.py`` draws jobs from it and
+``sim/tracegen/generate.py`` turns them into sacct records."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.policies.common import quantile
-from dike_slurm.sim.metrics import SIZE_BUCKETS, size_label
+from dike_slurm.sim.kernel.metrics import SIZE_BUCKETS, size_label
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 TOP_USERS = 10

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from dike_slurm.domain.decisions import Decisions, SetPlacement
 from dike_slurm.domain.freed_rooms import WASTED_AFTER_CYCLES
-from dike_slurm.sim.job import SimJob
-from dike_slurm.sim.records import SimStats
+from dike_slurm.sim.kernel.job import SimJob
+from dike_slurm.sim.kernel.records import SimStats
 
 
 class FreedRooms:

@@ -6,12 +6,12 @@ instant they are handled in rounds: those due when the instant begins, then thos
 added for the same instant, and so on; within a round run ends come first, then submissions,
 then wake-ups (a job becoming eligible, a Switches wait running out), then a cycle's decisions
 reaching Slurm, then the policy cycle and the backfill tick. When no event of the instant is
-left, Slurm's passes follow as one more round (sim/scheduler.py): the main pass if anything
+left, Slurm's passes follow as one more round (sim/kernel/scheduler.py): the main pass if anything
 changed, the backfill pass if its tick fell and something changed since its last pass. See
 docs/replay.md for the semantics and the simplifications.
 
-Beside it: the snapshot views (sim/views.py), the rooms preemptions free (sim/rooms.py), the
-finished jobs' service (sim/history.py) and the engine's writes (sim/priority.py).
+Beside it: the snapshot views (sim/kernel/views.py), the rooms preemptions free (sim/kernel/rooms.py), the
+finished jobs' service (sim/kernel/history.py) and the engine's writes (sim/kernel/priority.py).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement, Snap
 from dike_slurm.policies.base import Policy, PolicyParams
 from dike_slurm.cycle.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.domain.service_prior import PriorLearner
-from dike_slurm.sim.cluster import SimCluster
-from dike_slurm.sim.history import FinishedService
-from dike_slurm.sim.priority import SlurmOrder, cycle_writes, policy_placements
-from dike_slurm.sim.job import DONE, INFINITY, PENDING, RUNNING, SimJob
-from dike_slurm.sim.records import JobResult, SimSettings, SimStats, Timeline
-from dike_slurm.sim.rooms import FreedRooms
-from dike_slurm.sim.scheduler import Shape, SlurmScheduler, main_pass_time, next_tick
-from dike_slurm.sim.trace import TraceJob
-from dike_slurm.sim.usage import DecayedUsage
-from dike_slurm.sim.views import SnapshotViews
+from dike_slurm.sim.kernel.cluster import SimCluster
+from dike_slurm.sim.kernel.history import FinishedService
+from dike_slurm.sim.kernel.priority import SlurmOrder, cycle_writes, policy_placements
+from dike_slurm.sim.kernel.job import DONE, INFINITY, PENDING, RUNNING, SimJob
+from dike_slurm.sim.kernel.records import JobResult, SimSettings, SimStats, Timeline
+from dike_slurm.sim.kernel.rooms import FreedRooms
+from dike_slurm.sim.kernel.scheduler import Shape, SlurmScheduler, main_pass_time, next_tick
+from dike_slurm.sim.kernel.trace import TraceJob
+from dike_slurm.sim.kernel.usage import DecayedUsage
+from dike_slurm.sim.kernel.views import SnapshotViews
 
 # Entry kinds, in the order they are handled within a round; the passes make a round of their own.
 # END_INSTANT closes an instant: it schedules the instant's passes.
@@ -367,7 +367,7 @@ class Simulator:
         )
 
     def _freed_for(self, beneficiary: int | None, decisions: Decisions) -> None:
-        """Follow one requeue's room (sim/rooms.py)."""
+        """Follow one requeue's room (sim/kernel/rooms.py)."""
         if beneficiary is None:
             return
         self.freed_rooms.freed(beneficiary, decisions)
@@ -461,7 +461,7 @@ class Simulator:
 
         `written`: the value of the priority strategy's field the engine wrote to each job (the
         live engine on the simulated backend); without it the simulator works out what the engine
-        would write for these decisions (sim/priority.py: engine_writes)."""
+        would write for these decisions (sim/kernel/priority.py: engine_writes)."""
         awaiting = self.awaiting
         if awaiting is None:
             raise DikeError("no policy cycle awaits decisions")

@@ -1,4 +1,4 @@
-"""A replay's output folder as pandas tables, for notebooks (`dike_slurm.sim.results.load`)."""
+"""A replay's output folder as pandas tables, for notebooks (`dike_slurm.sim.eval.results.load`)."""
 
 from __future__ import annotations
 

@@ -442,7 +442,7 @@ def _plot_uri(result: dict) -> str | None:
 
 
 def render_html(result: dict, table_list: Sequence[Table]) -> str:
-    from dike_slurm.sim.report import template_environment
+    from dike_slurm.sim.eval.report import template_environment
 
     template = template_environment().get_template("eval.html.j2")
     git = result["git"]

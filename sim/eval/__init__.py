@@ -1,0 +1,1 @@
+"""Evaluation over replays: reports, corpus evaluation, statistics, tuning, fidelity."""

@@ -1,0 +1,1 @@
+"""Synthetic clusters and workloads, written as sacct dumps."""
