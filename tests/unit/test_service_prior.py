@@ -237,21 +237,25 @@ def _total_jct(jobs) -> tuple[float, float]:
 
 def test_a_user_who_names_long_jobs_like_short_ones_gains_no_more_than_one_who_names_every_job_alike():
     """Over five invented traces: mislabelling long jobs pays that user no more than giving no
-    information at all (every job named alike), within 1%, and costs the other users no more: the
-    mixed group's median stays short, but the user's overrun factor charges every job of theirs for
-    what the long ones used. (Issue 27 asked for at most 5% over honest names; both mislabelling and
-    naming alike gain about 13% at Dike's defaults: a shortest-expected-first order pays a user
-    who hides the spread of their jobs. docs/results.md, "Gaming the prior".)"""
-    totals = {naming: [0.0, 0.0] for naming in ("honest", "mislabel", "alike")}
+    information at all (every job named alike), within 0.5%, and costs the other users no more,
+    within 1%: the mixed group's median stays short, but the user's overrun factor charges every
+    job of theirs for what the long ones used.
+
+    The tolerances are measured against naming alike, so the honest replays (which only scaled
+    them) are not run: 0.5% and 1% of the alike totals are stricter than the 1% of the honest ones
+    the test once allowed, while naming alike gains over honest names and the others' total is no
+    larger under it (on these traces, 2026-12-07: honest/alike 1.393, honest/mislabel 1.369 for the
+    user; the others' totals 0.991x and 0.993x honest). A shortest-expected-first order pays a user
+    who hides the spread of their jobs (issue 27 asked for at most 5% over honest names;
+    docs/results.md, "Gaming the prior")."""
+    totals = {naming: [0.0, 0.0] for naming in ("mislabel", "alike")}
     for seed in range(5):
         for naming, total in totals.items():
             gamer, others = _total_jct(_gaming_trace(seed, naming))
             total[0] += gamer
             total[1] += others
-    honest_gamer, honest_others = totals["honest"]
-    gain_of_mislabel = honest_gamer / totals["mislabel"][0]
-    gain_of_no_information = honest_gamer / totals["alike"][0]
-    assert gain_of_mislabel <= gain_of_no_information + 0.01, (gain_of_mislabel, gain_of_no_information)
-    cost_of_mislabel = totals["mislabel"][1] / honest_others
-    cost_of_no_information = totals["alike"][1] / honest_others
-    assert cost_of_mislabel <= cost_of_no_information + 0.01, (cost_of_mislabel, cost_of_no_information)
+    (mislabel_gamer, mislabel_others), (alike_gamer, alike_others) = totals["mislabel"], totals["alike"]
+    gain_over_no_information = alike_gamer / mislabel_gamer
+    assert gain_over_no_information <= 1.005, gain_over_no_information
+    cost_over_no_information = mislabel_others / alike_others
+    assert cost_over_no_information <= 1.01, cost_over_no_information
