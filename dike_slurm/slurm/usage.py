@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dike_slurm.domain.model import Job, JobState
+from dike_slurm.domain.model import AscendingTuple, Job, JobState
 from dike_slurm.domain.service_prior import FinishedJob
 from dike_slurm.slurm.accounting import AccountingRecord
 
@@ -147,9 +147,10 @@ def finished_totals(runs: Iterable[Run], now: float) -> dict[int, tuple[float, R
     return {job_id: (total[job_id], run) for job_id, run in final.items()}
 
 
-def completed_service(runs: Iterable[Run], now: float) -> tuple[float, ...]:
-    """Sorted total GPU service of every job whose last run ended it (for derived thresholds)."""
-    return tuple(sorted(service for service, _ in finished_totals(runs, now).values()))
+def completed_service(runs: Iterable[Run], now: float) -> AscendingTuple:
+    """Sorted total GPU service of every job whose last run ended it (for derived thresholds), as
+    the snapshot holds it (sorted once here, not again by Snapshot)."""
+    return AscendingTuple(sorted(service for service, _ in finished_totals(runs, now).values()))
 
 
 def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
