@@ -118,12 +118,19 @@ def _median_estimate(ascending: list[float]) -> Estimate:
 
 
 def _keys(user: str, name: str, gpus: int) -> list[tuple[Key, tuple[str, ...]]]:
-    values = {"user": user, "name": name, "gpus": str(gpus)}
-    out = []
-    for index, group in enumerate(GROUPS):
-        shown = tuple(values[field] for field in group)
-        out.append(((index, *shown), shown))
-    return out
+    """Each group's key and shown values for one job, in GROUPS' order (written out: the prior
+    calls it for every finished job it learns; tests/unit/test_service_prior.py checks it against
+    GROUPS)."""
+    g = str(gpus)
+    return [
+        ((0, user, name, g), (user, name, g)),
+        ((1, user, name), (user, name)),
+        ((2, user, g), (user, g)),
+        ((3, user), (user,)),
+        ((4, name, g), (name, g)),
+        ((5, g), (g,)),
+        ((6,), ()),
+    ]
 
 
 class ServicePrior:
