@@ -24,6 +24,7 @@ def eval_command(
     workers: int = typer.Option(2, "--workers", min=1, metavar="N", help="replays run in parallel"),
     quick: bool = typer.Option(False, "--quick", help="penalty 1, all preemptible, only fifo, srtf_preemptive and dike"),
     variant: Optional[List[str]] = typer.Option(None, "--variant", metavar="NAME", help="run only these policies (repeat; fifo always runs)"),
+    twins: bool = typer.Option(True, "--twins/--no-twins", help="also replay each one-type case with users and job names shuffled across its jobs"),
     config_path: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="a config file (default: built-in defaults only)"),
     results: Optional[Path] = typer.Option(None, "--results", metavar="FILE", help="also replace the generated section of this file (docs/results.md)"),
     html: bool = typer.Option(True, "--html/--no-html", help="write report.html with a plot"),
@@ -34,7 +35,7 @@ def eval_command(
     from dike_slurm.sim.eval import eval_report, evaluate
 
     folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
-    plan = evaluate.make_plan(folders, quick=quick, only=variant or ())
+    plan = evaluate.make_plan(folders, quick=quick, only=variant or (), twins=twins)
     config = evaluate.load_config(config_path)
     if results is not None:
         eval_report.check_results_file(results)

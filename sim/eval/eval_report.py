@@ -48,17 +48,20 @@ def _geomean(ratios: list[float]) -> dict:
             "max": max(ratios), "cases": len(ratios)}
 
 
-def cases_of(result: dict, heterogeneous: bool = False) -> list[dict]:
+def cases_of(result: dict, heterogeneous: bool = False, twins: bool | None = False) -> list[dict]:
     """The cases on one GPU type, or (`heterogeneous`) those whose cluster mixes GPU types (issue
-    33): the mixed ones have their own tables, outside the overall means and the targets."""
-    return [case for case in result["cases"] if case.get("heterogeneous", False) == heterogeneous]
+    33): the mixed ones have their own tables, outside the overall means and the targets. `twins`:
+    False the cases as given, True only their shuffled twins, None both."""
+    return [case for case in result["cases"] if case.get("heterogeneous", False) == heterogeneous
+            and (twins is None or (case.get("twin_of") is not None) == twins)]
 
 
-def overall(result: dict, heterogeneous: bool = False) -> dict:
+def overall(result: dict, heterogeneous: bool = False, twins: bool = False) -> dict:
     """Per variant and setting, the geometric mean over cases of fifo/policy and of
-    multifactor/policy average JCT (min, max, cases); over the mixed-GPU cases with `heterogeneous`."""
+    multifactor/policy average JCT (min, max, cases); over the mixed-GPU cases with `heterogeneous`,
+    over the shuffled twins with `twins`."""
     table = {}
-    cases = cases_of(result, heterogeneous)
+    cases = cases_of(result, heterogeneous, twins)
     for setting in result["settings"]:
         for variant in result["variants"]:
             cell = {}
@@ -220,6 +223,115 @@ def share_targets(result: dict) -> dict:
     return {"criteria": [{"key": k, "label": label} for k, label in SHARE_CRITERIA], "cases": cases}
 
 
+# "Fair and never worse": what Dike must do against what a site runs (multifactor), on every
+# one-type case and its shuffled twin, with none, half and every job preemptible (penalty 1).
+FAIR_SETTINGS = (("none", "pen1_none"), ("half", "pen1_half"), ("every", TARGET_SETTING))
+FAIR_CRITERIA = (
+    ("none_jct", "none: avg JCT >= 0.99x best of fifo, multifactor"),
+    ("none_capture", "none: >= 50% of the non-preemptive oracle's gain (not on twins)"),
+    *((f"{name}_fair", f"{name}: as fair as multifactor") for name, _ in FAIR_SETTINGS),
+    *((f"{name}_tiresias", f"{name}: avg JCT <= tiresias") for name, _ in FAIR_SETTINGS[1:]),
+)
+# Each fairness measure: (summary key, short name, passes(dike, multifactor)).
+FAIRNESS_MEASURES = (
+    ("worst_user_slowdown", "worst user", lambda d, m: d <= m),
+    ("avg_slowdown", "avg slowdown", lambda d, m: d <= m),
+    ("max_wait_s", "longest wait", lambda d, m: d <= 1.02 * m),
+    ("user_jain_index", "Jain", lambda d, m: d >= m - 0.01),
+)
+
+
+def _fairness_cell(dike: dict, multifactor: dict) -> dict:
+    """Dike as fair as multifactor: worst-user and average slowdown no higher, the longest wait at
+    most 2% longer, the users' Jain index at most 0.01 lower. The value names what fails."""
+    failed, parts = [], []
+    for key, name, passes in FAIRNESS_MEASURES:
+        d, m = dike.get(key), multifactor.get(key)
+        if d is None or m is None:
+            return _not_run(f"{name} (an older summary)")
+        if key == "user_jain_index":
+            parts.append(f"{name} {d - m:+.3f}")
+        else:
+            parts.append(f"{name} {d / m:.2f}x" if m else f"{name} {d:g} vs 0")
+        if not passes(d, m):
+            failed.append(name)
+    return _cell(not failed, ", ".join(failed) if failed else "all four", "dike against multifactor: " + "; ".join(parts))
+
+
+def fair_targets(result: dict) -> dict:
+    """PASS/FAIL per case (each one-type case and its shuffled twin) and criterion of "fair and
+    never worse": dike at penalty 1 with none, half and every job preemptible, against multifactor
+    (fairness), the better of fifo and multifactor (JCT, none), preemptive tiresias (half, every)."""
+    cases = []
+    for case in cases_of(result, twins=None):
+        fifo, multifactor = row_of(case, FIFO, TARGET_SETTING), row_of(case, MULTIFACTOR, TARGET_SETTING)
+        oracle = row_of(case, NON_PREEMPTIVE_ORACLE, TARGET_SETTING)
+        cells: dict[str, dict] = {}
+        none = row_of(case, "dike", "pen1_none")
+        if none is None or fifo is None or multifactor is None:
+            cells["none_jct"] = cells["none_capture"] = _not_run("dike (none), fifo or multifactor")
+        else:
+            n, f, m = none["metrics"], fifo["metrics"], multifactor["metrics"]
+            best = min(f["avg_jct_s"], m["avg_jct_s"])
+            cells["none_jct"] = _cell(best / n["avg_jct_s"] >= 0.99, f"{best / n['avg_jct_s']:.3f}x",
+                                      "min(fifo, multifactor) / dike avg JCT, none preemptible")
+            cells["none_capture"] = (
+                _cell(None, "twin", "a shuffled twin: no capture target") if case.get("twin_of") else
+                _capture_cell(f["avg_jct_s"], n["avg_jct_s"], oracle, NON_PREEMPTIVE_ORACLE, NONE_ORACLE_GAIN, 0.5))
+        for name, setting in FAIR_SETTINGS:
+            dike = row_of(case, "dike", setting)
+            if dike is None or multifactor is None:
+                cells[f"{name}_fair"] = _not_run(f"dike ({name}) or multifactor")
+            else:
+                cells[f"{name}_fair"] = _fairness_cell(dike["metrics"], multifactor["metrics"])
+            if name == "none":
+                continue
+            tiresias = row_of(case, "tiresias", setting)
+            if dike is None or tiresias is None:
+                cells[f"{name}_tiresias"] = _not_run(f"dike or tiresias ({name})")
+            else:
+                over = tiresias["metrics"]["avg_jct_s"] / dike["metrics"]["avg_jct_s"]
+                cells[f"{name}_tiresias"] = _cell(over >= 1.0, f"{over:.3f}x", f"tiresias / dike avg JCT ({name})")
+        cases.append({"case": case["name"], "cells": cells})
+    return {"criteria": [{"key": k, "label": label} for k, label in FAIR_CRITERIA], "cases": cases}
+
+
+def pareto(result: dict) -> dict:
+    """Per setting and policy, over the one-type cases and over their twins: the geometric means
+    of the policy's average JCT and worst-user slowdown against the baseline's (multifactor's, else
+    fifo's where multifactor did not run; below 1 is better), and the policies that are at least as
+    good on both and better on one (it is dominated). Empty without a one-type case."""
+    ran = {row["variant"] for case in result["cases"] for row in case["rows"]}
+    baseline = MULTIFACTOR if MULTIFACTOR in ran else FIFO
+    out: dict = {}
+    for twins in (False, True):
+        cases = cases_of(result, twins=twins)
+        for setting in result["settings"]:
+            points = {}
+            for variant in result["variants"]:
+                jct, worst = [], []
+                for case in cases:
+                    row = row_or_baseline(case, variant, setting["key"])
+                    base = row_of(case, baseline, BASELINE_SETTING.get(setting["key"], setting["key"]))
+                    if row is None or base is None:
+                        continue
+                    m, b = row["metrics"], base["metrics"]
+                    if m["avg_jct_s"] > 0 and b["avg_jct_s"] > 0 and m["worst_user_slowdown"] > 0 and b["worst_user_slowdown"] > 0:
+                        jct.append(m["avg_jct_s"] / b["avg_jct_s"])
+                        worst.append(m["worst_user_slowdown"] / b["worst_user_slowdown"])
+                if jct:
+                    points[variant["label"]] = {"jct": _geomean(jct)["geomean"], "worst_user": _geomean(worst)["geomean"],
+                                                "cases": len(jct)}
+            for label, point in points.items():
+                point["dominated_by"] = sorted(
+                    other for other, p in points.items() if other != label
+                    and p["jct"] <= point["jct"] and p["worst_user"] <= point["worst_user"]
+                    and (p["jct"] < point["jct"] or p["worst_user"] < point["worst_user"]))
+            if points:
+                out.setdefault("twins" if twins else "cases", {})[setting["key"]] = points
+    return {"baseline": baseline, **out} if out else {}
+
+
 # ---------------------------------------------------------------------------------------- tables
 
 
@@ -285,6 +397,13 @@ def tables(result: dict) -> list[Table]:
     labels = {s["key"]: s["label"] for s in result["settings"]}
     out = _overall_tables(result, result["overall"], "overall, {label}: geometric mean over cases",
                           f"{len(cases_of(result))} cases; above 1 is better than the baseline.")
+    twins = cases_of(result, twins=True)
+    if twins:
+        out += _overall_tables(
+            result, result.get("twin_overall") or overall(result, twins=True),
+            "shuffled twins, {label}: geometric mean over the twins",
+            f"{len(twins)} twins: each one-type case with users and job names shuffled across its jobs, so that job "
+            "history predicts nothing; above 1 is better than the baseline.")
     if result["targets"]["cases"]:  # none when every case evaluated mixes GPU types
         out.append(_target_table(
             "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
@@ -296,6 +415,17 @@ def tables(result: dict) -> list[Table]:
                 "targets (issue 27): dike at penalty 1 with none, half and every job preemptible", result["share_targets"],
                 "Capture applies where the non-preemptive oracle (srtf_oracle) gains >= 5% over fifo: "
                 "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
+    if result.get("fair_targets", {}).get("cases"):
+        out.append(_target_table(
+            "fair and never worse: dike at penalty 1 with none, half and every job preemptible, on every case and "
+            "its shuffled twin", result["fair_targets"],
+            "As fair as multifactor: worst-user slowdown and average slowdown no higher, longest wait at most 1.02x, "
+            "users' Jain index at most 0.01 lower (a failing cell names what fails; eval.json has every ratio). "
+            "A -shuffled case is its case's twin: users and job names shuffled across the jobs (seed "
+            f"{result.get('twin_seed', '?')}), so job history predicts nothing. Capture as in the table above; half "
+            "= mean of seeds 0 and 1."))
+    if result.get("pareto"):
+        out += _pareto_tables(result)
     skipped = ["Not run: " + "; ".join(result["skipped_variants"]) + "."] if result["skipped_variants"] else []
     if out:
         out[-1].notes.extend(skipped)
@@ -332,6 +462,31 @@ def tables(result: dict) -> list[Table]:
             notes.append("NONE and HALF rows: the preemptive policies (HALF: mean of seeds 0 and 1, brackets: each "
                          "seed's ratio); their baselines are the pen 1 rows (fifo and multifactor never preempt).")
         out.append(Table(f"case {case['name']}", list(CASE_HEADERS), rows, notes))
+    return out
+
+
+def _pareto_tables(result: dict) -> list[Table]:
+    """One table per setting: each policy's average JCT and worst-user slowdown against
+    multifactor's, on the cases and on their twins, and what dominates it."""
+    out = []
+    labels = {s["key"]: s["label"] for s in result["settings"]}
+    for setting in result["settings"]:
+        rows = []
+        for variant in result["variants"]:
+            cells = [variant["label"]]
+            for group in ("cases", "twins"):
+                point = result["pareto"].get(group, {}).get(setting["key"], {}).get(variant["label"])
+                cells += (["", "", ""] if point is None else [
+                    f"{point['jct']:.3f}", f"{point['worst_user']:.3f}",
+                    ", ".join(point["dominated_by"]) if point["dominated_by"] else "frontier"])
+            rows.append(cells)
+        out.append(Table(
+            f"average JCT against worst-user slowdown, {labels[setting['key']]}: geometric mean of "
+            f"policy/{result['pareto']['baseline']}",
+            ["policy", "JCT (cases)", "worst user (cases)", "dominated by (cases)", "JCT (twins)",
+             "worst user (twins)", "dominated by (twins)"], rows,
+            [f"Below 1 is better than {result['pareto']['baseline']}. Dominated by: policies at least as good on both and better on one; "
+             "frontier: none is."]))
     return out
 
 

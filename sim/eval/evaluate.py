@@ -10,7 +10,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dike_slurm.errors import InputError
@@ -18,8 +18,10 @@ from dike_slurm.sim.eval.eval_report import (
     BASELINE_SETTING,
     FIFO,
     MULTIFACTOR,
+    fair_targets,
     gpu_type_invariant,
     overall,
+    pareto,
     share_targets,
     targets,
 )
@@ -73,10 +75,16 @@ SETTINGS: tuple[Setting, ...] = (
 QUICK_SETTINGS = ("pen1",)
 
 
+# The seed of every shuffled twin's permutations (sim/tracegen/shuffle.py).
+TWIN_SEED = 1
+TWIN_SUFFIX = "-shuffled"
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     folder: Path
+    twin_of: str | None = None  # a shuffled twin: the case whose trace it shuffles (TWIN_SEED)
 
 
 @dataclass(frozen=True)
@@ -146,13 +154,30 @@ def _listed_order(folder: Path) -> dict[str, int]:
         raise InputError(f"cannot read the case list: {exc}", source=str(listing)) from None
 
 
+def with_twins(cases: Sequence[Case]) -> tuple[Case, ...]:
+    """Each case followed, when its cluster has at most one GPU type, by its shuffled twin: the same
+    jobs with users and names shuffled across them, where job history predicts nothing."""
+    from dike_slurm.slurm.slurm_conf import load_cluster
+
+    out: list[Case] = []
+    for case in cases:
+        out.append(case)
+        conf, _ = load_cluster(case.folder / "slurm.conf", case.folder / "topology.conf")
+        if len({t for node in conf.nodes for t in node.gpu_types}) <= 1:
+            out.append(Case(case.name + TWIN_SUFFIX, case.folder, twin_of=case.name))
+    return tuple(out)
+
+
 def make_plan(
-    folders: Sequence[Path], *, quick: bool = False, only: Sequence[str] = (),
+    folders: Sequence[Path], *, quick: bool = False, only: Sequence[str] = (), twins: bool = True,
 ) -> Plan:
-    """Cases, variants and settings; variants whose override the policy does not take are skipped."""
+    """Cases (each one-type case with its shuffled twin, unless `twins` is False), variants and
+    settings; variants whose override the policy does not take are skipped."""
     from dike_slurm.registry import default_registry
 
     cases = find_cases(folders)
+    if twins:
+        cases = with_twins(cases)
     registry = default_registry()
     known = {v.label for v in VARIANTS}
     unknown = [name for name in only if name not in known]
@@ -213,7 +238,7 @@ def evaluate(
     log = log or (lambda _line: None)
     started = time.perf_counter()
     git = _git_state()  # the code the replays run, not what was committed meanwhile
-    inputs = {case.name: load_input(*(case.folder / name for name in CASE_FILES)) for case in plan.cases}
+    inputs = {case.name: _case_input(case, load_input) for case in plan.cases}
     groups = _replay_groups(plan)
     total_jobs = sum(len(inputs[case.name].trace.jobs) * len(members) for case in plan.cases for members in groups.values())
     replayed_jobs = 0
@@ -255,6 +280,7 @@ def evaluate(
         case_results.append({
             "name": case.name,
             "folder": str(case.folder),
+            "twin_of": case.twin_of,
             "gpu_types": gpu_types,
             # mixed GPU generations (issue 33): tabled on their own, outside the overall means
             "heterogeneous": len(gpu_types) > 1,
@@ -284,8 +310,23 @@ def evaluate(
     result["gpu_type_invariant"] = gpu_type_invariant(result)
     result["targets"] = targets(result)
     result["share_targets"] = share_targets(result)
+    result["twin_seed"] = TWIN_SEED
+    result["twin_overall"] = overall(result, twins=True)
+    result["fair_targets"] = fair_targets(result)
+    result["pareto"] = pareto(result)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
+
+
+def _case_input(case: Case, load_input):  # noqa: ANN001, ANN202 - replay.load_input, ReplayInput
+    """The case's replay input; a twin's with users and names shuffled across its jobs."""
+    replay_input = load_input(*(case.folder / name for name in CASE_FILES))
+    if case.twin_of is None:
+        return replay_input
+    from dike_slurm.sim.tracegen.shuffle import shuffle_identities
+
+    trace = replace(replay_input.trace, jobs=shuffle_identities(replay_input.trace.jobs, TWIN_SEED))
+    return replace(replay_input, trace=trace)
 
 
 def _avg_run_h(replay_input) -> float | None:

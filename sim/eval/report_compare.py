@@ -45,6 +45,7 @@ METRICS = (
     Metric("p95_jct_s", "p95 JCT (h)", "lower", _hours, tail=True),
     Metric("p99_jct_s", "p99 JCT (h)", "lower", _hours, tail=True),
     Metric("avg_wait_s", "average wait (h)", "lower", _hours),
+    Metric("max_wait_s", "longest wait (h)", "lower", _hours, tail=True),
     Metric("makespan_s", "makespan (h)", "lower", _hours),
     Metric("gpu_utilization", "useful GPU utilisation", "higher", _percent, bounded=True),
     Metric("avg_slowdown", "average slowdown", "lower", _fixed(2)),

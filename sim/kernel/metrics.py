@@ -41,6 +41,7 @@ METRIC_KEYS = (
     "landed_preemptions",
     "useful_gpu_h",
     "slowed_gpu_h",
+    "max_wait_s",
 )
 
 JOB_CSV_COLUMNS = (
@@ -199,6 +200,8 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         # busy GPU-hours that were neither useful nor lost: the communication slow-down (and each
         # run's launch and exit, replay.run_overhead_s)
         "slowed_gpu_h": _round(max(0.0, collector.gpu_seconds - collector.useful_gpu_s - collector.lost_gpu_s) / 3600.0),
+        # the longest any job waited (all its pending spells): what a starving job sees
+        "max_wait_s": _round(wait.max()) if count else 0.0,
     }
     wait_by_size = {}
     for low, high in SIZE_BUCKETS:
@@ -243,6 +246,7 @@ def comparison_rows(metrics: Iterable[tuple[str, dict]]) -> list[list[str]]:
                 _hours(summary["p95_jct_s"]),
                 _hours(summary["p99_jct_s"]),
                 _hours(summary["avg_wait_s"]),
+                _hours(summary["max_wait_s"]),
                 _hours(summary["makespan_s"]),
                 f"{summary['gpu_utilization']:.1%}",
                 f"{summary['avg_slowdown']:.2f}",
@@ -257,7 +261,7 @@ def comparison_rows(metrics: Iterable[tuple[str, dict]]) -> list[list[str]]:
 
 COMPARISON_HEADERS = (
     "policy", "jobs", "avg JCT (h)", "p50 JCT (h)", "p95 JCT (h)", "p99 JCT (h)", "avg wait (h)",
-    "makespan (h)", "useful GPU util", "avg slowdown", "user Jain", "worst user slowdown", "preemptions",
+    "longest wait (h)", "makespan (h)", "useful GPU util", "avg slowdown", "user Jain", "worst user slowdown", "preemptions",
     "heavy consolidated",
 )
 

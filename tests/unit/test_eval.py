@@ -96,19 +96,39 @@ def test_ratios_and_means_come_from_the_run_summaries(result):
         assert fifo_row["fifo_ratio"] == 1.0
 
 
+def test_every_one_type_case_has_a_shuffled_twin_with_the_same_jobs(result, corpus):
+    assert [(c["name"], c["twin_of"]) for c in result["cases"]] == [
+        ("zeta", None), ("zeta-shuffled", "zeta"), ("alpha", None), ("alpha-shuffled", "alpha")]
+    assert [c.name for c in evaluate.make_plan([corpus], twins=False).cases] == ["zeta", "alpha"]
+    case, twin = result["cases"][:2]
+    assert twin["input"] == case["input"] and twin["avg_run_h"] == case["avg_run_h"]
+    from dike_slurm.sim.eval.evaluate import Case, _case_input
+    from dike_slurm.sim.kernel.replay import load_input
+
+    plain = _case_input(Case("zeta", corpus / "zeta"), load_input).trace.jobs
+    shuffled = _case_input(Case("zeta-shuffled", corpus / "zeta", twin_of="zeta"), load_input).trace.jobs
+    assert [(j.job_id, j.submit, j.duration_s, j.gpus) for j in shuffled] == [(j.job_id, j.submit, j.duration_s, j.gpus) for j in plain]
+    assert [j.name for j in shuffled] != [j.name for j in plain] and sorted(j.name for j in shuffled) == sorted(j.name for j in plain)
+
+
 def test_overall_is_the_geometric_mean_over_cases_per_setting(result):
-    for variant in ("tiresias", "dike"):
-        for setting in ("pen1", "pen1_none"):
-            ratios = [eval_report.row_of(c, variant, setting)["fifo_ratio"] for c in result["cases"]]
-            expected = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            assert result["overall"][variant][setting]["fifo"]["geomean"] == pytest.approx(expected)
-            assert result["overall"][variant][setting]["fifo"]["cases"] == 2
+    for twins, overall in ((False, result["overall"]), (True, result["twin_overall"])):
+        cases = eval_report.cases_of(result, twins=twins)
+        assert len(cases) == 2 and all((c["twin_of"] is not None) == twins for c in cases)
+        for variant in ("tiresias", "dike"):
+            for setting in ("pen1", "pen1_none"):
+                ratios = [eval_report.row_of(c, variant, setting)["fifo_ratio"] for c in cases]
+                expected = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                assert overall[variant][setting]["fifo"]["geomean"] == pytest.approx(expected)
+                assert overall[variant][setting]["fifo"]["cases"] == 2
     # fifo never preempts: the NONE setting takes its pen 1 row
     assert result["overall"]["fifo"]["pen1_none"]["fifo"]["geomean"] == 1.0
 
 
 def test_targets_follow_the_numbers(result):
-    for entry, case in zip(result["targets"]["cases"], result["cases"]):
+    originals = eval_report.cases_of(result)
+    assert [entry["case"] for entry in result["targets"]["cases"]] == [c["name"] for c in originals] == ["zeta", "alpha"]
+    for entry, case in zip(result["targets"]["cases"], originals):
         fifo, dike = eval_report.row_of(case, "fifo", "pen1")["metrics"], eval_report.row_of(case, "dike", "pen1")["metrics"]
         cells = entry["cells"]
         assert cells["jct"]["status"] == ("PASS" if dike["avg_jct_s"] <= 1.01 * fifo["avg_jct_s"] else "FAIL")
@@ -118,7 +138,7 @@ def test_targets_follow_the_numbers(result):
         assert cells["capture"]["status"] == "not run"
         half = eval_report.row_of(case, "dike", "pen1_half")["fifo_ratio_seeds"]
         assert cells["half"]["status"] == ("PASS" if min(half.values()) >= 1 / 1.01 else "FAIL")
-    for entry, case in zip(result["share_targets"]["cases"], result["cases"]):
+    for entry, case in zip(result["share_targets"]["cases"], originals):
         cells = entry["cells"]
         # multifactor and the non-preemptive oracle were not run: those criteria say so
         assert cells["none_jct"]["status"] == cells["half_multifactor"]["status"] == "not run"
@@ -150,6 +170,55 @@ def test_the_share_targets_of_issue_27():
     assert worse["none_capture"]["status"] == "n/a"  # the oracle gains under 5%
     assert worse["none_worst_user"]["status"] == "FAIL"
     assert worse["half_vs_none"]["status"] == "FAIL" and worse["all_tiresias"]["status"] == "FAIL"
+
+
+def _fair_fake(twin_of: str | None = None, **dike_none) -> dict:
+    """multifactor and fifo at pen1; dike at none (its metrics overridden), half and every;
+    tiresias at half and every."""
+    fair = {"worst_user_slowdown": 10.0, "avg_slowdown": 5.0, "max_wait_s": 1000.0, "user_jain_index": 0.5}
+
+    def row(variant, setting, jct, **metrics):
+        return {"variant": variant, "setting": setting, "fifo_ratio": 100 / jct,
+                "metrics": {"avg_jct_s": jct, **fair, **metrics}}
+    rows = [row("fifo", "pen1", 100), row("multifactor", "pen1", 90), row("srtf_oracle", "pen1", 50),
+            row("dike", "pen1_none", 85, **dike_none), row("dike", "pen1_half", 70), row("dike", "pen1", 60),
+            row("tiresias", "pen1_half", 69), row("tiresias", "pen1", 65)]
+    return {"cases": [{"name": "x", "rows": rows, "twin_of": twin_of}]}
+
+
+def test_the_fair_targets_compare_dike_with_multifactor_on_every_measure():
+    cells = eval_report.fair_targets(_fair_fake())["cases"][0]["cells"]
+    assert {c["key"] for c in eval_report.fair_targets(_fair_fake())["criteria"]} == set(cells)
+    assert cells["none_jct"]["value"] == "1.059x" and cells["none_jct"]["status"] == "PASS"  # 90 / 85
+    assert cells["none_capture"]["status"] == "FAIL"  # log(100/85) / log(100/50) = 23%
+    assert cells["none_fair"]["status"] == cells["half_fair"]["status"] == cells["every_fair"]["status"] == "PASS"
+    assert cells["half_tiresias"]["status"] == "FAIL" and cells["every_tiresias"]["status"] == "PASS"  # 69 < 70; 65 > 60
+    # each measure fails on its own, at its own tolerance
+    for metrics, failing in (({"worst_user_slowdown": 10.1}, "worst user"), ({"avg_slowdown": 5.01}, "avg slowdown"),
+                             ({"max_wait_s": 1021.0}, "longest wait"), ({"user_jain_index": 0.489}, "Jain")):
+        cell = eval_report.fair_targets(_fair_fake(**metrics))["cases"][0]["cells"]["none_fair"]
+        assert cell["status"] == "FAIL" and cell["value"] == failing
+    within = {"max_wait_s": 1019.0, "user_jain_index": 0.491}
+    assert eval_report.fair_targets(_fair_fake(**within))["cases"][0]["cells"]["none_fair"]["status"] == "PASS"
+    twin = eval_report.fair_targets(_fair_fake(twin_of="y"))["cases"][0]["cells"]
+    assert twin["none_capture"]["status"] == "n/a" and twin["none_jct"]["status"] == "PASS"
+
+
+def test_the_pareto_table_marks_what_is_dominated():
+    def row(variant, jct, worst):
+        return {"variant": variant, "setting": "pen1", "metrics": {"avg_jct_s": jct, "worst_user_slowdown": worst}}
+    result = {
+        "settings": [{"key": "pen1", "label": "pen 1"}],
+        "variants": [{"label": v, "preemptive": v != "multifactor"} for v in ("multifactor", "a", "b", "c")],
+        "cases": [{"name": "x", "twin_of": None, "rows": [row("multifactor", 100, 10), row("a", 50, 20),
+                                                           row("b", 60, 20), row("c", 120, 5)]}],
+    }
+    points = eval_report.pareto(result)["cases"]["pen1"]
+    assert eval_report.pareto(result)["baseline"] == "multifactor"
+    assert points["a"] == {"jct": 0.5, "worst_user": 2.0, "cases": 1, "dominated_by": []}
+    assert points["b"]["dominated_by"] == ["a"]
+    assert points["c"]["dominated_by"] == [] and points["multifactor"]["dominated_by"] == []
+    assert "twins" not in eval_report.pareto(result)
 
 
 def _fake(fifo: float, dike: float, oracle: float, tiresias: float) -> dict:
@@ -190,6 +259,12 @@ def test_files_tables_and_results_section(result, tmp_path):
     overall_none = next(t for t in table_list if t.title.startswith("overall, pen 1 NONE"))
     assert [row[0] for row in overall_none.rows] == ["fifo", "tiresias", "dike"]
     assert any(t.title.startswith("targets (issue 27)") for t in table_list)
+    fair = next(t for t in table_list if t.title.startswith("fair and never worse"))
+    assert [row[0] for row in fair.rows] == ["zeta", "zeta-shuffled", "alpha", "alpha-shuffled"]
+    assert any(t.title.startswith("shuffled twins, pen 1") for t in table_list)
+    # multifactor did not run here: the frontier is against fifo
+    assert any(t.title == "average JCT against worst-user slowdown, pen 1 NONE: geometric mean of policy/fifo"
+               for t in table_list)
     assert "| " + " | ".join(dike_row) + " |" in text
     assert "<img src=\"data:image/svg+xml;base64," in (out / "report.html").read_text(encoding="utf-8")
 
@@ -275,8 +350,9 @@ def mixed_corpus(tmp_path_factory) -> Path:
 def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixed_corpus):
     plan = evaluate.make_plan([mixed_corpus], quick=True)
     result = evaluate.evaluate(plan, evaluate.load_config(None), workers=1, command="test")
-    mixed, plain = result["cases"]  # folder order
+    mixed, plain, twin = result["cases"]  # folder order; only the one-type case has a twin
     assert (plain["name"], plain["heterogeneous"], plain["gpu_types"]) == ("plain", False, ["a100"])
+    assert (twin["name"], twin["twin_of"], mixed["twin_of"]) == ("plain-shuffled", "plain", None)
     assert (mixed["name"], mixed["heterogeneous"], mixed["gpu_types"]) == ("mixed", True, ["a100", "v100"])
     # the overall means and the targets are the one-type cases'; the mixed ones have their own
     dike_plain = eval_report.row_of(plain, "dike", "pen1")["fifo_ratio"]
@@ -294,7 +370,7 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
     assert by_case["mixed"]["starts"] == sum(r["starts"] for r in mixed["runs"]) and by_case["mixed"]["replays"] == len(
         mixed["runs"])
     assert invariant["violations"] == 0
-    assert invariant["typed_starts"] == by_case["mixed"]["typed_starts"] + by_case["plain"]["typed_starts"]
+    assert invariant["typed_starts"] == sum(case["typed_starts"] for case in by_case.values())
     titles = [t.title for t in eval_report.tables(result)]
     assert "mixed GPU generations (issue 33), pen 1: geometric mean over the heterogeneous cases of baseline/policy avg " \
            "JCT (min-max)" in titles
@@ -303,7 +379,10 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
     assert overall_table.notes[0].startswith("1 cases;")
     # only mixed cases: no overall and no targets tables (they would be empty), the mixed ones and the invariant
     alone = dict(result, cases=[mixed], targets=eval_report.targets(dict(result, cases=[mixed])),
-                 share_targets=eval_report.share_targets(dict(result, cases=[mixed])))
+                 share_targets=eval_report.share_targets(dict(result, cases=[mixed])),
+                 fair_targets=eval_report.fair_targets(dict(result, cases=[mixed])),
+                 pareto=eval_report.pareto(dict(result, cases=[mixed])))
+    assert alone["pareto"] == {} and alone["fair_targets"]["cases"] == []
     alone["overall"] = eval_report.overall(alone)
     titles = [t.title for t in eval_report.tables(alone)]
     assert not [t for t in titles if t.startswith(("overall", "targets"))]

@@ -65,8 +65,8 @@ def test_the_headline_says_when_no_tail_is_worse_and_ignores_small_changes():
     tiresias = summary(avg_jct_s=3600.0, p95_jct_s=104.0)  # 4% worse: under the 5% called out
     sentence, tail_worse = headline("tiresias", tiresias, fifo, "fifo")
     assert sentence == (
-        "tiresias cuts average JCT 2x against fifo, and no tail is worse (p95 JCT, p99 JCT, p95 slowdown, "
-        "user Jain index and worst user slowdown)."
+        "tiresias cuts average JCT 2x against fifo, and no tail is worse (p95 JCT, p99 JCT, longest wait, "
+        "p95 slowdown, user Jain index and worst user slowdown)."
     )
     assert not tail_worse
     slower, _ = headline("x", summary(avg_jct_s=9000.0, p95_slowdown=2.0), fifo, "fifo")

@@ -451,3 +451,31 @@ def test_bundled_sample_shape():
         assert needle in text, needle
     assert re.search(r"^\d+_\d+\|", text, re.M)  # array tasks
     assert re.search(r"\|billing=\d+,cpu=\d+,mem=\d+[MG],node=1\|", text)  # CPU-only jobs
+
+
+# ----------------------------------------------------------------------------- shuffled twins
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from dike_slurm.sim.kernel.trace import TraceJob  # noqa: E402
+from dike_slurm.sim.tracegen.shuffle import shuffle_identities  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.sampled_from(["u1", "u2", "u3"]), st.sampled_from(["a.sh", "b.sh", "c"]),
+                          st.integers(1, 8), st.floats(1, 1e5)), max_size=30),
+       st.integers(0, 10))
+def test_a_shuffled_twin_moves_users_and_names_across_jobs_and_keeps_everything_else(rows, seed):
+    """Invented jobs. The twin has the same jobs in the same order with the same asks and run times;
+    the (user, account) pairs and the names are the originals', each permuted; the same seed gives
+    the same twin."""
+    jobs = tuple(
+        TraceJob(job_id=i, display_id=str(i), user=user, account=f"acct-{user}", partition="gpu", qos="normal",
+                 name=name, comment=f"c{i}", submit=float(i), eligible_delay_s=0.0, duration_s=duration,
+                 time_limit_s=None, gpus=gpus, num_nodes=1, cpus=gpus)
+        for i, (user, name, gpus, duration) in enumerate(rows))
+    twin = shuffle_identities(jobs, seed)
+    assert [replace(t, user=j.user, account=j.account, name=j.name) for t, j in zip(twin, jobs)] == list(jobs)
+    assert sorted((t.user, t.account) for t in twin) == sorted((j.user, j.account) for j in jobs)
+    assert all(t.account == f"acct-{t.user}" for t in twin)  # a user keeps its account
+    assert sorted(t.name for t in twin) == sorted(j.name for j in jobs)
+    assert shuffle_identities(jobs, seed) == twin
