@@ -318,7 +318,7 @@ def evaluate(
     return result
 
 
-def _case_input(case: Case, load_input):  # noqa: ANN001, ANN202 - replay.load_input, ReplayInput
+def _case_input(case: Case, load_input):
     """The case's replay input; a twin's with users and names shuffled across its jobs."""
     replay_input = load_input(*(case.folder / name for name in CASE_FILES))
     if case.twin_of is None:
