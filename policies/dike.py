@@ -46,7 +46,10 @@ class DikeParams(PolicyParams):
     auto_quantiles: list[float] | None = Field(
         None, description="quantiles of finished jobs' GPU service for derived thresholds; unset: 1-2^-(i+1)"
     )
-    min_history_jobs: int = Field(50, ge=1, description="finished jobs needed before deriving thresholds")
+    min_history_jobs: int = Field(
+        50, ge=1,
+        description="finished jobs needed before deriving thresholds, and before the service prior moves any job",
+    )
     fallback_thresholds_gpuh: list[float] | None = Field(
         None, description="thresholds while history is short; unset: 8^i GPU-hours (1, 8, 64, ...)"
     )
@@ -190,6 +193,10 @@ class MixedPriorityQueues(Ordering[DikeParams]):
         running_wait_text = f"{running_wait:.2f}"
 
         prior = snapshot.service_prior if params.service_prior else None
+        if prior is not None and prior.jobs < params.min_history_jobs:
+            # too little evidence: a handful of finished jobs (one cancelled after a minute, on a
+            # new cluster) would be every other job's expected service
+            prior = None
         history = snapshot.completed_service_gpu_s
         prior_weight = params.prior_weight if prior is not None and len(history) else 0.0
         weight_total += prior_weight

@@ -53,6 +53,7 @@ class SimulatedBackend(Backend):
         self.timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / _TIMELINE_BINS, 1.0))
         self.collector = MetricsCollector()
         self.accounts = {t.job_id: t.account for t in trace}
+        self.final_states = {t.job_id: JobState(t.final_state) for t in trace}  # how each job's dump ended it
         self.names = {t.job_id: t.name for t in trace}
         self.partitions = {t.job_id: t.partition for t in trace}
         self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
@@ -203,8 +204,8 @@ class SimulatedBackend(Backend):
         self.collector(result)
         earlier_runs_gpu_s = self.recorded_gpu_s.pop(result.job_id, 0.0)  # a finished job is not requeued again
         last_run_s = (result.gpu_seconds - earlier_runs_gpu_s) / max(result.gpus, 1)
-        self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end, JobState.COMPLETED,
-                     result.gpu_types)
+        self._record(result.job_id, result.user, result.gpus, result.end - last_run_s, result.end,
+                     self.final_states.get(result.job_id, JobState.COMPLETED), result.gpu_types)
         self.raw.pop(result.job_id, None)
         self.placements.pop(result.job_id, None)
 

@@ -38,8 +38,27 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     (),
 )
 
+# GROUPS[:OWN_GROUPS] are the groups of one user's jobs
+OWN_GROUPS = next(index for index, group in enumerate(GROUPS) if "user" not in group)
+assert all("user" in group for group in GROUPS[:OWN_GROUPS])
+
 # Key of a group: (its index in GROUPS, the values of its fields)
 Key = tuple
+
+# A job that ended in one of these states after less than NEVER_RAN_S of run time (its GPU service
+# per GPU) never really ran: cancelled at or just after its start, failed at launch. Its user's own
+# groups learn from it (a user whose jobs fail at launch is likely to see the next one fail fast: on
+# the sample, leaving such jobs out altogether cost Dike 18% average JCT with every job preemptible
+# and nearly tripled the worst user's slowdown), but no group that spans users does, so that one
+# user's cancelled job never moves another user's expected service (docs/results.md, "Jobs that
+# never really ran", has what this rule changed).
+NOT_RUN_STATES = frozenset({"CANCELLED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY"})  # JobState values
+NEVER_RAN_S = 300.0
+
+
+def never_ran(final_state: str, run_s: float) -> bool:
+    """Whether a finished job never really ran (above): the prior learns it in its user's groups only."""
+    return final_state in NOT_RUN_STATES and run_s < NEVER_RAN_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +70,7 @@ class FinishedJob:
     gpus: int
     run_s: float  # its GPU service / its GPUs: the run time of every run together
     end: float
+    own_only: bool = False  # learned by its user's own groups only (it never really ran: `never_ran`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +137,12 @@ def _median_estimate(ascending: list[float]) -> Estimate:
     return Estimate(median, len(ascending))
 
 
+def _learned_keys(job: FinishedJob) -> list[tuple[Key, tuple[str, ...]]]:
+    """The groups that learn from a finished job: all of them, or its user's own."""
+    keys = _keys(job.user, job.name, job.gpus)
+    return keys[:OWN_GROUPS] if job.own_only else keys
+
+
 def _keys(user: str, name: str, gpus: int) -> list[tuple[Key, tuple[str, ...]]]:
     """Each group's key and shown values for one job, in GROUPS' order (written out: the prior
     calls it for every finished job it learns; tests/unit/test_service_prior.py checks it against
@@ -156,7 +182,7 @@ class ServicePrior:
             if job.gpus <= 0:
                 continue
             jobs += 1
-            for key, _ in _keys(job.user, job.name, job.gpus):
+            for key, _ in _learned_keys(job):
                 runs.setdefault(key, []).append(job.run_s)
         estimates = {}
         own: dict[str, list[Key]] = {}
@@ -229,7 +255,7 @@ class PriorLearner:
         if job.gpus <= 0:
             return
         self.jobs += 1
-        keys = _keys(job.user, job.name, job.gpus)
+        keys = _learned_keys(job)
         for key, _ in keys:
             bisect.insort(self._runs.setdefault(key, []), job.run_s)
             self._refresh(key)
@@ -241,7 +267,7 @@ class PriorLearner:
         if job.gpus <= 0:
             return
         self.jobs -= 1
-        for key, _ in _keys(job.user, job.name, job.gpus):
+        for key, _ in _learned_keys(job):
             runs = self._runs[key]
             del runs[bisect.bisect_left(runs, job.run_s)]
             if not runs:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dike_slurm.domain.model import AscendingTuple, Job, JobState
-from dike_slurm.domain.service_prior import FinishedJob
+from dike_slurm.domain.service_prior import FinishedJob, never_ran
 from dike_slurm.slurm.accounting import AccountingRecord
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ class Run:
     final: bool  # the job ended with this run (it was not requeued)
     name: str = ""  # the job's name (the service prior's groups)
     weight: float = 1.0  # what a GPU-second of this run is charged: the site's TRESBillingWeights for its GPU type
+    state: JobState = JobState.COMPLETED  # how the run ended, as sacct says (RUNNING while it runs)
 
     def gpu_s(self, now: float) -> float:
         """Its GPU service: GPUs x seconds x the weight of its GPU type."""
@@ -57,7 +58,7 @@ def runs_from_records(records: Iterable[AccountingRecord], billing: SlurmPriorit
         final = record.state not in _NOT_FINAL and record.end is not None
         weight = billing.gpu_weight(record.partition, record.alloc_gpu_types) if billing is not None else 1.0
         runs.append(Run(record.job_id, record.user, record.account, record.gpus, record.start, record.end, final,
-                        record.name, weight))
+                        record.name, weight, record.state))
     return runs
 
 
@@ -155,9 +156,11 @@ def completed_service(runs: Iterable[Run], now: float) -> AscendingTuple:
 
 def finished_jobs(runs: Iterable[Run], now: float) -> list[FinishedJob]:
     """Every job whose last run ended it, as the service prior learns from it: its GPU service over
-    all its runs, per GPU of its final run."""
+    all its runs, per GPU of its final run; one that never really ran is for its user's groups only
+    (service_prior.never_ran)."""
     return [
-        FinishedJob(run.user, run.name, run.gpus, service / run.gpus, run.end)  # type: ignore[arg-type]
+        FinishedJob(run.user, run.name, run.gpus, service / run.gpus, run.end,  # type: ignore[arg-type]
+                    never_ran(run.state.value, service / run.gpus))
         for service, run in finished_totals(runs, now).values()
         if run.gpus > 0
     ]

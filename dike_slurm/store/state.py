@@ -22,18 +22,21 @@ from dike_slurm.domain.fields import FieldValue, JobField, SwitchRequest
 from dike_slurm.store.audit_export import append_audit_lines
 from dike_slurm.errors import StateError
 from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, FreedRoom
+from dike_slurm.domain.model import JobState
 from dike_slurm.frozen import frozen_record
 from dike_slurm.store.records import AuditEntry, CycleSummary, JobMemory, OwnedField, Pruned, SiteSpan
 from dike_slurm.slurm.usage import Run
 
-SCHEMA_VERSION = 4  # 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights)
+# 2: runs.name (the service prior's groups); 3: audit.user; 4: runs.weight (TRESBillingWeights);
+# 5: runs.state (how a run ended: the prior skips jobs that never really ran)
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     job_id INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL, gpus INTEGER NOT NULL,
     user TEXT NOT NULL, account TEXT NOT NULL, final INTEGER NOT NULL, name TEXT NOT NULL DEFAULT '',
-    weight REAL NOT NULL DEFAULT 1.0, PRIMARY KEY (job_id, start));
+    weight REAL NOT NULL DEFAULT 1.0, state TEXT NOT NULL DEFAULT 'COMPLETED', PRIMARY KEY (job_id, start));
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, level INTEGER, written_level INTEGER,
     attained_gpu_s REAL NOT NULL DEFAULT 0, attained_at_promotion_gpu_s REAL NOT NULL DEFAULT 0,
@@ -166,6 +169,8 @@ class StateStore:
                     self._db.execute("ALTER TABLE runs ADD COLUMN name TEXT NOT NULL DEFAULT ''")
                 if "weight" not in columns:  # schema 1-3: every run weighed 1
                     self._db.execute("ALTER TABLE runs ADD COLUMN weight REAL NOT NULL DEFAULT 1.0")
+                if "state" not in columns:  # schema 1-4: how a run ended was not kept; taken as completed
+                    self._db.execute("ALTER TABLE runs ADD COLUMN state TEXT NOT NULL DEFAULT 'COMPLETED'")
                 if "user" not in {row["name"] for row in self._db.execute("PRAGMA table_info(audit)")}:
                     self._db.execute("ALTER TABLE audit ADD COLUMN user TEXT NOT NULL DEFAULT ''")  # schema 1-2
                 self._db.execute(
@@ -270,10 +275,10 @@ class StateStore:
     def add_runs(self, runs: Iterable[Run]) -> None:
         """Store finished runs (a run seen again replaces the stored one)."""
         self._db.executemany(
-            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final, name, weight) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final), r.name, r.weight) for r in runs
-             if r.end is not None],
+            "INSERT OR REPLACE INTO runs (job_id, start, end, gpus, user, account, final, name, weight, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.job_id, r.start, r.end, r.gpus, r.user, r.account, int(r.final), r.name, r.weight, r.state.value)
+             for r in runs if r.end is not None],
         )
 
     def runs(self) -> list[Run]:
@@ -281,9 +286,11 @@ class StateStore:
         keys = rows[0].keys() if rows else ()
         has_name = "name" in keys  # a schema-1 file opened read-only has none
         has_weight = "weight" in keys  # nor a file before schema 4
+        has_state = "state" in keys  # nor a file before schema 5
         return [
             Run(row["job_id"], row["user"], row["account"], row["gpus"], row["start"], row["end"], bool(row["final"]),
-                row["name"] if has_name else "", row["weight"] if has_weight else 1.0)
+                row["name"] if has_name else "", row["weight"] if has_weight else 1.0,
+                JobState.parse(row["state"]) if has_state else JobState.COMPLETED)
             for row in rows
         ]
 

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from dike_slurm.domain.service_prior import FinishedJob, PriorLearner
+from dike_slurm.domain.service_prior import FinishedJob, PriorLearner, never_ran
 from dike_slurm.sim.kernel.trace import TraceJob
 
 BLOCK = 512
@@ -159,7 +159,8 @@ class FinishedService:
             self.ends.append((end, attained))
             self.service.add(attained)
         if self.prior is not None:
-            finished = FinishedJob(trace.user, trace.name, trace.gpus, attained / trace.gpus if trace.gpus else 0.0, end)
+            run_s = attained / trace.gpus if trace.gpus else 0.0
+            finished = FinishedJob(trace.user, trace.name, trace.gpus, run_s, end, never_ran(trace.final_state, run_s))
             self.prior.add(finished)
             self.prior_jobs.append(finished)
 

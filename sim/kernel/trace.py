@@ -42,6 +42,7 @@ class TraceJob:
     array_job_id: int | None = None
     array_task_id: int | None = None
     gpu_types: tuple[str, ...] = ()  # the GPU types it may run on (typed ReqTRES or constraint); () any
+    final_state: str = "COMPLETED"  # how its last run ended in the dump (a JobState value)
 
     @property
     def gpus_per_node(self) -> int:
@@ -160,6 +161,7 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
                 array_job_id=last.array_job_id,
                 array_task_id=last.array_task_id,
                 gpu_types=gpu_types,
+                final_state=last.state.value,
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.job_id))

@@ -144,8 +144,8 @@ def test_requeues_signals_and_the_gpu_hours_they_cost(tmp_path):
 
 
 def test_the_prior_is_judged_on_jobs_that_finished_since_the_last_cycle(tmp_path):
-    history = [finished_run(100 + i, "alice", 1, NOW - 90_000 + i * 1000, NOW - 90_000 + i * 1000 + 3600)
-               for i in range(5)]  # alice's 1-GPU jobs ran an hour each
+    history = [finished_run(100 + i, "alice", 1, NOW - 80_000 + i * 1000, NOW - 80_000 + i * 1000 + 3600)
+               for i in range(50)]  # alice's 1-GPU jobs ran an hour each: the prior's minimum history
     cfg, backend, eng = setup(tmp_path, [pending(1, name="")], )
     backend.records = history
     report = run_cycle(eng, apply=True)
@@ -207,8 +207,8 @@ def test_pending_jobs_beyond_the_head_window_are_counted(tmp_path):
 
 
 def test_a_job_that_left_without_a_final_run_in_accounting_is_dropped_unjudged(tmp_path):
-    history = [finished_run(100 + i, "alice", 1, NOW - 90_000 + i * 1000, NOW - 90_000 + i * 1000 + 3600)
-               for i in range(5)]
+    history = [finished_run(100 + i, "alice", 1, NOW - 80_000 + i * 1000, NOW - 80_000 + i * 1000 + 3600)
+               for i in range(50)]  # the prior's minimum history (min_history_jobs)
     cfg, backend, eng = setup(tmp_path, [pending(1)])
     backend.records = history
     assert 1 in run_cycle(eng, apply=True).plan.expected

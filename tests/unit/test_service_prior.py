@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.domain.service_prior import GROUPS, FinishedJob, PriorLearner, ServicePrior, _keys
+from dike_slurm.domain.service_prior import NEVER_RAN_S, GROUPS, FinishedJob, PriorLearner, ServicePrior, _keys, never_ran
 
 
 def job(user="alice", name="train.sh", gpus=4, run_s=3600.0, end=0.0):
@@ -27,6 +27,33 @@ def test_the_written_out_keys_are_the_groups_fields(user, name, gpus):
         shown = tuple(values[field] for field in group)
         expected.append(((index, *shown), shown))
     assert _keys(user, name, gpus) == expected
+
+
+def test_a_job_that_never_really_ran_moves_only_its_own_users_expected_service():
+    """Cancelled, failed, out of memory or lost with its node in its first NEVER_RAN_S: learned by its
+    user's groups only; completed or timed out however short, or cancelled after a real run:
+    learned by every group. The engine's accounting reader and the replay's history apply the same
+    rule (the engine-against-replay tests run a trace that has such jobs)."""
+    from dike_slurm.domain.model import JobState
+    from dike_slurm.slurm.usage import Run, finished_jobs
+
+    for state in ("CANCELLED", "FAILED", "OUT_OF_MEMORY", "NODE_FAIL"):
+        assert never_ran(state, 78.0) and never_ran(state, NEVER_RAN_S - 1) and not never_ran(state, NEVER_RAN_S)
+    assert not never_ran("COMPLETED", 5.0) and not never_ran("TIMEOUT", 5.0)
+    runs = [Run(1, "u", "a", 2, 0.0, 78.0, True, "x", state=JobState.CANCELLED),
+            Run(2, "u", "a", 2, 0.0, 78.0, True, "x", state=JobState.COMPLETED),
+            Run(3, "u", "a", 2, 0.0, 50.0, False, "x", state=JobState.REQUEUED),  # requeued, then ran on
+            Run(3, "u", "a", 2, 100.0, 400.0, True, "x", state=JobState.FAILED)]  # 350 s in all: a real run
+    assert [(job.run_s, job.own_only) for job in finished_jobs(runs, 1000.0)] == [(78.0, True), (78.0, False),
+                                                                                   (350.0, False)]
+    # the lab's case: others' jobs ran 2 h; alice's job cancelled after 78 s moves bob's prediction
+    # (every finished job, and the same name and size) not at all, and alice's own downward
+    others = [FinishedJob("carol", "train.sh", 4, 7200.0, float(i)) for i in range(60)]
+    cancelled = FinishedJob("alice", "train.sh", 4, 78.0, 100.0, own_only=True)
+    before, after = ServicePrior.learn(others), ServicePrior.learn([*others, cancelled])
+    assert after.predict("bob", "train.sh", 4, 10.0) == before.predict("bob", "train.sh", 4, 10.0)
+    assert after.predict("alice", "train.sh", 4, 10.0).gpu_s < before.predict("alice", "train.sh", 4, 10.0).gpu_s
+    assert after.jobs == before.jobs + 1
 
 
 def test_without_shrinkage_the_finest_group_with_jobs_answers_and_says_which():
@@ -82,6 +109,7 @@ finished = st.builds(
     gpus=st.sampled_from([0, 1, 2, 8]),
     run_s=st.floats(0, 1e6, allow_nan=False).map(lambda v: round(v, 1)),
     end=st.just(0.0),
+    own_only=st.booleans(),
 )
 
 

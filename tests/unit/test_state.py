@@ -24,6 +24,7 @@ from dike_slurm.store.state import (
     encode_value,
 )
 from dike_slurm.slurm.usage import Run
+from dike_slurm.domain.model import JobState
 
 
 def test_everything_survives_a_restart(tmp_path):
@@ -271,7 +272,7 @@ def test_an_exported_line_is_one_ascii_line_whatever_the_text(tmp_path):
     assert surrogate.isascii() and json.loads(surrogate)["change"] == "\ud800"
 
 
-def test_a_schema_1_state_file_gains_the_runs_job_name_and_weight_and_the_audits_user(tmp_path):
+def test_a_schema_1_state_file_gains_the_runs_job_name_weight_and_state_and_the_audits_user(tmp_path):
     """A state file from before the service prior (schema 1: runs without the job's name, an audit
     without its user) is read as it is, read-only, and migrated in place by a writer; nothing it
     held is lost."""
@@ -294,12 +295,13 @@ def test_a_schema_1_state_file_gains_the_runs_job_name_and_weight_and_the_audits
     old_row = AuditEntry(50.0, 1, 5, "update", "SiteFactor 0 -> 9", "cmd", "undo", True, "", "why", 1)
     assert StateStore(path, read_only=True).audit_log() == [old_row]  # user "": unknown
     store = StateStore(path)
-    store.add_runs([Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh", 2.0)])
-    # the old run weighs 1 (schema 4's runs.weight, its TRESBillingWeights, added in place)
-    assert store.runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True, "", 1.0),
-                            Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh", 2.0)]
+    store.add_runs([Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh", 2.0, JobState.CANCELLED)])
+    # the old run weighs 1 (schema 4's runs.weight, its TRESBillingWeights, added in place) and is
+    # taken as completed (schema 5's runs.state); the new one keeps how it ended
+    assert store.runs() == [Run(5, "alice", "research", 8, 100.0, 700.0, True, "", 1.0, JobState.COMPLETED),
+                            Run(6, "bob", "x", 1, 0.0, 10.0, True, "train.sh", 2.0, JobState.CANCELLED)]
     schema = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-    assert schema == "4"
+    assert schema == "5"
     store.audit(AuditEntry(60.0, 2, 6, "update", "SiteFactor 0 -> 8", "cmd", "undo", True, user="bob"))
     store._db.commit()
     assert [(e.job_id, e.user) for e in StateStore(path, read_only=True).audit_log()] == [(5, ""), (6, "bob")]
