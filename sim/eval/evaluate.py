@@ -238,7 +238,7 @@ def evaluate(
     log = log or (lambda _line: None)
     started = time.perf_counter()
     git = _git_state()  # the code the replays run, not what was committed meanwhile
-    inputs = {case.name: _case_input(case, load_input) for case in plan.cases}
+    inputs = _case_inputs(plan.cases, load_input)
     groups = _replay_groups(plan)
     total_jobs = sum(len(inputs[case.name].trace.jobs) * len(members) for case in plan.cases for members in groups.values())
     replayed_jobs = 0
@@ -318,15 +318,22 @@ def evaluate(
     return result
 
 
-def _case_input(case: Case, load_input):
-    """The case's replay input; a twin's with users and names shuffled across its jobs."""
-    replay_input = load_input(*(case.folder / name for name in CASE_FILES))
-    if case.twin_of is None:
-        return replay_input
+def _case_inputs(cases: Sequence[Case], load_input) -> dict:
+    """Each case's replay input, each folder read once: a twin's is its case's, with users and
+    names shuffled across the jobs."""
     from dike_slurm.sim.tracegen.shuffle import shuffle_identities
 
-    trace = replace(replay_input.trace, jobs=shuffle_identities(replay_input.trace.jobs, TWIN_SEED))
-    return replace(replay_input, trace=trace)
+    read: dict[Path, object] = {}
+    inputs = {}
+    for case in cases:
+        replay_input = read.get(case.folder)
+        if replay_input is None:
+            replay_input = read[case.folder] = load_input(*(case.folder / name for name in CASE_FILES))
+        if case.twin_of is not None:
+            trace = replace(replay_input.trace, jobs=shuffle_identities(replay_input.trace.jobs, TWIN_SEED))
+            replay_input = replace(replay_input, trace=trace)
+        inputs[case.name] = replay_input
+    return inputs
 
 
 def _avg_run_h(replay_input) -> float | None:

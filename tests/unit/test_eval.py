@@ -102,11 +102,18 @@ def test_every_one_type_case_has_a_shuffled_twin_with_the_same_jobs(result, corp
     assert [c.name for c in evaluate.make_plan([corpus], twins=False).cases] == ["zeta", "alpha"]
     case, twin = result["cases"][:2]
     assert twin["input"] == case["input"] and twin["avg_run_h"] == case["avg_run_h"]
-    from dike_slurm.sim.eval.evaluate import Case, _case_input
+    from dike_slurm.sim.eval.evaluate import Case, _case_inputs
     from dike_slurm.sim.kernel.replay import load_input
 
-    plain = _case_input(Case("zeta", corpus / "zeta"), load_input).trace.jobs
-    shuffled = _case_input(Case("zeta-shuffled", corpus / "zeta", twin_of="zeta"), load_input).trace.jobs
+    reads = []
+
+    def counted_load(*paths):
+        reads.append(paths[0])
+        return load_input(*paths)
+    inputs = _case_inputs([Case("zeta", corpus / "zeta"), Case("zeta-shuffled", corpus / "zeta", twin_of="zeta")],
+                          counted_load)
+    assert reads == [corpus / "zeta" / "sacct.txt"]  # the twin shuffles its case's input: one read
+    plain, shuffled = inputs["zeta"].trace.jobs, inputs["zeta-shuffled"].trace.jobs
     assert [(j.job_id, j.submit, j.duration_s, j.gpus) for j in shuffled] == [(j.job_id, j.submit, j.duration_s, j.gpus) for j in plain]
     assert [j.name for j in shuffled] != [j.name for j in plain] and sorted(j.name for j in shuffled) == sorted(j.name for j in plain)
 
