@@ -195,35 +195,54 @@ class SlurmPriorityModel:
                 size = (size + cpus / cluster_cpus) / 2
         return min(max(size, 0.0), 1.0)
 
-    def factors_sum(self, job: PriorityInputs, now: float) -> float:
-        """Every weighted factor of a pending job at `now`, without SiteFactor and Nice."""
+    def request_terms(self, partition: str, qos: str, nodes: int, cpus: int, gpus: int) -> tuple[float, ...]:
+        """The weighted factors that depend only on what a job asks for (job size, partition, QOS,
+        each TRES), in the formula's order: the same for every job of this request, at any time."""
+        w = self.weights
+        terms: list[float] = []
+        if w.job_size:
+            terms.append(w.job_size * self.job_size_factor(nodes, cpus))
+        if w.partition:
+            terms.append(w.partition * self.partition_factor(partition))
+        if w.qos:
+            terms.append(w.qos * self.qos_factor(qos))
+        if w.tres:
+            have = self.partition_tres.get(partition, {})
+            counts = {"cpu": cpus, "node": nodes, "gres/gpu": gpus}
+            for name, weight in w.tres.items():
+                if have.get(name):
+                    terms.append(weight * counts.get(name, 0) / have[name])
+        return tuple(terms)
+
+    def sum_with(self, request_terms: tuple[float, ...], eligible_since: float, fairshare: float, now: float) -> float:
+        """Every weighted factor of a pending job at `now`, without SiteFactor and Nice, from its
+        `request_terms`: age, fair share, then those terms, added in that order."""
         w = self.weights
         total = 0.0
         if w.age:
-            waited = now - job.eligible_since if now > job.eligible_since else 0.0
+            waited = now - eligible_since if now > eligible_since else 0.0
             total += w.age * (waited / w.max_age_s if waited < w.max_age_s else 1.0)
         if w.fairshare:
-            total += w.fairshare * job.fairshare
-        if w.job_size:
-            total += w.job_size * self.job_size_factor(job.nodes, job.cpus)
-        if w.partition:
-            total += w.partition * self.partition_factor(job.partition)
-        if w.qos:
-            total += w.qos * self.qos_factor(job.qos)
-        if w.tres:
-            have = self.partition_tres.get(job.partition, {})
-            counts = {"cpu": job.cpus, "node": job.nodes, "gres/gpu": job.gpus}
-            for name, weight in w.tres.items():
-                if have.get(name):
-                    total += weight * counts.get(name, 0) / have[name]
+            total += w.fairshare * fairshare
+        for term in request_terms:
+            total += term
         return total
 
-    def priority(self, job: PriorityInputs, now: float) -> int:
-        """The priority Slurm gives the job at `now` (an integer, at least 1)."""
-        value = self.factors_sum(job, now) + job.site_factor - job.nice
+    def factors_sum(self, job: PriorityInputs, now: float) -> float:
+        """Every weighted factor of a pending job at `now`, without SiteFactor and Nice."""
+        terms = self.request_terms(job.partition, job.qos, job.nodes, job.cpus, job.gpus)
+        return self.sum_with(terms, job.eligible_since, job.fairshare, now)
+
+    @staticmethod
+    def bounded(value: float) -> int:
+        """A priority as Slurm stores it: an integer in [1, PRIORITY_MAX]."""
         if value < 1:
             return 1
         return PRIORITY_MAX if value > PRIORITY_MAX else int(value)
+
+    def priority(self, job: PriorityInputs, now: float) -> int:
+        """The priority Slurm gives the job at `now` (an integer, at least 1)."""
+        return self.bounded(self.factors_sum(job, now) + job.site_factor - job.nice)
 
     def qos_tiers(self) -> list[float]:
         """The distinct weighted QOS contributions, lowest first (one per tier)."""

@@ -51,6 +51,8 @@ class SlurmOrder:
         self.usage = DecayedUsage(weights.decay_half_life_s)  # per (account, user) association
         self.shares = dict(shares)
         self.fairshare: dict = {}
+        # the weighted factors of each request (partition, QOS, nodes, CPUs, GPUs), which never change
+        self.request_terms: dict[tuple[str, str, int, int, int], tuple[float, ...]] = {}
         self.uses_fairshare = weights.multifactor and weights.fairshare > 0
 
     def join(self, job: SimJob, now: float) -> None:
@@ -76,13 +78,17 @@ class SlurmOrder:
         if not model.weights.multifactor:
             return 1  # priority/basic: submit order (SiteFactor and Nice have no effect)
         trace = job.trace
-        inputs = PriorityInputs(
-            partition=trace.partition, qos=trace.qos, nodes=trace.num_nodes, cpus=trace.cpus, gpus=trace.gpus,
-            eligible_since=job.eligible_at, fairshare=self.fairshare.get(job.association, 1.0),
-            site_factor=job.written if self.strategy == "site_factor" else 0,
-            nice=job.written if self.strategy == "nice" else 0,
-        )
-        return model.priority(inputs, now)
+        request = (trace.partition, trace.qos, trace.num_nodes, trace.cpus, trace.gpus)
+        terms = self.request_terms.get(request)
+        if terms is None:
+            terms = self.request_terms[request] = model.request_terms(*request)
+        value = model.sum_with(terms, job.eligible_at, self.fairshare.get(job.association, 1.0), now)
+        strategy = self.strategy
+        if strategy == "site_factor":
+            value += job.written
+        elif strategy == "nice":
+            value -= job.written
+        return model.bounded(value)
 
     def key(self, job: SimJob, now: float) -> tuple[int, int, float, int]:
         """Where the job sorts: lower first (tier and priority descending, then submit time, id).

@@ -6,7 +6,12 @@ pure parts: each factor by hand, fair share, the tiers and the span each mode gi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dike_slurm.errors import InputError
 from dike_slurm.slurm.slurm_conf import parse_slurm_conf
@@ -167,6 +172,34 @@ def test_priority_strategy_pins_and_nice_subtracts():
     base = nice.priority(other, 1000.0)
     other.written, other.owned = -300, True  # the engine writes a negative Nice
     assert nice.priority(other, 1000.0) == base + 300
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    jobs=st.lists(st.tuples(st.sampled_from(["gpu", "debug", "elsewhere"]), st.sampled_from(["normal", "low", "urgent", "x"]),
+                            st.integers(1, 4), st.integers(0, 64), st.integers(0, 32),
+                            st.floats(0, 3 * 86400), st.floats(0, 1), st.integers(-10**6, 10**7), st.booleans()),
+                  min_size=1, max_size=6),
+    strategy=st.sampled_from(["site_factor", "nice", "priority"]),
+    favor_small=st.booleans(),
+    now=st.floats(0, 4 * 86400),
+)
+def test_the_replays_priority_with_its_request_terms_kept_equals_the_formula_each_time(jobs, strategy, favor_small, now):
+    """SlurmOrder keeps each request's weighted factors; the priority is the formula's
+    (SlurmPriorityModel.priority on fresh PriorityInputs) to the integer, for every strategy."""
+    conf = CONF + ("PriorityFavorSmall=YES\n" if favor_small else "")
+    site = parse_slurm_conf(conf).priority_model(QOS, "test")
+    order = SlurmOrder(SimSettings(priority_model=site, priority_strategy=strategy), {})
+    for index, (partition, qos, nodes, cpus, gpus, eligible, fairshare, written, owned) in enumerate(jobs * 2):
+        job = sim_job(index, partition=partition, qos=qos, gpus=gpus)
+        job.trace = replace(job.trace, num_nodes=nodes, cpus=cpus)
+        job.eligible_at, job.written, job.owned = eligible, written, owned
+        order.fairshare[job.association] = fairshare
+        plain = PriorityInputs(partition, qos, nodes, cpus, gpus, eligible_since=eligible, fairshare=fairshare,
+                               site_factor=written if strategy == "site_factor" else 0,
+                               nice=written if strategy == "nice" else 0)
+        expected = written if strategy == "priority" and owned else site.priority(plain, now)
+        assert order.priority(job, now) == expected
 
 
 def test_the_scheduler_depth_comes_from_schedulerparameters_and_a_bad_value_names_its_source():
