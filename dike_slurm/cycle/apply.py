@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
 
 from dike_slurm.slurm.backends.base import Backend, WriteOutcome, started
 from dike_slurm.domain.fields import JobField
@@ -60,7 +61,7 @@ class Stop(Enum):
     DENIED = "denied"  # Slurm refused a write for lack of rights
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CycleReport:
     """What a cycle did (nothing but the plan when not applied)."""
 
@@ -104,6 +105,81 @@ def log_fields(write: PlannedWrite) -> dict[str, object]:
     ]}
 
 
+@dataclass
+class Stopping:
+    """Whether, and why, a cycle stopped writing."""
+
+    stop: Stop | None = None
+    why: str = ""  # among the notes, and the message of each row of what was not attempted
+    before_writes: bool = False  # paused or breaker latched: one row says it for the whole cycle
+
+    def halt(self, stop: Stop, why: str) -> None:
+        self.stop, self.why = stop, why
+
+    @property
+    def denied(self) -> str:
+        """What to grant, when Slurm refused a write for lack of rights ("" otherwise)."""
+        return self.why if self.stop is Stop.DENIED else ""
+
+
+@dataclass
+class Tally:
+    """What a cycle's writes and requeues came to so far."""
+
+    outcomes: list[tuple[PlannedWrite, WriteOutcome]] = field(default_factory=list)
+    requeued: list[tuple[Requeue, WriteOutcome]] = field(default_factory=list)
+    succeeded: set[tuple[int, JobField]] = field(default_factory=set)  # (job, field) written
+    notes: list[str] = field(default_factory=list)
+    errors: int = 0  # failed calls, a job gone not counted
+    signals: int = 0
+    budget_held: int = 0
+
+    def count_failure(self, outcome: WriteOutcome) -> None:
+        if not outcome.ok and not outcome.job_gone:
+            self.errors += 1
+
+
+@dataclass
+class Journal:
+    """The audit rows of one cycle. A call to Slurm has its row committed first, as unconfirmed
+    (`ahead`), and completed with the answer (`finish`), so a crash at any point leaves the
+    attempt in the audit; what the cycle did not attempt has a row of its own (`not_attempted`)."""
+
+    store: StateStore
+    cycle: int
+    at: float  # the plan's time
+    owners: Mapping[int, str]  # job id -> user (the audit's user column)
+
+    def add(self, job_id: int, action: str, change: str, command: str, undo: str, ok: bool, message: str,
+            reason: str, user: str | None = None) -> int:
+        """One row (inside the caller's transaction); its id. `user`: the job's owner unless given."""
+        return self.store.audit(AuditEntry(
+            self.at, self.cycle, job_id, action, change, command, undo, ok, message, reason,
+            user=self.owners.get(job_id, "") if user is None else user,
+        ))
+
+    def ahead(self, job_id: int, action: str, change: str, command: str, undo: str, reason: str) -> int:
+        """The write-ahead row of a call about to be made (inside the caller's transaction)."""
+        return self.add(job_id, action, change, command, undo, False, UNCONFIRMED, reason)
+
+    def finish(self, entry_id: int, outcome: WriteOutcome) -> None:
+        """A write-ahead row completed with Slurm's answer (inside the caller's transaction)."""
+        self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+
+    def not_attempted(self, job_id: int, change: str, why: str, reason: str, user: str | None = None) -> None:
+        self.add(job_id, "skipped", change, "(not run)", "none", False, why, reason, user)
+
+    def call(self, job_id: int, action: str, change: str, command: str, undo: str, reason: str,
+             slurm: Callable[[], WriteOutcome]) -> WriteOutcome:
+        """One call to Slurm between its write-ahead row and its completion, each committed alone."""
+        with self.store.transaction():
+            entry_id = self.ahead(job_id, action, change, command, undo, reason)
+        outcome = slurm()
+        with self.store.transaction():
+            self.finish(entry_id, outcome)
+        return outcome
+
+
 class Applier:
     """Writes plans to one cluster and records them in one state store."""
 
@@ -115,152 +191,156 @@ class Applier:
         self.store = store
         self.clock = clock
         self.strategy_field = STRATEGY_FIELD[config.engine.priority_strategy]
-        self._owners: dict[int, str] = {}  # job id -> user, of the cycle being applied (the audit's user column)
 
     def apply(self, plan: CyclePlan, started: float | None = None) -> CycleReport:
         """Write the plan, audit every write, remember levels, runs and promotions."""
         started = self.clock() if started is None else started
-        engine = self.config.engine
         calls_before = self.backend.calls
-        cycle = self.store.next_cycle()
-        self._owners = {p.job.job_id: p.job.user for p in plan.jobs}
-        outcomes: list[tuple[PlannedWrite, WriteOutcome]] = []
-        requeued: list[tuple[Requeue, WriteOutcome]] = []
-        notes: list[str] = []
-        errors = 0
-        succeeded: set[tuple[int, JobField]] = set()
-        stopped = denied = ""
-        stop: Stop | None = None
-        paused = self.store.paused()
-        tripped = self.store.breaker()
-        if paused is None and tripped is None and plan.breaker:
-            tripped = self._trip(plan.breaker)
-        if paused is not None:
-            stop = Stop.PAUSED
-            stopped = f"paused ({paused}): nothing is written until an operator runs `dike-slurm resume`"
-        elif tripped is not None:
-            stop = Stop.BREAKER
-            stopped = (f"circuit breaker tripped ({tripped}): nothing is written until an operator runs "
-                       f"`dike-slurm breaker reset`")
-        stopped_before = bool(stopped)
-        if stopped:
-            notes.append(stopped)
-            self._audit_stopped_cycle(plan, cycle, stopped)
-        index, size = 0, FIRST_BATCH
-        writes = () if stopped else plan.writes
-        writing_since = self.clock()
+        journal = Journal(self.store, self.store.next_cycle(), plan.time, {p.job.job_id: p.job.user for p in plan.jobs})
+        tally = Tally()
+        stopping = self._gate(plan, journal, tally)
         phase_started = time.perf_counter()
-        signals = 0
-        budget_held = 0
-        while index < len(writes):
-            left = engine.cycle_deadline_s - (self.clock() - started)
-            spent = self.clock() - writing_since
-            if spent >= engine.write_budget_s and errors < engine.breaker_max_errors and left >= 0:
-                # the queue's tail waits for the next cycle, which plans it again (not audited one
-                # by one: at a big site that would be thousands of rows a cycle)
-                budget_held = len(writes) - index
-                notes.append(f"write budget {engine.write_budget_s:g}s used ({spent:.1f}s, {index} write(s)): "
-                             f"{budget_held} write(s) further down the queue wait for the next cycle")
-                break
-            if errors >= engine.breaker_max_errors:
-                stop = Stop.FAILED_WRITES
-                stopped = f"circuit breaker: {errors} failed writes; nothing more is written until an operator resets it"
-                self._trip(f"{errors} failed writes in cycle {cycle}")
-            elif left < 0:
-                stop = Stop.DEADLINE
-                stopped = f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits for the next cycle"
-            if stopped:
-                notes.append(stopped)
-                self._audit_skipped(plan, cycle, writes[index:], stopped)
-                break
-            # the first batch, and every batch after a failure, can fail no more writes than the
-            # breaker still allows; batches after clean ones double
-            room = size if errors == 0 and index > 0 else engine.breaker_max_errors - errors
-            batch = writes[index:index + min(size, room)]
-            index += len(batch)
-            size = min(2 * len(batch), MAX_BATCH)
-            for write, outcome in zip(batch, self._write_batch(batch, plan.time, cycle, left)):
-                outcomes.append((write, outcome))
-                if outcome.ok:
-                    succeeded.update((write.job_id, f) for f in write.update.fields)
-                elif not outcome.job_gone:
-                    errors += 1
-                    if not denied and any(words in outcome.message for words in _DENIED):
-                        denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
-            if denied:  # every other write would fail alike
-                stop, stopped = Stop.DENIED, denied
-                notes.append(stopped)
-                self._audit_skipped(plan, cycle, writes[index:], stopped)
-                break
-        running_jobs = {p.job.job_id: p.job for p in plan.jobs}
-        # a preemption waits for its job's own writes (its pin and protected value, ranked first):
-        # without them the freed nodes would go to whatever Slurm starts next
-        unwritten = {w.job_id for w in plan.held_back} | {w.job_id for w, o in outcomes if not o.ok}
-        unwritten |= {w.job_id for w in plan.writes[len(outcomes):]}
-        for group in requeue_groups(plan.requeues):
-            beneficiary = group[0].for_job
-            why = stopped or (
-                "error limit or cycle deadline reached"
-                if errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s
-                else f"job {beneficiary}'s pin and priority were not written" if beneficiary in unwritten else "")
-            if why and stopped_before:  # the cycle's one row says it
-                continue
-            if why:
-                with self.store.transaction():
-                    for requeue in group:
-                        self.store.audit(AuditEntry(
-                            plan.time, cycle, requeue.job_id, "skipped", "requeue not attempted", "(not run)",
-                            "none", False, why, requeue.reason, user=self._owners.get(requeue.job_id, ""),
-                        ))
-                continue
-            if engine.preempt_signal is not None:
-                waiting = self._grace(group, running_jobs, plan.time, cycle)
-                errors += sum(1 for o in waiting.values() if o is not None and not o.ok and not o.job_gone)
-                signals += sum(1 for o in waiting.values() if o is not None and o.ok)
-                if waiting:
-                    notes.append(
-                        f"job(s) {', '.join(map(str, waiting))} signalled {engine.preempt_signal}: requeued once "
-                        f"{engine.preempt_grace_s:g}s have passed"
-                    )
-                    continue
-            for requeue in group:
-                outcome = self._requeue(requeue, plan.time, cycle)
-                requeued.append((requeue, outcome))
-                if not outcome.ok and not outcome.job_gone:
-                    errors += 1
-        self._remember(plan, succeeded, {r.job_id for r, o in requeued if o.ok}, cycle,
-                       _rooms(plan, requeued))
+        self._batches(plan, journal, tally, stopping, started)
+        self._requeues(plan, journal, tally, stopping, started)
+        requeued = {r.job_id for r, o in tally.requeued if o.ok}
+        self._remember(plan, self._memories(plan, tally.succeeded, requeued), journal, _rooms(plan, tally.requeued))
         seconds = self.clock() - started
         write_calls = self.backend.calls - calls_before
         report = CycleReport(
-            plan, True, tuple(outcomes), tuple(requeued), errors, seconds,
-            plan.read_calls + write_calls, write_calls, tuple(notes), denied, self.store.preemption_totals(),
-            budget_held, signals, paused is not None, self.store.breaker() is not None,
-            time.perf_counter() - phase_started, stop,
+            plan=plan, applied=True, outcomes=tuple(tally.outcomes), requeued=tuple(tally.requeued),
+            errors=tally.errors, seconds=seconds, slurm_calls=plan.read_calls + write_calls,
+            write_calls=write_calls, notes=tuple(tally.notes), denied=stopping.denied,
+            preemption_totals=self.store.preemption_totals(), budget_held=tally.budget_held, signals=tally.signals,
+            paused=stopping.stop is Stop.PAUSED, breaker_latched=self.store.breaker() is not None,
+            write_seconds=time.perf_counter() - phase_started, stopped=stopping.stop,
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))
         return report
 
-    def _requeue(self, requeue: Requeue, now: float, cycle: int) -> WriteOutcome:
-        """`scontrol requeue`, with its audit row written ahead (as `_write` does for updates)."""
+    def _gate(self, plan: CyclePlan, journal: Journal, tally: Tally) -> Stopping:
+        """Paused, or the breaker latched (by an earlier cycle or this plan's mass rewrite): the
+        cycle writes nothing, and one row (job 0) says what it planned, not a row per write."""
+        paused = self.store.paused()
+        tripped = self.store.breaker()
+        if paused is None and tripped is None and plan.breaker:
+            tripped = self._trip(plan.breaker)
+        if paused is not None:
+            stopping = Stopping(Stop.PAUSED, f"paused ({paused}): nothing is written until an operator runs "
+                                             f"`dike-slurm resume`", before_writes=True)
+        elif tripped is not None:
+            stopping = Stopping(Stop.BREAKER, f"circuit breaker tripped ({tripped}): nothing is written until an "
+                                              f"operator runs `dike-slurm breaker reset`", before_writes=True)
+        else:
+            return Stopping()
+        tally.notes.append(stopping.why)
+        planned = f"{len(plan.writes)} planned write(s) and {len(plan.requeues)} requeue(s) not made"
+        jobs = sorted({w.job_id for w in plan.writes} | {r.job_id for r in plan.requeues})
+        listed = f"jobs {', '.join(map(str, jobs[:20]))}" + (", ..." if len(jobs) > 20 else "") if jobs else "nothing planned"
         with self.store.transaction():
-            entry_id = self.store.audit(AuditEntry(
-                now, cycle, requeue.job_id, "requeue", "requeued", f"requeue {requeue.job_id}",
-                "none: a requeue cannot be undone", False, UNCONFIRMED, requeue.reason,
-                user=self._owners.get(requeue.job_id, ""),
-            ))
-        outcome = self.backend.requeue(requeue.job_id)
+            journal.not_attempted(0, planned, stopping.why, listed, user=getpass.getuser())
+        return stopping
+
+    def _batches(self, plan: CyclePlan, journal: Journal, tally: Tally, stopping: Stopping, started: float) -> None:
+        """The plan's writes in batches, until the breaker's error limit, the cycle deadline, a
+        refusal for lack of rights or the write budget stops them."""
+        engine = self.config.engine
+        writes = () if stopping.stop else plan.writes
+        index, size = 0, FIRST_BATCH
+        writing_since = self.clock()
+        while index < len(writes):
+            left = engine.cycle_deadline_s - (self.clock() - started)
+            spent = self.clock() - writing_since
+            if spent >= engine.write_budget_s and tally.errors < engine.breaker_max_errors and left >= 0:
+                # the queue's tail waits for the next cycle, which plans it again (not audited one
+                # by one: at a big site that would be thousands of rows a cycle)
+                tally.budget_held = len(writes) - index
+                tally.notes.append(f"write budget {engine.write_budget_s:g}s used ({spent:.1f}s, {index} write(s)): "
+                                   f"{tally.budget_held} write(s) further down the queue wait for the next cycle")
+                return
+            if tally.errors >= engine.breaker_max_errors:
+                stopping.halt(Stop.FAILED_WRITES, f"circuit breaker: {tally.errors} failed writes; nothing more is "
+                                                  f"written until an operator resets it")
+                self._trip(f"{tally.errors} failed writes in cycle {journal.cycle}")
+            elif left < 0:
+                stopping.halt(Stop.DEADLINE, f"cycle deadline {engine.cycle_deadline_s:g}s passed; the rest waits "
+                                             f"for the next cycle")
+            if stopping.stop:
+                return self._skip(writes[index:], journal, tally, stopping)
+            # the first batch, and every batch after a failure, can fail no more writes than the
+            # breaker still allows; batches after clean ones double
+            room = size if tally.errors == 0 and index > 0 else engine.breaker_max_errors - tally.errors
+            batch = writes[index:index + min(size, room)]
+            index += len(batch)
+            size = min(2 * len(batch), MAX_BATCH)
+            denied = ""
+            for write, outcome in zip(batch, self._write_batch(batch, journal, left)):
+                tally.outcomes.append((write, outcome))
+                tally.count_failure(outcome)
+                if outcome.ok:
+                    tally.succeeded.update((write.job_id, f) for f in write.update.fields)
+                elif not outcome.job_gone and not denied and any(words in outcome.message for words in _DENIED):
+                    denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
+            if denied:  # every other write would fail alike
+                stopping.halt(Stop.DENIED, denied)
+                return self._skip(writes[index:], journal, tally, stopping)
+
+    def _skip(self, writes: Sequence[PlannedWrite], journal: Journal, tally: Tally, stopping: Stopping) -> None:
+        """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""
+        tally.notes.append(stopping.why)
         with self.store.transaction():
-            self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
-        log.info("job %s: requeued (%s)%s", requeue.job_id, requeue.reason,
+            for write in writes:
+                journal.not_attempted(write.job_id, change_text(write), stopping.why, write.reason)
+
+    def _requeues(self, plan: CyclePlan, journal: Journal, tally: Tally, stopping: Stopping, started: float) -> None:
+        """The preemptions' requeues, group by group (a job's victims together), each after its
+        victims' grace signal when engine.preempt_signal is set."""
+        engine = self.config.engine
+        running_jobs = {p.job.job_id: p.job for p in plan.jobs}
+        # a preemption waits for its job's own writes (its pin and protected value, ranked first):
+        # without them the freed nodes would go to whatever Slurm starts next
+        unwritten = {w.job_id for w in plan.held_back} | {w.job_id for w, o in tally.outcomes if not o.ok}
+        unwritten |= {w.job_id for w in plan.writes[len(tally.outcomes):]}
+        for group in requeue_groups(plan.requeues):
+            beneficiary = group[0].for_job
+            why = stopping.why or (
+                "error limit or cycle deadline reached"
+                if tally.errors >= engine.breaker_max_errors or self.clock() - started > engine.cycle_deadline_s
+                else f"job {beneficiary}'s pin and priority were not written" if beneficiary in unwritten else "")
+            if why:
+                if not stopping.before_writes:  # else the cycle's one row says it
+                    with self.store.transaction():
+                        for requeue in group:
+                            journal.not_attempted(requeue.job_id, "requeue not attempted", why, requeue.reason)
+                continue
+            if engine.preempt_signal is not None:
+                waiting = self._grace(group, running_jobs, journal)
+                for outcome in waiting.values():
+                    if outcome is not None:
+                        tally.count_failure(outcome)
+                        tally.signals += outcome.ok
+                if waiting:
+                    tally.notes.append(
+                        f"job(s) {', '.join(map(str, waiting))} signalled {engine.preempt_signal}: requeued once "
+                        f"{engine.preempt_grace_s:g}s have passed"
+                    )
+                    continue
+            for requeue in group:
+                outcome = self._requeue(requeue, journal)
+                tally.requeued.append((requeue, outcome))
+                tally.count_failure(outcome)
+
+    def _requeue(self, requeue: Requeue, journal: Journal) -> WriteOutcome:
+        """`scontrol requeue`, audited ahead."""
+        job_id = requeue.job_id
+        outcome = journal.call(job_id, "requeue", "requeued", f"requeue {job_id}", "none: a requeue cannot be undone",
+                               requeue.reason, partial(self.backend.requeue, job_id))
+        log.info("job %s: requeued (%s)%s", job_id, requeue.reason,
                  "" if outcome.ok else f" FAILED: {outcome.message}",
-                 extra={"dike": {"job": requeue.job_id, "action": "requeue", "ok": outcome.ok}})
+                 extra={"dike": {"job": job_id, "action": "requeue", "ok": outcome.ok}})
         return outcome
 
-    def _grace(
-        self, group: list[Requeue], jobs: Mapping[int, Job], now: float, cycle: int
-    ) -> dict[int, WriteOutcome | None]:
+    def _grace(self, group: list[Requeue], jobs: Mapping[int, Job], journal: Journal) -> dict[int, WriteOutcome | None]:
         """Signal the victims not signalled in their current run; the ones still inside their grace
         period (None: signalled earlier). Empty: every victim's grace has passed, requeue them."""
         engine = self.config.engine
@@ -268,23 +348,17 @@ class Applier:
         assert signal is not None
         waiting: dict[int, WriteOutcome | None] = {}
         for requeue in group:
-            job = jobs.get(requeue.job_id)
+            job_id = requeue.job_id
+            job = jobs.get(job_id)
             since = job.start_time if job is not None and job.start_time is not None else 0.0
-            sent = self.store.last_done(requeue.job_id, "signal", since)
+            sent = self.store.last_done(job_id, "signal", since)
             if sent is not None:
-                if now - sent < engine.preempt_grace_s:
-                    waiting[requeue.job_id] = None
+                if journal.at - sent < engine.preempt_grace_s:
+                    waiting[job_id] = None
                 continue
-            with self.store.transaction():
-                entry_id = self.store.audit(AuditEntry(
-                    now, cycle, requeue.job_id, "signal", f"signal {signal} before requeue", f"signal {requeue.job_id}",
-                    "none: a signal cannot be undone", False, UNCONFIRMED, requeue.reason,
-                    user=self._owners.get(requeue.job_id, ""),
-                ))
-            outcome = self.backend.signal(requeue.job_id, signal)
-            with self.store.transaction():
-                self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
-            waiting[requeue.job_id] = outcome
+            waiting[job_id] = journal.call(
+                job_id, "signal", f"signal {signal} before requeue", f"signal {job_id}",
+                "none: a signal cannot be undone", requeue.reason, partial(self.backend.signal, job_id, signal))
         return waiting
 
     def _trip(self, reason: str) -> str:
@@ -293,43 +367,22 @@ class Applier:
         log.error("circuit breaker tripped: %s", reason)
         return reason
 
-    def _audit_stopped_cycle(self, plan: CyclePlan, cycle: int, why: str) -> None:
-        """A cycle paused or with the breaker latched: one row (job 0) for everything it planned,
-        not a row per write every cycle."""
-        planned = f"{len(plan.writes)} planned write(s) and {len(plan.requeues)} requeue(s) not made"
-        jobs = sorted({w.job_id for w in plan.writes} | {r.job_id for r in plan.requeues})
-        with self.store.transaction():
-            self.store.audit(AuditEntry(plan.time, cycle, 0, "skipped", planned, "(not run)", "none", False, why,
-                                        f"jobs {', '.join(map(str, jobs[:20]))}" + (", ..." if len(jobs) > 20 else "")
-                                        if jobs else "nothing planned", user=getpass.getuser()))
-
-    def _audit_skipped(self, plan: CyclePlan, cycle: int, writes, why: str) -> None:
-        """Writes the cycle planned but did not attempt: in the audit as such (ok = 0, action skipped)."""
-        with self.store.transaction():
-            for write in writes:
-                self.store.audit(AuditEntry(
-                    plan.time, cycle, write.job_id, "skipped", change_text(write), "(not run)",
-                    "none", False, why, write.reason, user=self._owners.get(write.job_id, ""),
-                ))
-
-    def _write_batch(self, writes: Sequence[PlannedWrite], now: float, cycle: int, timeout: float) -> list[WriteOutcome]:
+    def _write_batch(self, writes: Sequence[PlannedWrite], journal: Journal, timeout: float) -> list[WriteOutcome]:
         """Write these through the backend in one call (`apply_many`), each audited ahead."""
-        # Write-ahead: the audit rows exist (as unconfirmed) before Slurm is called, so a crash
-        # between the call and their record still leaves every attempt in the audit.
         changes = [change_text(write) for write in writes]
         with self.store.transaction():
-            entry_ids = [self.store.audit(AuditEntry(
-                now, cycle, write.job_id, "update", change,
+            entry_ids = [journal.ahead(
+                write.job_id, "update", change,
                 self.backend.describe(write.update) if write.update.values else "(none)",
-                self.backend.describe(write.undo) if write.undo.values else "none",
-                False, UNCONFIRMED, write.reason, user=self._owners.get(write.job_id, ""),
-            )) for write, change in zip(writes, changes)]
+                self.backend.describe(write.undo) if write.undo.values else "none", write.reason,
+            ) for write, change in zip(writes, changes)]
         sent = iter(self.backend.apply_many([w.update for w in writes if w.update.values], timeout))
         outcomes = [next(sent) if write.update.values else WriteOutcome(True, "(none: Slurm already holds the original)")
                     for write in writes]
         with self.store.transaction():
             for entry_id, write, outcome in zip(entry_ids, writes, outcomes):
-                self._record(entry_id, write, outcome, now)
+                journal.finish(entry_id, outcome)
+                self._own(write, outcome, journal.at)
         for write, change, outcome in zip(writes, changes, outcomes):
             log.info(
                 "job %s: %s (%s)%s", write.job_id, change, write.reason,
@@ -338,9 +391,8 @@ class Applier:
             )
         return outcomes
 
-    def _record(self, entry_id: int, write: PlannedWrite, outcome: WriteOutcome, now: float) -> None:
-        """A write's audit row completed, and the fields the engine now owns (inside a transaction)."""
-        self.store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+    def _own(self, write: PlannedWrite, outcome: WriteOutcome, now: float) -> None:
+        """The fields the engine owns after a write (inside the transaction that completes its row)."""
         if outcome.ok:
             originals = dict(write.originals)
             for key, value in write.update.values:
@@ -352,10 +404,8 @@ class Applier:
             # after a requeue), so the engine keeps them too and puts them back once it is pending
             self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
 
-    def _remember(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int], cycle: int,
-                  rooms: Mapping[int, FreedRoom]) -> None:
-        """Each managed job's memory, written when it changed or its last_seen is LAST_SEEN_EVERY_S old;
-        the preemptions followed (`rooms`: those made this cycle) and those settled, audited."""
+    def _memories(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int]) -> list[JobMemory]:
+        """Each managed job's memory that changed or whose last_seen is LAST_SEEN_EVERY_S old."""
         memory = self.store.jobs()
         memories = []
         for job_plan in plan.jobs:
@@ -384,6 +434,12 @@ class Applier:
                 continue  # what most jobs of a quiet cycle come to
             memories.append(replace(old, last_seen=plan.time, **changes) if old
                             else JobMemory(job.job_id, plan.time, **changes))
+        return memories
+
+    def _remember(self, plan: CyclePlan, memories: list[JobMemory], journal: Journal,
+                  rooms: Mapping[int, FreedRoom]) -> None:
+        """The jobs' memories, the runs, the preemptions followed (`rooms`: those made this cycle)
+        and those settled, audited."""
         lookback_start = self.config.accounting.window_start(plan.time)
         with self.store.transaction():
             self.store.remember(memories)
@@ -402,12 +458,11 @@ class Applier:
             self.store.set_freed_rooms(followed.values())
             for settled in plan.room_outcomes:
                 room = settled.room
-                self.store.audit(AuditEntry(
-                    plan.time, cycle, room.job_id, "preemption", settled.outcome, "(none)", "none",
-                    settled.outcome != WASTED, settled.why,
-                    f"requeued {', '.join(map(str, room.victims))} at {format_timestamp(room.requeued_at)} "
-                    f"to free {','.join(room.nodes)}", user=self._owners.get(room.job_id, ""),
-                ))
+                journal.add(
+                    room.job_id, "preemption", settled.outcome, "(none)", "none", settled.outcome != WASTED,
+                    settled.why, f"requeued {', '.join(map(str, room.victims))} at "
+                    f"{format_timestamp(room.requeued_at)} to free {','.join(room.nodes)}",
+                )
             self.store.add_preemption_outcomes(requeues_by_outcome(plan.room_outcomes))
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             # last_seen may lag the truth by LAST_SEEN_EVERY_S: never forget a job sooner than FORGET_AFTER_S

@@ -375,7 +375,8 @@ class Engine:
             self.backend.limit_reads(None)
         if apply:
             return self.apply(plan, started)
-        return CycleReport(plan, False, (), (), 0, self.clock() - started, plan.read_calls, 0)
+        return CycleReport(plan=plan, applied=False, outcomes=(), requeued=(), errors=0,
+                           seconds=self.clock() - started, slurm_calls=plan.read_calls, write_calls=0)
 
     def revert_plan(self, job_ids: Collection[int] | None = None) -> RevertPlan:
         """Put back every value the engine owns on jobs still active (or on `job_ids`); let go of the others."""

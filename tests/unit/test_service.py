@@ -68,7 +68,8 @@ class FakeEngine:
         self.starts.append(self.clock.now)
         self.steps.pop(0)()
         plan = CyclePlan(self.clock.now, self.config.engine.policy, "site_factor", (), (), (), (), (), 0)
-        return CycleReport(plan, apply, (), (), 0, 0.1, 6, 0)
+        return CycleReport(plan=plan, applied=apply, outcomes=(), requeued=(), errors=0, seconds=0.1, slurm_calls=6,
+                           write_calls=0)
 
 
 def config(**engine: object) -> Config:
