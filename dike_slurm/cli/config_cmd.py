@@ -25,7 +25,8 @@ def check_command(
 ) -> None:
     """Validate FILE (with DIKE_* environment overrides applied; exit 2 on the first problem) and
     check that this user can write the files it names (exit 1 when not)."""
-    from dike_slurm.cli.doctor_cmd import FAIL, path_checks
+    from dike_slurm.ops.doctor import path_checks
+    from dike_slurm.ops.doctor_checks import FAIL
 
     config, source = load(path)
     effective = json.loads(config.model_dump_json())

@@ -86,19 +86,10 @@ def read_viewer(config: Config, run: Callable[[list[str]], str], name: str | Non
 
 def slurm_runner(config: Config, timeout: float | None = None) -> Callable[[list[str]], str]:
     """Run a read-only Slurm command as the views do: the configured slurm.conf, UTC, one clear error."""
-    from dike_slurm.slurm.backends.commands import run_command
+    from dike_slurm.slurm.backends.commands import read_output
 
     env = dict(os.environ, TZ="UTC")
     if config.slurm.slurm_conf is not None:
         env["SLURM_CONF"] = str(config.slurm.slurm_conf)
     limit = timeout if timeout is not None else config.slurm.command_timeout_s
-
-    def run(argv: list[str]) -> str:
-        from dike_slurm.cli.doctor_cmd import failure
-
-        result = run_command(argv, env, limit)
-        if result.returncode != 0:
-            raise failure(argv, result.returncode, result.stderr)
-        return result.stdout
-
-    return run
+    return lambda argv: read_output(argv, env, limit)

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from dike_slurm.cli.doctor_cmd import FAIL, OK, WARN, Check, diagnose, failure, gather
+from dike_slurm.ops.doctor import gather
+from dike_slurm.ops.doctor_checks import FAIL, OK, WARN, Check, diagnose
 from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.config import load_config
 from dike_slurm.errors import DikeError
+from dike_slurm.slurm.backends.commands import failure
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -261,7 +263,7 @@ def test_files_the_engine_cannot_create_fail_with_the_folder_to_make(tmp_path):
 
 
 def test_a_state_file_every_user_reads_is_a_warning_under_private_data(tmp_path):
-    from dike_slurm.cli.doctor_cmd import store_exposure
+    from dike_slurm.ops.doctor import store_exposure
 
     state = tmp_path / "state.sqlite"
     state.write_text("")

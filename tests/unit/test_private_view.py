@@ -150,7 +150,7 @@ def test_a_user_who_cannot_read_the_store_is_not_told_a_job_is_unknown_to_the_en
 
 
 def test_doctor_warns_when_users_restricted_by_private_data_would_see_no_levels():
-    from dike_slurm.cli.doctor_cmd import OK, WARN, Check, diagnose
+    from dike_slurm.ops.doctor_checks import OK, WARN, Check, diagnose
 
     def checks(version: str, private: bool, admin_comment: bool) -> dict:
         name = "scontrol-show-config-privatedata-jobs.txt" if private else "scontrol-show-config.txt"

@@ -1,17 +1,18 @@
 """Running Slurm's commands: an argv list without a shell, in its own process group, killed whole
-on timeout; read (`run_command`) or fed text on its standard input (`feed_command`)."""
+on timeout; read (`run_command`, `read_output`) or fed text on its standard input (`feed_command`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dike_slurm.errors import SlurmError
+from dike_slurm.errors import DikeError, SlurmError
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,21 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
     if result.killed_after is not None:
         raise SlurmError(f"{shlex.join(argv)} timed out after {timeout:.3g}s")
     return CommandResult(result.returncode, result.stdout, result.stderr)
+
+
+def read_output(argv: list[str], env: Mapping[str, str], timeout: float) -> str:
+    """A read-only command's stdout; a command that fails is a DikeError in one line (`failure`)."""
+    result = run_command(argv, env, timeout)
+    if result.returncode != 0:
+        raise failure(argv, result.returncode, result.stderr)
+    return result.stdout
+
+
+def failure(argv: Sequence[str], returncode: int, stderr: str) -> DikeError:
+    """A failed command as one line: its last two messages, without the `NAME: error:` prefix
+    (sacctmgr names the host and port first, then what it was doing)."""
+    lines = [re.sub(r"^\S+: error: ", "", line.strip()) for line in stderr.splitlines() if line.strip()]
+    return DikeError(f"{shlex.join(argv)} failed: {'; '.join(lines[-2:]) or f'exit {returncode}'}")
 
 
 @dataclass(frozen=True)
