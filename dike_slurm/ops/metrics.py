@@ -17,9 +17,10 @@ from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, requeues_by_outc
 from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, Gauge
 
     from dike_slurm.cycle.apply import CycleReport
+    from dike_slurm.cycle.plan import CyclePlan
 
 PREFIX = "dike_slurm_"
 PHASES = ("read", "decide", "diff", "write")
@@ -99,6 +100,61 @@ def _label(value: float) -> str:
     return f"{value:g}"
 
 
+# (name, help, labels) of every gauge, in the textfile's order
+GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("cycle_failures_in_a_row", "failed cycles since the last one that ran", ()),
+    ("last_failure_timestamp_seconds", "when the last cycle failed (0: none since the process started)", ()),
+    ("cycle_seconds", "wall time of the last cycle", ()),
+    ("cycle_timestamp_seconds", "when the last cycle that ran read the cluster", ()),
+    ("slurm_calls", "Slurm calls in the last cycle", ()),
+    ("changes_written", "job updates written in the last cycle", ()),
+    ("errors", "failed writes, requeues and signals in the last cycle", ()),
+    ("applied", "1: the last cycle ran with --apply (a dry run writes no textfile)", ()),
+    ("paused", "1: an operator paused the writes (dike-slurm pause)", ()),
+    ("breaker_latched", "1: the circuit breaker is latched (dike-slurm breaker reset)", ()),
+    ("policy_info", "the policy and priority strategy of the last cycle (value 1)", ("policy", "strategy")),
+    ("writes_planned", "job updates the last cycle planned (held back ones included)", ()),
+    ("writes_held_back", "planned job updates left for a later cycle, by why", ("reason",)),
+    ("writes_skipped", "planned job updates not attempted: paused, breaker, deadline, missing rights", ()),
+    ("oldest_held_write_age_seconds", "how long the longest-waiting held-back write has waited, "
+     "over consecutive cycles of this process (0: none)", ()),
+    ("head_window_jobs", "pending jobs per partition the engine orders (0: every one)", ()),
+    ("pending_jobs_beyond_head_window", "managed pending jobs beyond the head window: Slurm's own "
+     "factors order them, the engine writes them nothing new", ()),
+    ("cycle_phase_seconds", "wall time of each phase of the last cycle", ("phase",)),
+    ("requeues_last_cycle", "jobs requeued by the last cycle", ()),
+    ("grace_signals_last_cycle", "grace signals sent by the last cycle", ()),
+    ("requeue_gpu_hours_lost_last_cycle", "GPU-hours of the current runs of the jobs the last cycle "
+     "requeued (an upper bound)", ()),
+    ("preemptions", "requeues settled in the last cycle: landed (the job they were for started "
+     "on the freed nodes), wasted, gone", ("outcome",)),
+    ("preemptions_total", "requeues settled since the state file was made", ("outcome",)),
+    ("jobs", "managed active jobs per queue level", ("level",)),
+    ("pending_jobs", "managed pending jobs per queue level and partition (a job of several "
+     "partitions counts in each)", ("level", "partition")),
+    ("pending_wait_seconds", "wait of the managed pending jobs per level since their submit or last "
+     "requeue: nearest-rank quantiles", ("level", "quantile")),
+    ("prior_jobs_judged", "jobs finished since the last cycle whose service the prior had predicted", ()),
+    ("prior_ratio", "attained / predicted GPU service of those jobs: quantiles (1: exact)", ("quantile",)),
+    ("prior_error_factor", "how many times off the prior was for those jobs, either way: "
+     "quantiles (1: exact)", ("quantile",)),
+)
+
+
+def _counters(watch: MetricsWatch) -> tuple[tuple[str, str, float], ...]:
+    """(name, help, value) of every counter, in the textfile's order."""
+    return (
+        ("cycles", "applied cycles since the engine process started", watch.cycles),
+        ("cycle_failures", "failed cycles since the engine process started", watch.failures),
+        ("requeues", "jobs requeued by a preemption since the engine process started", watch.requeues),
+        ("grace_signals", "grace signals sent before a requeue since the engine process started", watch.signals),
+        ("write_errors", "failed writes, requeues and signals since the engine process started",
+         watch.write_errors),
+        ("requeue_gpu_hours_lost", "GPU-hours of the current runs of the jobs requeued since the process "
+         "started (an upper bound: as if none checkpointed)", watch.gpu_hours_lost),
+    )
+
+
 def registry_of(watch: MetricsWatch) -> CollectorRegistry:
     """Every metric the engine exports, filled from the watch; a family with nothing to say (no
     cycle yet, no pending job) has no samples but is still declared."""
@@ -106,96 +162,54 @@ def registry_of(watch: MetricsWatch) -> CollectorRegistry:
     from prometheus_client.core import CounterMetricFamily
 
     registry = CollectorRegistry()
-    counters: list[CounterMetricFamily] = []
-    registry.register(_Families(counters))
+    # counters as families rather than Counters: no `_created` series beside each; a sample is NAME_total
+    registry.register(_Families([CounterMetricFamily(PREFIX + name, doc, value=value)
+                                 for name, doc, value in _counters(watch)]))
+    gauges = {name: Gauge(PREFIX + name, doc, list(labels), registry=registry) for name, doc, labels in GAUGES}
+    gauges["cycle_failures_in_a_row"].set(watch.failures_in_a_row)
+    gauges["last_failure_timestamp_seconds"].set(watch.last_failure_at)
+    gauges["oldest_held_write_age_seconds"].set(watch.oldest_held_s())
+    if watch.report is not None:
+        _set_cycle(gauges, watch.report)
+        _set_jobs(gauges, watch.report.plan)
+        _set_prior(gauges, watch.report.plan)
+    return registry
 
-    def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(PREFIX + name, doc, list(labels), registry=registry)
 
-    def counter(name: str, doc: str, value: float) -> None:
-        # a family rather than a Counter: no `_created` series beside it; its sample is NAME_total
-        counters.append(CounterMetricFamily(PREFIX + name, doc, value=value))
-
-    counter("cycles", "applied cycles since the engine process started", watch.cycles)
-    counter("cycle_failures", "failed cycles since the engine process started", watch.failures)
-    gauge("cycle_failures_in_a_row", "failed cycles since the last one that ran").set(watch.failures_in_a_row)
-    gauge("last_failure_timestamp_seconds", "when the last cycle failed (0: none since the process started)"
-          ).set(watch.last_failure_at)
-    counter("requeues", "jobs requeued by a preemption since the engine process started", watch.requeues)
-    counter("grace_signals", "grace signals sent before a requeue since the engine process started", watch.signals)
-    counter("write_errors", "failed writes, requeues and signals since the engine process started",
-            watch.write_errors)
-    counter("requeue_gpu_hours_lost", "GPU-hours of the current runs of the jobs requeued since the process "
-            "started (an upper bound: as if none checkpointed)", watch.gpu_hours_lost)
-    cycle_seconds = gauge("cycle_seconds", "wall time of the last cycle")
-    timestamp = gauge("cycle_timestamp_seconds", "when the last cycle that ran read the cluster")
-    calls = gauge("slurm_calls", "Slurm calls in the last cycle")
-    written = gauge("changes_written", "job updates written in the last cycle")
-    errors = gauge("errors", "failed writes, requeues and signals in the last cycle")
-    applied = gauge("applied", "1: the last cycle ran with --apply (a dry run writes no textfile)")
-    paused = gauge("paused", "1: an operator paused the writes (dike-slurm pause)")
-    breaker = gauge("breaker_latched", "1: the circuit breaker is latched (dike-slurm breaker reset)")
-    info = gauge("policy_info", "the policy and priority strategy of the last cycle (value 1)",
-                 ("policy", "strategy"))
-    planned = gauge("writes_planned", "job updates the last cycle planned (held back ones included)")
-    held = gauge("writes_held_back", "planned job updates left for a later cycle, by why", ("reason",))
-    skipped = gauge("writes_skipped", "planned job updates not attempted: paused, breaker, deadline, missing rights")
-    held_age = gauge("oldest_held_write_age_seconds", "how long the longest-waiting held-back write has waited, "
-                     "over consecutive cycles of this process (0: none)")
-    window = gauge("head_window_jobs", "pending jobs per partition the engine orders (0: every one)")
-    beyond = gauge("pending_jobs_beyond_head_window", "managed pending jobs beyond the head window: Slurm's own "
-                   "factors order them, the engine writes them nothing new")
-    phase = gauge("cycle_phase_seconds", "wall time of each phase of the last cycle", ("phase",))
-    requeued = gauge("requeues_last_cycle", "jobs requeued by the last cycle")
-    signalled = gauge("grace_signals_last_cycle", "grace signals sent by the last cycle")
-    lost = gauge("requeue_gpu_hours_lost_last_cycle", "GPU-hours of the current runs of the jobs the last cycle "
-                 "requeued (an upper bound)")
-    settled = gauge("preemptions", "requeues settled in the last cycle: landed (the job they were for started "
-                    "on the freed nodes), wasted, gone", ("outcome",))
-    totals = gauge("preemptions_total", "requeues settled since the state file was made", ("outcome",))
-    jobs = gauge("jobs", "managed active jobs per queue level", ("level",))
-    pending = gauge("pending_jobs", "managed pending jobs per queue level and partition (a job of several "
-                    "partitions counts in each)", ("level", "partition"))
-    wait = gauge("pending_wait_seconds", "wait of the managed pending jobs per level since their submit or last "
-                 "requeue: nearest-rank quantiles", ("level", "quantile"))
-    judged = gauge("prior_jobs_judged", "jobs finished since the last cycle whose service the prior had predicted")
-    ratio = gauge("prior_ratio", "attained / predicted GPU service of those jobs: quantiles (1: exact)",
-                  ("quantile",))
-    factor = gauge("prior_error_factor", "how many times off the prior was for those jobs, either way: "
-                   "quantiles (1: exact)", ("quantile",))
-    held_age.set(watch.oldest_held_s())
-
-    report = watch.report
-    if report is None:
-        return registry
+def _set_cycle(gauges: dict[str, Gauge], report: CycleReport) -> None:
+    """The last cycle's figures: its time, calls, writes, phases and preemptions."""
     plan = report.plan
-    cycle_seconds.set(report.seconds)
-    timestamp.set(plan.time)
-    calls.set(report.slurm_calls)
-    written.set(sum(1 for _, outcome in report.outcomes if outcome.ok))
-    errors.set(report.errors)
-    applied.set(int(report.applied))
-    paused.set(int(report.paused))
-    breaker.set(int(report.breaker_latched))
-    info.labels(policy=plan.policy, strategy=plan.strategy).set(1)
-    planned.set(len(plan.writes) + len(plan.held_back))
+    gauges["cycle_seconds"].set(report.seconds)
+    gauges["cycle_timestamp_seconds"].set(plan.time)
+    gauges["slurm_calls"].set(report.slurm_calls)
+    gauges["changes_written"].set(sum(1 for _, outcome in report.outcomes if outcome.ok))
+    gauges["errors"].set(report.errors)
+    gauges["applied"].set(int(report.applied))
+    gauges["paused"].set(int(report.paused))
+    gauges["breaker_latched"].set(int(report.breaker_latched))
+    gauges["policy_info"].labels(policy=plan.policy, strategy=plan.strategy).set(1)
+    gauges["writes_planned"].set(len(plan.writes) + len(plan.held_back))
+    held = gauges["writes_held_back"]
     held.labels(reason="write_budget").set(report.budget_held)
     held.labels(reason="max_changes").set(0 if plan.breaker else len(plan.held_back))
     held.labels(reason="breaker").set(len(plan.held_back) if plan.breaker else 0)
-    skipped.set(max(0, len(plan.writes) - len(report.outcomes) - report.budget_held))
-    window.set(plan.window)
+    gauges["writes_skipped"].set(max(0, len(plan.writes) - len(report.outcomes) - report.budget_held))
+    gauges["head_window_jobs"].set(plan.window)
     for name in PHASES:
         seconds = report.write_seconds if name == "write" else plan.phase_seconds.get(name)
         if seconds is not None:
-            phase.labels(phase=name).set(seconds)
-    requeued.set(sum(1 for _, outcome in report.requeued if outcome.ok))
-    signalled.set(report.signals)
-    lost.set(requeue_gpu_hours_lost(report))
+            gauges["cycle_phase_seconds"].labels(phase=name).set(seconds)
+    gauges["requeues_last_cycle"].set(sum(1 for _, outcome in report.requeued if outcome.ok))
+    gauges["grace_signals_last_cycle"].set(report.signals)
+    gauges["requeue_gpu_hours_lost_last_cycle"].set(requeue_gpu_hours_lost(report))
     counts = requeues_by_outcome(plan.room_outcomes)
     for outcome in (LANDED, WASTED, GONE):
-        settled.labels(outcome=outcome).set(counts[outcome])
-        totals.labels(outcome=outcome).set(report.preemption_totals.get(outcome, 0))
+        gauges["preemptions"].labels(outcome=outcome).set(counts[outcome])
+        gauges["preemptions_total"].labels(outcome=outcome).set(report.preemption_totals.get(outcome, 0))
 
+
+def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
+    """The managed jobs per level, the pending ones per level and partition, and their waits."""
     # one pass over the jobs (50,000 at a big site), partition lists split once per distinct list
     by_level: dict[int, int] = {}
     waits: dict[int, list[float]] = {}
@@ -218,25 +232,27 @@ def registry_of(watch: MetricsWatch) -> CollectorRegistry:
     for (level, partitions), count in per_list.items():
         for partition in {p for p in partitions.split(",") if p}:
             per_partition[level, partition] = per_partition.get((level, partition), 0) + count
-    beyond.set(outside)
+    gauges["pending_jobs_beyond_head_window"].set(outside)
     for level in sorted(by_level):
-        jobs.labels(level=str(level)).set(by_level[level])
+        gauges["jobs"].labels(level=str(level)).set(by_level[level])
     for (level, partition), count in sorted(per_partition.items()):
-        pending.labels(level=str(level), partition=partition).set(count)
+        gauges["pending_jobs"].labels(level=str(level), partition=partition).set(count)
     for level, values in sorted(waits.items()):
         values.sort()
         for q in WAIT_QUANTILES:
-            wait.labels(level=str(level), quantile=_label(q)).set(quantile(values, q))
+            gauges["pending_wait_seconds"].labels(level=str(level), quantile=_label(q)).set(quantile(values, q))
 
+
+def _set_prior(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
+    """How far off the service prior was for the jobs judged this cycle."""
     ratios = sorted(attained / predicted for predicted, attained in plan.prior_judged
                     if predicted > 0 and attained > 0)
-    judged.set(len(ratios))
+    gauges["prior_jobs_judged"].set(len(ratios))
     if ratios:
         factors = sorted(max(r, 1.0 / r) for r in ratios)
         for q in PRIOR_QUANTILES:
-            ratio.labels(quantile=_label(q)).set(quantile(ratios, q))
-            factor.labels(quantile=_label(q)).set(quantile(factors, q))
-    return registry
+            gauges["prior_ratio"].labels(quantile=_label(q)).set(quantile(ratios, q))
+            gauges["prior_error_factor"].labels(quantile=_label(q)).set(quantile(factors, q))
 
 
 class _Families:
