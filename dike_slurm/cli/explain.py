@@ -87,7 +87,7 @@ def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str
 
 
 def billing(engine: Engine, job: Job) -> dict[str, Any]:
-    """What a GPU-second of the job is charged in its attained service and fair share (issue 33):
+    """What a GPU-second of the job is charged in its attained service and fair share:
     the weight of its run's GPU type under the site's TRESBillingWeights (the partition's, else
     slurm.conf's), or, pending, the weight of each type it may run on; 1 where the site weighs none."""
     from dike_slurm.slurm.usage import run_gpu_types
@@ -190,70 +190,90 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
     if status == "unknown":
         return [f"job {query}: not in the queue and not in the engine's state store (unknown, or finished "
                 "before the engine saw it)"]
-    lines = []
     if status == "finished":
-        lines.append(f"job {query}: finished (no longer in the queue); the engine's record of it:")
+        lines = [f"job {query}: finished (no longer in the queue); the engine's record of it:"]
     elif status == "outside-scope":
-        lines.append(f"job {job['job']}: user {job['user']}, account {job['account']}, partition "
-                     f"{job['partition']}, {job['state']}: outside the engine's scope ([scope] in the "
-                     "configuration): the engine neither ranks nor writes it")
+        lines = [f"job {job['job']}: user {job['user']}, account {job['account']}, partition "
+                 f"{job['partition']}, {job['state']}: outside the engine's scope ([scope] in the "
+                 "configuration): the engine neither ranks nor writes it"]
     else:
-        lines += [
-            f"job {job['job']}: user {job['user']}, account {job['account']}, partition {job['partition']}, "
-            f"{job['state']}, {job['gpus']} GPU(s) on {job['nodes']} node(s)",
-            f"  attained service: {job['attained_gpu_hours']:.2f} GPU-hours over {job['run_count']} run(s)"
-            + (f", {job['forgiven_gpu_hours']:.2f} forgiven by a promotion" if job["forgiven_gpu_hours"] else ""),
-        ]
-        lines.append(_billing_line(job["billing"]))
-        if job["slurm_reason"]:
-            lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
-        elif job["state"] == "PENDING":
-            # an update (the engine's writes too) resets squeue's REASON to None until the next pass
-            lines.append("  Slurm gives no reason now: its scheduler has not looked at the job since it was queued "
-                         "or last updated")
-        if not job["managed"]:
-            lines.append(f"  not managed: {job['note']}")
-        if job["expected_from"] is not None:
-            lines.append(f"  expected service: {job['expected_from']['text']} (the service prior: finished jobs "
-                         "in the look-back window, shrunk toward coarser groups)")
-        lines.append(f"  level {job['level']}: {job['reason']}")
-        if "standing" in document:
-            where = document["standing"]
-            place = f"{where['pending']} pending in partition {where['partition']} in the engine's order"
-            lines.append(
-                f"  where it stands: first of {place}: no job ahead of it" if not where["ahead"] else
-                f"  where it stands: {where['place']} of {place}; {where['ahead']} ahead of it: "
-                f"{where['ahead_at_a_better_level']} at a better level (they have used less), "
-                f"{where['ahead_at_its_level']} at its level, ranked higher by expected service, fair share and wait")
-            lines += ["  what would change it:"] + [f"    - {item}" for item in document["would_change"]]
+        lines = _job_lines(job) + _standing_lines(document)
         if verbose:
-            params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items()
-                               if k not in ("comm_rules",))
-            lines.append(f"  policy {document['policy']}: {params}")
-        planned = job["priority_planned"]
-        if job["beyond_head_window"]:
-            lines += [
-                f"  beyond the head window: the engine orders the first {job['head_window']} pending jobs of each "
-                "partition in the policy's order (what Slurm's scheduler looks at, SchedulerParameters "
-                "bf_max_job_test, with a margin: engine.head_window);",
-                f"  this job stands further down, so Slurm's own factors order it ({job['priority_field']} back to "
-                "what it was before the engine). That changes nothing Slurm does now: its passes reach this "
-                "far only once the jobs ahead start, and the engine orders it as soon as it comes within the window.",
-            ]
-        else:
-            lines.append(f"  {job['priority_field']}: now {job['priority_now']}, "
-                         f"planned {planned if planned is not None else 'nothing (a running job keeps its value)'}")
-        lines.append(f"  constraint now: {job['placement_now']}; wanted: {job['placement_planned'] or 'none'}")
-        if job["left_to_user"]:
-            lines.append(f"  left to the user: {job['left_to_user']}")
-        for change, reason in zip(job["next_writes"], job["write_reasons"]):
-            lines.append(f"  next cycle writes: {change} ({reason})")
-        if job["managed"] and not job["next_writes"] and not job["beyond_head_window"]:
-            lines.append(f"  next cycle writes nothing: Slurm's value is within engine.priority_tolerance "
-                         f"({document['job']['tolerance']:.0%} of the span) of the planned one, close enough to "
-                         "keep the order")
-    for owned in document["owned"]:
-        lines.append(f"  engine owns {owned['field']}: wrote {owned['written']}, original {owned['original']}")
+            lines.append(_parameters_line(document))
+        lines += _write_lines(document)
+    return lines + _record_lines(document)
+
+
+def _job_lines(job: dict[str, Any]) -> list[str]:
+    """An active job: who and what it is, its service and billing, why it waits, its level."""
+    lines = [
+        f"job {job['job']}: user {job['user']}, account {job['account']}, partition {job['partition']}, "
+        f"{job['state']}, {job['gpus']} GPU(s) on {job['nodes']} node(s)",
+        f"  attained service: {job['attained_gpu_hours']:.2f} GPU-hours over {job['run_count']} run(s)"
+        + (f", {job['forgiven_gpu_hours']:.2f} forgiven by a promotion" if job["forgiven_gpu_hours"] else ""),
+        _billing_line(job["billing"]),
+    ]
+    if job["slurm_reason"]:
+        lines.append(_slurm_reason_line(job))
+    elif job["state"] == "PENDING":
+        # an update (the engine's writes too) resets squeue's REASON to None until the next pass
+        lines.append("  Slurm gives no reason now: its scheduler has not looked at the job since it was queued "
+                     "or last updated")
+    if not job["managed"]:
+        lines.append(f"  not managed: {job['note']}")
+    if job["expected_from"] is not None:
+        lines.append(f"  expected service: {job['expected_from']['text']} (the service prior: finished jobs "
+                     "in the look-back window, shrunk toward coarser groups)")
+    lines.append(f"  level {job['level']}: {job['reason']}")
+    return lines
+
+
+def _standing_lines(document: dict[str, Any]) -> list[str]:
+    """Where a pending job stands in its partition and what would change it (none for a running job)."""
+    if "standing" not in document:
+        return []
+    where = document["standing"]
+    place = f"{where['pending']} pending in partition {where['partition']} in the engine's order"
+    return [
+        f"  where it stands: first of {place}: no job ahead of it" if not where["ahead"] else
+        f"  where it stands: {where['place']} of {place}; {where['ahead']} ahead of it: "
+        f"{where['ahead_at_a_better_level']} at a better level (they have used less), "
+        f"{where['ahead_at_its_level']} at its level, ranked higher by expected service, fair share and wait",
+        "  what would change it:", *(f"    - {item}" for item in document["would_change"]),
+    ]
+
+
+def _write_lines(document: dict[str, Any]) -> list[str]:
+    """What the engine holds and plans for an active job: its priority, constraint, next writes."""
+    job = document["job"]
+    planned = job["priority_planned"]
+    if job["beyond_head_window"]:
+        lines = [
+            f"  beyond the head window: the engine orders the first {job['head_window']} pending jobs of each "
+            "partition in the policy's order (what Slurm's scheduler looks at, SchedulerParameters "
+            "bf_max_job_test, with a margin: engine.head_window);",
+            f"  this job stands further down, so Slurm's own factors order it ({job['priority_field']} back to "
+            "what it was before the engine). That changes nothing Slurm does now: its passes reach this "
+            "far only once the jobs ahead start, and the engine orders it as soon as it comes within the window.",
+        ]
+    else:
+        lines = [f"  {job['priority_field']}: now {job['priority_now']}, "
+                 f"planned {planned if planned is not None else 'nothing (a running job keeps its value)'}"]
+    lines.append(f"  constraint now: {job['placement_now']}; wanted: {job['placement_planned'] or 'none'}")
+    if job["left_to_user"]:
+        lines.append(f"  left to the user: {job['left_to_user']}")
+    for change, reason in zip(job["next_writes"], job["write_reasons"]):
+        lines.append(f"  next cycle writes: {change} ({reason})")
+    if job["managed"] and not job["next_writes"] and not job["beyond_head_window"]:
+        lines.append(f"  next cycle writes nothing: Slurm's value is within engine.priority_tolerance "
+                     f"({job['tolerance']:.0%} of the span) of the planned one, close enough to keep the order")
+    return lines
+
+
+def _record_lines(document: dict[str, Any]) -> list[str]:
+    """The fields the engine owns on the job and its audit trail."""
+    lines = [f"  engine owns {owned['field']}: wrote {owned['written']}, original {owned['original']}"
+             for owned in document["owned"]]
     if document["audit"]:
         lines.append("audit (newest last):")
         for entry in document["audit"]:
@@ -265,6 +285,15 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
             lines += [f"  {entry['time']} {entry['action']}: {entry['change']} [{outcome}]",
                       f"      command: {entry['command']}", f"      undo:    {entry['undo']}"]
     return lines
+
+
+def _slurm_reason_line(job: dict[str, Any]) -> str:
+    return f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)"
+
+
+def _parameters_line(document: dict[str, Any]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items() if k not in ("comm_rules",))
+    return f"  policy {document['policy']}: {params}"
 
 
 def _published_lines(document: dict[str, Any], verbose: bool) -> list[str]:
@@ -280,7 +309,7 @@ def _published_lines(document: dict[str, Any], verbose: bool) -> list[str]:
         return lines + ["  outside the engine's scope ([scope] in the configuration): the engine neither ranks "
                         "nor writes it"]
     if job["slurm_reason"]:
-        lines.append(f"  Slurm keeps it waiting: {job['slurm_reason']} (squeue's REASON)")
+        lines.append(_slurm_reason_line(job))
     if job["level"] is None:
         lines.append("  level: none published yet (the engine writes it into the job's AdminComment with its "
                      "first priority write, within a cycle or two)")
@@ -293,6 +322,5 @@ def _published_lines(document: dict[str, Any], verbose: bool) -> list[str]:
                  "neither its place among them nor what would move it can be worked out here; an admin's "
                  "`dike-slurm explain` shows both")
     if verbose:
-        params = ", ".join(f"{k}={v}" for k, v in document["policy_parameters"].items() if k not in ("comm_rules",))
-        lines.append(f"  policy {document['policy']}: {params}")
+        lines.append(_parameters_line(document))
     return lines
