@@ -24,12 +24,13 @@ from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.domain.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.cycle.gcpause import paused_gc
 from dike_slurm.domain.head_window import window_size
+from dike_slurm.domain.decisions import Decisions
 from dike_slurm.domain.model import Job, JobState, Snapshot
 from dike_slurm.parsing.durations import format_timestamp
 from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH
 from dike_slurm.policies.base import Policy
 from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
-from dike_slurm.cycle.reconcile import STRATEGY_FIELD, is_exempt
+from dike_slurm.cycle.reconcile import NOTHING_OWNED, STRATEGY_FIELD, is_exempt
 from dike_slurm.registry import default_registry
 from dike_slurm.cycle.requeue_guard import guard_requeues, requeue_limits
 from dike_slurm.cycle.revert import RevertPlan, revert, revert_plan
@@ -55,9 +56,6 @@ __all__ = ["CyclePlan", "CycleReport", "Engine", "JobPlan", "PlannedWrite", "Rev
 log = logging.getLogger("dike_slurm.engine")
 
 _NO_SERVICE = JobService()
-
-
-_NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
 
 SACCT_OVERLAP_S = 900.0  # each cycle re-reads accounting from this long before the last read
 
@@ -190,38 +188,15 @@ class Engine:
             (active_in_scope if in_scope(job, self.config) else outside).append(job)
         node_types = self.node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope, self.site_priority, node_types))
-        service = job_service(runs, now)
-        fairness_by = self.policy.usage_owner(self.params)
-        usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
-        jobs = self._enrich(active_in_scope, service, memory, owned, cluster, {room.job_id: room for room in rooms})
-        snapshot = Snapshot(
-            time=now,
-            jobs=jobs,
-            nodes=self._nodes_in_scope(cluster),
-            topology=cluster.topology,
-            user_usage_gpu_s=usage,
-            user_shares=dict(self.config.accounting.user_shares),
-            completed_service_gpu_s=(
-                completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
-            ),
-            site_priority=self.site_priority,
-            service_prior=(
-                ServicePrior.learn(finished_jobs(runs, now)) if self.policy.reads_service_prior(self.params) else None
-            ),
-        )
-        decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
-        decisions, requeue_notes = guard_requeues(
-            decisions,
-            {j.job_id: j for j in jobs if j.state is JobState.RUNNING and not is_exempt(j, self.config)},
-            now,
-            requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
-        )
+        snapshot = self._snapshot(cluster, active_in_scope, runs, memory, owned, rooms)
+        decisions, requeue_notes = self._decide(snapshot)
         decided = time.perf_counter()
         window = self.head_window()
-        plans, notes = reconcile.diff(
-            snapshot, decisions, cluster, memory, owned, self.config, self.policy.score_ceiling(self.params),
-            self.memory.diff, span=span.span, reserve=span.reserve, window=window,
-        )
+        plans, notes = reconcile.diff(reconcile.DiffInputs(
+            snapshot=snapshot, decisions=decisions, cluster=cluster, memory=memory, owned=owned, config=self.config,
+            declared_ceiling=self.policy.score_ceiling(self.params), span=span.span, reserve=span.reserve,
+            window=window,
+        ), self.memory.diff)
         writes, held_back, guards = reconcile.guardrails(plans, owned, self.config)
         prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
         phase_seconds = {"read": read_s, "decide": decided - phase_started - read_s,
@@ -256,6 +231,42 @@ class Engine:
             window=window,
             phase_seconds=phase_seconds,
             prior_judged=prior_judged,
+        )
+
+    def _snapshot(self, cluster: ClusterState, active_in_scope: list[Job], runs: list[Run],
+                  memory: Mapping[int, JobMemory], owned: Mapping[int, Mapping[JobField, OwnedField]],
+                  rooms: list[FreedRoom]) -> Snapshot:
+        """What the policy decides on: the in-scope jobs enriched, their nodes, the users' usage and
+        what the policy's hooks ask for."""
+        now = cluster.time
+        service = job_service(runs, now)
+        fairness_by = self.policy.usage_owner(self.params)
+        usage = decayed_usage(runs, now, self.config.accounting.usage_half_life_h * 3600.0, fairness_by)
+        jobs = self._enrich(active_in_scope, service, memory, owned, cluster, {room.job_id: room for room in rooms})
+        return Snapshot(
+            time=now,
+            jobs=jobs,
+            nodes=self._nodes_in_scope(cluster),
+            topology=cluster.topology,
+            user_usage_gpu_s=usage,
+            user_shares=dict(self.config.accounting.user_shares),
+            completed_service_gpu_s=(
+                completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
+            ),
+            site_priority=self.site_priority,
+            service_prior=(
+                ServicePrior.learn(finished_jobs(runs, now)) if self.policy.reads_service_prior(self.params) else None
+            ),
+        )
+
+    def _decide(self, snapshot: Snapshot) -> tuple[Decisions, list[str]]:
+        """The policy's decisions, its requeues through the requeue guard; the guard's notes."""
+        decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
+        return guard_requeues(
+            decisions,
+            {j.job_id: j for j in snapshot.jobs if j.state is JobState.RUNNING and not is_exempt(j, self.config)},
+            snapshot.time,
+            requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
         )
 
     def _judge_prior(self, expected: Mapping[int, Prediction], active: Collection[Job], runs: Collection[Run],
@@ -331,7 +342,7 @@ class Engine:
             remembered = memory.get(job_id)
             site_factor = site_factors.get(job_id)
             if site_factor is None:
-                mine = owned.get(job_id, _NOTHING_OWNED).get(JobField.SITE_FACTOR)
+                mine = owned.get(job_id, NOTHING_OWNED).get(JobField.SITE_FACTOR)
                 if mine is not None:
                     site_factor = mine.written  # type: ignore[assignment]
             room = rooms.get(job_id)  # a preemption freed nodes for it, and it has not started yet

@@ -50,7 +50,7 @@ class PlannedWrite:
         return "placement" if any(f.is_placement for f in self.update.fields) else "priority"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobPlan:
     """What the engine decided for one in-scope job, and why."""
 

@@ -1,12 +1,13 @@
 """Reconcile: what the policy wants against what Slurm holds, as the writes of one cycle.
 
-Pure functions, no I/O: only values that differ from what Slurm already holds (or, where Slurm
-does not show a value, from what the engine remembers writing) become writes; values within the
-tolerance are kept unless that would put pending jobs out of the policy's order; pending jobs
-beyond the head window (dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a
-user took over are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
+No I/O, and nothing outside the cycle is changed but the `DiffMemory` handed to `diff`: its job
+contexts are updated and kept for the next cycle (the result is the same without one). Only
+values that differ from what Slurm already holds (or, where Slurm does not show a value, from
+what the engine remembers writing) become writes; values within the tolerance are kept unless
+that would put pending jobs out of the policy's order; pending jobs beyond the head window
+(dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a user took over
+are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
 """
-
 from __future__ import annotations
 
 import math
@@ -41,6 +42,7 @@ STRATEGY_FIELD = {
     "priority": JobField.PRIORITY,
     "nice": JobField.NICE,
 }
+NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})  # a job whose fields the engine owns none of
 
 
 @dataclass(slots=True)
@@ -132,24 +134,11 @@ def strategy_now(
     return job.nice, mine.original if mine is not None else job.nice
 
 
-def diff(
-    snapshot: Snapshot,
-    decisions: Decisions,
-    cluster: ClusterState,
-    memory: Mapping[int, JobMemory],
-    owned_all: Mapping[int, Mapping[JobField, OwnedField]],
-    config: Config,
-    declared_ceiling: float | None,
-    kept: DiffMemory | None = None,
-    *,
-    span: int | None = None,
-    reserve: int = 0,
-    window: int = 0,
-) -> tuple[list[JobPlan], list[str]]:
-    """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
+@dataclass(frozen=True, kw_only=True)
+class DiffInputs:
+    """What one cycle's diff reads.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
-    `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
     `span`: the largest value written (the engine's `priority_span()`: `engine.priority_span` under
     `engine.priority_mode` against the site's weights); None: `engine.priority_span`. The tolerance
     is a fraction of it. `reserve`: the top values kept for `decisions.protected` (the engine's
@@ -157,37 +146,66 @@ def diff(
     the engine orders (head_window.head_window, the policy's first ones); a pending job beyond it gets
     no write but its strategy field put back to its original; 0: every job is ordered.
     """
-    engine = config.engine
-    key = STRATEGY_FIELD[engine.priority_strategy]
-    if span is None:
-        span = engine.priority_span
-    tolerance = engine.priority_tolerance * span
-    ceiling = score_ceiling(decisions, declared_ceiling)
-    negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does
-    exempt_tag = config.scope.exempt_tag
+
+    snapshot: Snapshot
+    decisions: Decisions
+    cluster: ClusterState
+    memory: Mapping[int, JobMemory]
+    owned: Mapping[int, Mapping[JobField, OwnedField]]
+    config: Config
+    declared_ceiling: float | None
+    span: int | None = None
+    reserve: int = 0
+    window: int = 0
+
+
+def diff(inputs: DiffInputs, kept: DiffMemory | None = None) -> tuple[list[JobPlan], list[str]]:
+    """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
+
+    `kept`: the engine's memory of its last diff, read and replaced (the result is the same).
+    """
+    snapshot, config = inputs.snapshot, inputs.config
+    key = STRATEGY_FIELD[config.engine.priority_strategy]
     known = {j.job_id: j for j in snapshot.jobs}
     if len(known) != len(snapshot.jobs):  # the backends' reads list each job once
         raise ValueError(f"the snapshot lists job(s) {_repeated(j.job_id for j in snapshot.jobs)} more than once")
-    notes = [f"decision for unknown job {d.job_id} ignored" for d in decisions if d.job_id not in known]
-    ranked = decisions.ranked()
-    protected = frozenset(decisions.protected)
-    rank = {p.job_id: i for i, p in enumerate(ranked)}
-    priorities = {p.job_id: p for p in decisions.priorities}
-    placements = {p.job_id: p for p in decisions.placements}
-    site_factors, admin_comments = cluster.site_factors, cluster.admin_comments
-    inside = policy_window(ranked, priorities, known, snapshot.time, window) if window else None
+    notes = [f"decision for unknown job {d.job_id} ignored" for d in inputs.decisions if d.job_id not in known]
+    ranked = inputs.decisions.ranked()
     last: dict[int, _JobContext] = {}
     if kept is not None:
-        settings = (key, exempt_tag)
+        settings = (key, config.scope.exempt_tag)
         if kept.settings != settings:
             kept.settings, kept.contexts = settings, {}
         last = kept.contexts
+    contexts, carried = _contexts(inputs, key, ranked, known, last)
+    keep_policy_order(policy_chain(contexts, ranked, key), key)
+    plans = _plans(inputs, contexts, key, {p.job_id: i for i, p in enumerate(ranked)})
+    if kept is not None:
+        kept.contexts, kept.carried = contexts, carried
+    return plans, notes
+
+
+def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], known: Mapping[int, Job],
+              last: Mapping[int, _JobContext]) -> tuple[dict[int, _JobContext], int]:
+    """Each job's context, with the value wanted and whether it is rewritten on its own account
+    (before the order walk); how many took their job's side from `last`."""
+    engine, decisions, cluster = inputs.config.engine, inputs.decisions, inputs.cluster
+    span = engine.priority_span if inputs.span is None else inputs.span
+    tolerance = engine.priority_tolerance * span
+    ceiling = score_ceiling(decisions, inputs.declared_ceiling)
+    negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does
+    exempt_tag = inputs.config.scope.exempt_tag
+    protected = frozenset(decisions.protected)
+    priorities = {p.job_id: p for p in decisions.priorities}
+    window = inputs.window
+    inside = policy_window(ranked, priorities, known, inputs.snapshot.time, window) if window else None
+    owned_all, memory, site_factors = inputs.owned, inputs.memory, cluster.site_factors
     contexts: dict[int, _JobContext] = {}
     carried = 0
-    for job in snapshot.jobs:
+    for job in inputs.snapshot.jobs:
         job_id = job.job_id
         decision = priorities.get(job_id)
-        owned = owned_all.get(job_id, _NOTHING_OWNED)
+        owned = owned_all.get(job_id, NOTHING_OWNED)
         remembered = memory.get(job_id)
         site_factor = site_factors.get(job_id)
         context = last.get(job_id)
@@ -199,19 +217,10 @@ def diff(
             context.decision, context.owned, context.remembered = decision, owned, remembered
             carried += 1
         else:
-            value_now, _ = strategy_now(key, job, cluster, owned)
-            exempt = exempt_tag in (job.comment or "")
-            hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
-            hands_off_reason = remembered.hands_off_reason if remembered else ""
-            changed = None if exempt else user_changes(job, owned, hands_off)
-            if changed:
-                hands_off = {*hands_off, *changed[0]}
-                hands_off_reason = changed[1]
-            context = _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off,
-                                  hands_off_reason, False, site_factor)
+            context = _job_side(job, decision, owned, remembered, site_factor, key, cluster, exempt_tag)
         wanted = None
         if decision is not None:
-            wanted = wanted_value(decision, protected, ceiling, span, reserve)
+            wanted = wanted_value(decision, protected, ceiling, span, inputs.reserve)
             if negate:
                 wanted = -wanted
         context.wanted = wanted
@@ -219,10 +228,35 @@ def diff(
         context.needed = not context.exempt and not context.outside and priority_needed(
             key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
         contexts[job_id] = context
-    keep_policy_order(policy_chain(contexts, ranked, key), key)
+    return contexts, carried
+
+
+def _job_side(job: Job, decision: SetPriority | None, owned: Mapping[JobField, OwnedField],
+              remembered: JobMemory | None, site_factor: int | None, key: JobField, cluster: ClusterState,
+              exempt_tag: str) -> _JobContext:
+    """A job's context worked out anew: Slurm's value of the strategy field, exempt, hands off."""
+    value_now, _ = strategy_now(key, job, cluster, owned)
+    exempt = exempt_tag in (job.comment or "")
+    hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
+    hands_off_reason = remembered.hands_off_reason if remembered else ""
+    changed = None if exempt else user_changes(job, owned, hands_off)
+    if changed:
+        hands_off = {*hands_off, *changed[0]}
+        hands_off_reason = changed[1]
+    return _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off, hands_off_reason,
+                       False, site_factor)
+
+
+def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobField,
+           rank: Mapping[int, int]) -> list[JobPlan]:
+    """Each job's plan once the order walk is done; a context's last plan again when it had no
+    writes and its inputs' reuse key is the same (with the decision's reason of this cycle)."""
+    config, cluster = inputs.config, inputs.cluster
     unranked = len(rank)
-    exempt_note = f"exempt ({exempt_tag} in comment)"
-    write_comment = engine.admin_comment
+    exempt_note = f"exempt ({config.scope.exempt_tag} in comment)"
+    write_comment = config.engine.admin_comment
+    placements = {p.job_id: p for p in inputs.decisions.placements}
+    admin_comments = cluster.admin_comments
     plans = []
     for job_id, context in contexts.items():
         decision = context.decision
@@ -231,23 +265,27 @@ def diff(
         else:
             level, reason, promoted = decision.level, decision.reason, bool(decision.promoted)
         placement_decision = placements.get(job_id)
-        inputs = PlanInputs(context.wanted, level, promoted, context.needed, admin_comments.get(job_id, ""),
-                            placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
-                            write_comment, context.outside, reason, placement_decision)
-        basis = inputs.reuse_key()
+        plan_inputs = PlanInputs(
+            wanted=context.wanted, level=level, promoted=promoted, needed=context.needed,
+            admin_comment=admin_comments.get(job_id, ""),
+            placement=placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
+            write_comment=write_comment, outside=context.outside, reason=reason, placement_decision=placement_decision,
+        )
+        basis = plan_inputs.reuse_key()
         plan = context.plan
         if plan is None or plan.writes or context.basis != basis:
-            plan = _plan_one(context, inputs, key, cluster, rank, unranked, exempt_note)
+            plan = _plan_one(context, plan_inputs, key, cluster, rank, unranked, exempt_note)
             context.basis = basis
         elif plan.reason != reason:
-            plan = _job_plan(plan.job, plan.managed, plan.note, level, reason, promoted, plan.value_now,
-                             plan.value_wanted, plan.placement_wanted, (), plan.hands_off, plan.hands_off_reason,
-                             plan.outside_window)
+            plan = _job_plan(
+                job=plan.job, managed=plan.managed, note=plan.note, level=level, reason=reason, promoted=promoted,
+                value_now=plan.value_now, value_wanted=plan.value_wanted, placement_wanted=plan.placement_wanted,
+                writes=(), hands_off=plan.hands_off, hands_off_reason=plan.hands_off_reason,
+                outside_window=plan.outside_window,
+            )
         context.plan = plan
         plans.append(plan)
-    if kept is not None:
-        kept.contexts, kept.carried = contexts, carried
-    return plans, notes
+    return plans
 
 
 def _repeated(job_ids: Iterable[int]) -> str:
@@ -267,8 +305,9 @@ def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: 
     job = context.job
     level, reason, promoted, outside = inputs.level, inputs.reason, inputs.promoted, inputs.outside
     if context.exempt:
-        return _job_plan(job, False, exempt_note, level, reason, promoted, context.value_now, inputs.wanted,
-                         inputs.placement, (), (), "", outside)
+        return _job_plan(job=job, managed=False, note=exempt_note, level=level, reason=reason, promoted=promoted,
+                         value_now=context.value_now, value_wanted=inputs.wanted, placement_wanted=inputs.placement,
+                         writes=(), hands_off=(), hands_off_reason="", outside_window=outside)
     writes: tuple[PlannedWrite, ...] = ()
     if outside:  # no write but the strategy field handed back; constraints wait for the window
         written = window_release(context, key, cluster, rank.get(job.job_id, unranked))
@@ -282,17 +321,16 @@ def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: 
         if written is not None:
             writes = (*writes, written)
     hands_off = tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else ()
-    return _job_plan(job, True, context.hands_off_reason, level, reason, promoted, context.value_now,
-                     inputs.wanted, inputs.placement, writes, hands_off, context.hands_off_reason, outside)
+    return _job_plan(job=job, managed=True, note=context.hands_off_reason, level=level, reason=reason,
+                     promoted=promoted, value_now=context.value_now, value_wanted=inputs.wanted,
+                     placement_wanted=inputs.placement, writes=writes, hands_off=hands_off,
+                     hands_off_reason=context.hands_off_reason, outside_window=outside)
 
 
 # A JobPlan, a PlannedWrite and a JobUpdate filled in one step: their frozen __init__ sets one
 # field at a time, and a cycle at 50,000 pending jobs builds 55,000 plans and up to 70,000 writes
 # (tests/unit/test_cycle_equivalence.py holds them equal to the constructors').
-_NOTHING_OWNED: Mapping[JobField, OwnedField] = MappingProxyType({})
-
-
-def _job_plan(job: Job, managed: bool, note: str, level: int | None, reason: str, promoted: bool,
+def _job_plan(*, job: Job, managed: bool, note: str, level: int | None, reason: str, promoted: bool,
               value_now: int | None, value_wanted: int | None, placement_wanted: Placement | None,
               writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str,
               outside_window: bool) -> JobPlan:
@@ -528,7 +566,7 @@ def guardrails(
         (w for p in plans for w in p.writes), key=lambda w: (w.rank, w.job_id, w.kind)
     )
     notes: list[GuardNote] = []
-    previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, _NOTHING_OWNED)]
+    previously_written = [p for p in plans if p.managed and key in owned.get(p.job.job_id, NOTHING_OWNED)]
     # a value handed back (a job leaving the head window) undoes the engine: not what the breaker guards against
     rewritten = [p for p in previously_written
                  if p.writes and any(key in w.update.fields and key not in w.restores for w in p.writes)]

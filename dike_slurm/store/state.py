@@ -312,7 +312,7 @@ class StateStore:
 
         Kept as owned() keeps its map: outside a transaction, the map read last is handed out
         again while neither this store nor another connection changed the file (a quiet cycle
-        rewrites no job: `Applier._remember`).
+        rewrites no job: `Applier._memories`).
         """
         return self._kept_read("jobs", self._jobs_changes, self._read_jobs)
 

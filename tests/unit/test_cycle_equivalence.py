@@ -465,9 +465,14 @@ def cycles(draw):
     return snapshot, Decisions(priorities, placements), cluster, memory, owned, config, ceiling
 
 
-def engine_diff(*cycle_and_memory):
+def diff_inputs(snapshot, decisions, cluster, memory, owned, config, ceiling, window=0) -> reconcile.DiffInputs:
+    return reconcile.DiffInputs(snapshot=snapshot, decisions=decisions, cluster=cluster, memory=memory, owned=owned,
+                                config=config, declared_ceiling=ceiling, window=window)
+
+
+def engine_diff(*cycle, kept=None):
     """reconcile.diff with the window the engine sizes from the config (`engine.head_window`)."""
-    return reconcile.diff(*cycle_and_memory, window=cycle_and_memory[5].engine.head_window or 0)
+    return reconcile.diff(diff_inputs(*cycle, window=cycle[5].engine.head_window or 0), kept)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -551,7 +556,7 @@ def test_a_diff_that_keeps_its_memory_equals_the_straightforward_diff(cycle, dat
     after cycle, its plans, notes and the guardrails' verdict are the reference's."""
     memory = reconcile.DiffMemory()
     for _ in range(data.draw(st.integers(1, 4))):
-        plans, notes = engine_diff(*cycle, memory)
+        plans, notes = engine_diff(*cycle, kept=memory)
         expected, expected_notes = reference_diff(*cycle)
         assert plans == expected and notes == expected_notes
         owned, config = cycle[4], cycle[5]
@@ -559,8 +564,8 @@ def test_a_diff_that_keeps_its_memory_equals_the_straightforward_diff(cycle, dat
         cycle = data.draw(next_cycle(cycle))
     # the memory is used: a quiet cycle takes every job's side from the last one, and a plan
     # without writes is the same object
-    before, _ = engine_diff(*cycle, memory)
-    quiet, _ = engine_diff(*again(cycle), memory)
+    before, _ = engine_diff(*cycle, kept=memory)
+    quiet, _ = engine_diff(*again(cycle), kept=memory)
     assert quiet == reference_diff(*again(cycle))[0]
     assert memory.carried == len(cycle[0].jobs)
     assert all(q is b for b, q in zip(before, quiet) if not b.writes)
@@ -585,10 +590,10 @@ def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks
 
     memory = reconcile.DiffMemory()
     quiet = cycle(1.0, admin_comment_text(0, 0.0, False))
-    assert reconcile.diff(*quiet, memory)[0] == reference_diff(*quiet)[0]
+    assert reconcile.diff(diff_inputs(*quiet), memory)[0] == reference_diff(*quiet)[0]
     assert not any(p.writes for p in reference_diff(*quiet)[0])
     moved = cycle(3.0, admin_comment_text(1, 0.0, False))
-    plans, _ = reconcile.diff(*moved, memory)
+    plans, _ = reconcile.diff(diff_inputs(*moved), memory)
     assert plans == reference_diff(*moved)[0]
     assert memory.carried == 3
     assert [p.job.job_id for p in plans if p.writes] == [1, 2, 3]  # job 2: then still below job 1's new value
@@ -599,7 +604,7 @@ def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks
         decisions = Decisions((SetPriority(1, level, 2.0, "the same"),))
         cycle = (Snapshot(time=0.0, jobs=jobs[:1], nodes=()), decisions,
                  ClusterState(0.0, jobs[:1], (), Topology(), {1: 1}, {}), {}, {}, quiet_config, 3.0)
-        plans, _ = reconcile.diff(*cycle, memory)
+        plans, _ = reconcile.diff(diff_inputs(*cycle), memory)
         assert plans == reference_diff(*cycle)[0] and plans[0].level == level and not plans[0].writes
 
 
@@ -654,10 +659,12 @@ def test_one_step_builders_equal_the_constructors():
     assert write.kind == PlannedWrite(*args).kind
     built = reconcile._job_update(1, update.values)
     assert built == update and built.__dict__ == update.__dict__ and hash(built) == hash(update)
-    values = (job, True, "note", 1, "why", False, 5, 6, None, (write,), (JobField.NICE,), "note", True)
-    plan = reconcile._job_plan(*values)
-    assert plan == JobPlan(*values) and plan.__dict__ == JobPlan(*values).__dict__
-    assert hash(plan) == hash(JobPlan(*values))
+    values = dict(job=job, managed=True, note="note", level=1, reason="why", promoted=False, value_now=5,
+                  value_wanted=6, placement_wanted=None, writes=(write,), hands_off=(JobField.NICE,),
+                  hands_off_reason="note", outside_window=True)
+    plan = reconcile._job_plan(**values)
+    assert plan == JobPlan(**values) and plan.__dict__ == JobPlan(**values).__dict__
+    assert hash(plan) == hash(JobPlan(**values))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -228,7 +228,7 @@ def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_p
 
 
 def test_a_quiet_cycle_rewrites_no_memory_and_remembers_what_rewriting_every_job_would(busy_trace, tmp_path):
-    """Applier._remember writes a job's memory only when it changed or its last_seen is
+    """Applier._memories rewrites a job's memory only when it changed or its last_seen is
     LAST_SEEN_EVERY_S old. Cycle by cycle against the reference that rewrote every job (the same
     code with LAST_SEEN_EVERY_S = 0: each job's row written every cycle, forgotten FORGET_AFTER_S
     after it was last seen, as before): the same writes and requeues, the same memories but for

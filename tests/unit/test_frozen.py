@@ -44,8 +44,10 @@ def test_the_reconcile_builders_equal_the_constructors():
     assert write == PlannedWrite(3, update, JobUpdate(3, ((JobField.NICE, 0),)), ((JobField.NICE, 0),), (), "why",
                                  2, ((JobField.NICE, 0),))
     assert write.kind == PlannedWrite(3, update, update, (), (), "", 0, ()).kind == "priority"
-    plan = _job_plan(job, True, "", 1, "r", False, 0, 5, None, (write,), (), "", False)
-    assert plan == JobPlan(job, True, "", 1, "r", False, 0, 5, None, (write,), (), "", False)
+    values = dict(job=job, managed=True, note="", level=1, reason="r", promoted=False, value_now=0, value_wanted=5,
+                  placement_wanted=None, writes=(write,), hands_off=(), hands_off_reason="", outside_window=False)
+    plan = _job_plan(**values)
+    assert plan == JobPlan(**values)
 
 
 def test_job_build_and_with_changes_equal_the_constructor_and_replace():
