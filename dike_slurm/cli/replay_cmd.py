@@ -179,8 +179,7 @@ def replay_command(
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
-    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings, write_summary
-    from dike_slurm.sim.eval.report import render_report
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings
 
     names = _check_policies(policy)
     preemptible_share = parse_preemptible(preemptible) if preemptible is not None else None
@@ -209,47 +208,65 @@ def replay_command(
         progress.close()
     main_runs, sweep_runs = runs[: len(names)], runs[len(names) :]
     penalty_table = _penalty_table(settings.comm_penalty, names, main_runs, sweep, sweep_runs)
+    swept = penalty_table if sweep else None
     extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count}, "config": source.as_dict()}
-    if sweep:
+    if swept:
         extra["comm_penalty_sweep"] = {
             f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
-            for penalty, by_policy in penalty_table.items()
+            for penalty, by_policy in swept.items()
         }
+    _write_outputs(out_dir, replay_input, runs, main_runs, extra, swept, names, config)
+    console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
+    for line in verdict_lines(main_runs):
+        console.print(line, highlight=False, markup=False)
+    if swept:
+        console.print(_sweep_table(swept, names))
+    timing = ", ".join(f"{run.name} {run.wall_s:.1f}s" for run in runs)
+    console.print(f"replay time: {timing} ({worker_count} worker(s))", highlight=False)
+    console.print(f"report: {out_dir / 'report.html'}", highlight=False)
+
+
+def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRun], main_runs: list[PolicyRun],
+                   extra: dict, swept: dict[float, dict[str, PolicyRun]] | None, names: list[str],
+                   config: Config) -> None:
+    """summary.json and report.html; `swept`: the penalty sweep's runs (None: no sweep)."""
+    from dike_slurm.sim.eval.report import render_report
+    from dike_slurm.sim.kernel.replay import write_summary
+
     input_section = replay_input.input_summary()
     write_summary(out_dir / "summary.json", input_section, main_runs, extra)
     user_jobs: dict[str, int] = {}
     for job in replay_input.trace.jobs:
         user_jobs[job.user] = user_jobs.get(job.user, 0) + 1
-    penalties = sorted(penalty_table)
+    penalties = sorted(swept or ())
     html = render_report(
         input_section=input_section,
         settings=extra["settings"],
         runs=[(run.name, run.metrics) for run in main_runs],
         user_jobs=user_jobs,
-        penalty_headers=["policy"] + [f"penalty {p:g}" for p in penalties] if sweep else [],
-        penalty_rows=[
-            [name] + [f"{penalty_table[p][name].metrics.summary['avg_jct_s'] / 3600:.2f}" for p in penalties]
-            for name in names
-        ] if sweep else [],
+        penalty_headers=["policy"] + [f"penalty {p:g}" for p in penalties] if swept else [],
+        penalty_rows=[[name] + [_avg_jct_h(swept[p][name]) for p in penalties] for name in names] if swept else [],
         timings={run.name: run.wall_s for run in runs},
         config=config,
         config_source=extra["config"],
     )
     (out_dir / "report.html").write_text(html, encoding="utf-8")
-    console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
-    for line in verdict_lines(main_runs):
-        console.print(line, highlight=False, markup=False)
-    if sweep:
-        table = Table(title="average JCT (h) by communication penalty")
-        table.add_column("policy")
-        for penalty in penalties:
-            table.add_column(f"{penalty:g}", justify="right")
-        for name in names:
-            table.add_row(name, *(f"{penalty_table[p][name].metrics.summary['avg_jct_s'] / 3600:.2f}" for p in penalties))
-        console.print(table)
-    timing = ", ".join(f"{run.name} {run.wall_s:.1f}s" for run in runs)
-    console.print(f"replay time: {timing} ({worker_count} worker(s))", highlight=False)
-    console.print(f"report: {out_dir / 'report.html'}", highlight=False)
+
+
+def _sweep_table(swept: dict[float, dict[str, PolicyRun]], names: list[str]) -> Table:
+    """Average JCT per policy (rows) and communication penalty (columns)."""
+    penalties = sorted(swept)
+    table = Table(title="average JCT (h) by communication penalty")
+    table.add_column("policy")
+    for penalty in penalties:
+        table.add_column(f"{penalty:g}", justify="right")
+    for name in names:
+        table.add_row(name, *(_avg_jct_h(swept[p][name]) for p in penalties))
+    return table
+
+
+def _avg_jct_h(run: PolicyRun) -> str:
+    return f"{run.metrics.summary['avg_jct_s'] / 3600:.2f}"
 
 
 def _penalty_table(
