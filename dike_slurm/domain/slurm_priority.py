@@ -71,7 +71,7 @@ class PriorityWeights:
 
 @dataclass(frozen=True)
 class GpuBilling:
-    """What a site's TRESBillingWeights charges per GPU-second of each GPU type (issue 33).
+    """What a site's TRESBillingWeights charges per GPU-second of each GPU type.
 
     Slurm bills a job the sum of its TRES times their weights, and a typed GPU is two TRES
     (gres/gpu and gres/gpu:TYPE): a GPU of type t weighs `GRES/gpu` + `GRES/gpu:t`. A type that

@@ -380,7 +380,7 @@ class PyslurmBackend(Backend):
                 admin_comments[job.job_id] = _text(raw.admin_comment)
         nodes = tuple(node_from_pyslurm(n) for n in _values(self._call("Nodes.load()", self.pyslurm.Nodes.load)))
         # pyslurm's Job has no SiteFactor: sprio's, as the command-line backend reads it (eligible
-        # pending jobs), which users' published view shows (PrivateData=jobs, issue 30)
+        # pending jobs), which the published view shows users that PrivateData=jobs keeps to their own jobs
         site_factors = self._via_scontrol(self.scontrol.site_factors)
         return ClusterState(
             time=now,
