@@ -1,6 +1,6 @@
-"""The corpus evaluation's result as tables: overall geometric means, issue 9's targets, the
-per-case tables, and the files `dike-slurm eval` writes (eval.json, results.md, report.html,
-the generated section of docs/results.md). Computation only, then rendering; no replays.
+"""The corpus evaluation's result as tables: overall geometric means, the targets (the corpus's
+targets.toml, checked by sim/eval/targets.py), the per-case tables, and the files `dike-slurm
+eval` writes (eval.json, results.md, report.html, the generated section of docs/results.md). Computation only, then rendering; no replays.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dike_slurm.errors import InputError
+from dike_slurm.sim.eval.targets import CASE_GROUPS, TargetSet, check_set
 
 FIFO = "fifo"  # the baseline of every ratio
 MULTIFACTOR = "multifactor"
-TARGET_SETTING = "pen1"  # the setting the targets are read in
+EVERY_PREEMPTIBLE = "pen1"  # penalty 1, every job preemptible: the plot's and the headroom's setting
 # A setting that runs only the preemptive variants borrows the others' rows from this one: fifo,
 # multifactor and the non-preemptive oracle never preempt, so which jobs may be preempted does not
 # change them.
@@ -49,8 +50,8 @@ def _geomean(ratios: list[float]) -> dict:
 
 
 def cases_of(result: dict, heterogeneous: bool = False, twins: bool | None = False) -> list[dict]:
-    """The cases on one GPU type, or (`heterogeneous`) those whose cluster mixes GPU types (issue
-    33): the mixed ones have their own tables, outside the overall means and the targets. `twins`:
+    """The cases on one GPU type, or (`heterogeneous`) those whose cluster mixes GPU types: the
+    mixed ones have their own tables, outside the overall means and the targets. `twins`:
     False the cases as given, True only their shuffled twins, None both."""
     return [case for case in result["cases"] if case.get("heterogeneous", False) == heterogeneous
             and (twins is None or (case.get("twin_of") is not None) == twins)]
@@ -76,7 +77,7 @@ def overall(result: dict, heterogeneous: bool = False, twins: bool = False) -> d
 
 
 def gpu_type_invariant(result: dict) -> dict:
-    """Issue 33's invariant, no job runs on a GPU type it did not ask for, over every replay: per
+    """The mixed-GPU invariant, no job runs on a GPU type it did not ask for, over every replay: per
     case the starts, the typed starts the simulator checked against their nodes' types, and the
     violations. The simulator stops a replay at the first (sim.cluster.WrongGpuType), so an
     evaluation that finished has none."""
@@ -90,218 +91,12 @@ def gpu_type_invariant(result: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------- targets
 
-# Issue 9's "Done when", checked per case (penalty 1, all preemptible, unless the criterion says).
-CRITERIA = (
-    ("jct", "avg JCT <= 1.01 fifo"),
-    ("capture", "oracle gain captured >= 70%"),
-    ("tiresias", ">= 1.10x tiresias"),
-    ("p95", "p95 JCT <= 1.05 fifo"),
-    ("worst_user", "worst user <= fifo"),
-    ("lost", "lost GPU-h <= 5%"),
-    ("p99_preempt", "p99 preempt/job <= 5"),
-    ("pen0", "pen 0: avg JCT <= 1.01 fifo"),
-    ("half", "half: avg JCT <= 1.01 fifo"),
-)
-ORACLE = "srtf_preemptive"
-ORACLE_GAIN = 1.10
-
-
-def _cell(passed: bool | None, value: str, detail: str = "") -> dict:
-    status = "n/a" if passed is None else ("PASS" if passed else "FAIL")
-    return {"status": status, "value": value, "detail": detail}
-
-
-def _not_run(what: str) -> dict:
-    return {"status": "not run", "value": "", "detail": f"{what} not run"}
-
-
-def _capture_cell(fifo_jct: float, dike_jct: float, oracle: dict | None, oracle_name: str, min_gain: float,
-                  goal: float) -> dict:
-    """The share of the oracle's gain over fifo that dike captures, log(fifo/dike) / log(fifo/oracle),
-    against `goal`; no target where the oracle gains less than `min_gain`."""
-    gain = oracle["fifo_ratio"] if oracle else None
-    if gain is None:
-        return _not_run(oracle_name)
-    if gain < min_gain:
-        return _cell(None, f"oracle {gain:.3f}x", f"oracle gains < {min_gain - 1:.0%}: no target")
-    share = math.log(fifo_jct / dike_jct) / math.log(gain)
-    return _cell(share >= goal, f"{share:.0%}", f"log(fifo/dike) / log(fifo/oracle), oracle {gain:.3f}x")
-
-
-def _none_jct_cell(none: dict, fifo: dict, multifactor: dict) -> dict:
-    """Dike with no job preemptible against the better of fifo and multifactor: >= 0.99x."""
-    best = min(fifo["avg_jct_s"], multifactor["avg_jct_s"])
-    return _cell(best / none["avg_jct_s"] >= 0.99, f"{best / none['avg_jct_s']:.3f}x",
-                 "min(fifo, multifactor) / dike avg JCT, none preemptible")
-
-
-def _tiresias_cell(dike: dict, tiresias: dict, detail: str) -> dict:
-    """Dike's average JCT no higher than tiresias'."""
-    over = tiresias["avg_jct_s"] / dike["avg_jct_s"]
-    return _cell(over >= 1.0, f"{over:.3f}x", detail)
-
-
-def targets(result: dict) -> dict:
-    """PASS/FAIL per case and criterion, from the rows' numbers."""
-    cases = []
-    for case in cases_of(result):
-        fifo, dike = row_of(case, FIFO, TARGET_SETTING), row_of(case, "dike", TARGET_SETTING)
-        cells: dict[str, dict] = {}
-        if fifo is None or dike is None:
-            cells = {key: _not_run("dike or fifo at penalty 1") for key, _ in CRITERIA}
-            cases.append({"case": case["name"], "cells": cells})
-            continue
-        f, d = fifo["metrics"], dike["metrics"]
-        cells["jct"] = _cell(d["avg_jct_s"] <= 1.01 * f["avg_jct_s"], f"{f['avg_jct_s'] / d['avg_jct_s']:.3f}x",
-                             "fifo/dike avg JCT")
-        oracle = row_of(case, ORACLE, TARGET_SETTING)
-        gain = oracle["fifo_ratio"] if oracle else None
-        cells["capture"] = _capture_cell(f["avg_jct_s"], d["avg_jct_s"], oracle, ORACLE, ORACLE_GAIN, 0.7)
-        tiresias = row_of(case, "tiresias", TARGET_SETTING)
-        if gain is not None and gain < ORACLE_GAIN:
-            cells["tiresias"] = _cell(None, "", "oracle gains < 10%: no target")
-        elif tiresias is None or gain is None:
-            cells["tiresias"] = _not_run("tiresias" if tiresias is None else ORACLE)
-        else:
-            over = tiresias["metrics"]["avg_jct_s"] / d["avg_jct_s"]
-            cells["tiresias"] = _cell(over >= 1.10, f"{over:.3f}x", "tiresias/dike avg JCT")
-        cells["p95"] = _cell(d["p95_jct_s"] <= 1.05 * f["p95_jct_s"], f"{d['p95_jct_s'] / f['p95_jct_s']:.3f}x",
-                             "dike/fifo p95 JCT")
-        cells["worst_user"] = _cell(d["worst_user_slowdown"] <= f["worst_user_slowdown"],
-                                    f"{d['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
-                                    "dike vs fifo worst-user slowdown")
-        cells["lost"] = _cell(d["lost_gpu_fraction"] <= 0.05, f"{d['lost_gpu_fraction']:.2%}", "GPU-hours lost / all")
-        cells["p99_preempt"] = _cell(d["p99_preemptions_per_job"] <= 5, f"{d['p99_preemptions_per_job']:g}",
-                                     "p99 preemptions per job")
-        pen0 = row_of(case, "dike", "pen0")
-        cells["pen0"] = (_not_run("penalty 0") if pen0 is None or pen0["fifo_ratio"] is None else
-                         _cell(pen0["fifo_ratio"] >= 1 / 1.01, f"{pen0['fifo_ratio']:.3f}x", "fifo/dike avg JCT at penalty 0"))
-        half = row_of(case, "dike", "pen1_half")
-        if half is None or not half["fifo_ratio_seeds"]:
-            cells["half"] = _not_run("half preemptible")
-        else:
-            worst = min(half["fifo_ratio_seeds"].values())
-            cells["half"] = _cell(worst >= 1 / 1.01, f"{worst:.3f}x", "worst seed's fifo/dike avg JCT")
-        cases.append({"case": case["name"], "cells": cells})
-    return {"criteria": [{"key": k, "label": label} for k, label in CRITERIA], "cases": cases}
-
-
-# Issue 27's "Done when", per case at penalty 1: what Dike must do at every share of preemptible jobs.
-SHARE_CRITERIA = (
-    ("none_jct", "none: avg JCT >= 0.99x best of fifo, multifactor"),
-    ("none_capture", "none: >= 50% of the non-preemptive oracle's gain"),
-    ("none_worst_user", "none: worst user <= fifo"),
-    ("half_vs_none", "half: avg JCT <= its none"),
-    ("half_multifactor", "half: avg JCT >= 0.99x multifactor"),
-    ("all_tiresias", "all: avg JCT <= tiresias"),
-)
-NON_PREEMPTIVE_ORACLE = "srtf_oracle"
-NONE_ORACLE_GAIN = 1.05
-
-
-def share_targets(result: dict) -> dict:
-    """PASS/FAIL per case and issue 27 criterion (penalty 1: none, half and every job preemptible)."""
-    cases = []
-    for case in cases_of(result):
-        fifo, multifactor = row_of(case, FIFO, TARGET_SETTING), row_of(case, MULTIFACTOR, TARGET_SETTING)
-        none, half, every = (row_of(case, "dike", key) for key in ("pen1_none", "pen1_half", TARGET_SETTING))
-        oracle, tiresias = row_of(case, NON_PREEMPTIVE_ORACLE, TARGET_SETTING), row_of(case, "tiresias", TARGET_SETTING)
-        cells: dict[str, dict] = {}
-        if none is None or fifo is None or multifactor is None:
-            cells["none_jct"] = cells["none_capture"] = cells["none_worst_user"] = _not_run("dike (none), fifo or multifactor")
-        else:
-            n, f, m = none["metrics"], fifo["metrics"], multifactor["metrics"]
-            cells["none_jct"] = _none_jct_cell(n, f, m)
-            cells["none_capture"] = _capture_cell(f["avg_jct_s"], n["avg_jct_s"], oracle, NON_PREEMPTIVE_ORACLE,
-                                                  NONE_ORACLE_GAIN, 0.5)
-            cells["none_worst_user"] = _cell(n["worst_user_slowdown"] <= f["worst_user_slowdown"],
-                                             f"{n['worst_user_slowdown']:.2f} vs {f['worst_user_slowdown']:.2f}",
-                                             "dike (none) vs fifo worst-user slowdown")
-        if half is None or none is None or multifactor is None:
-            cells["half_vs_none"] = cells["half_multifactor"] = _not_run("dike (half, none) or multifactor")
-        else:
-            h = half["metrics"]["avg_jct_s"]
-            cells["half_vs_none"] = _cell(h <= none["metrics"]["avg_jct_s"], f"{none['metrics']['avg_jct_s'] / h:.3f}x",
-                                          "dike none / dike half avg JCT (mean of seeds)")
-            cells["half_multifactor"] = _cell(multifactor["metrics"]["avg_jct_s"] / h >= 0.99,
-                                              f"{multifactor['metrics']['avg_jct_s'] / h:.3f}x", "multifactor / dike half avg JCT")
-        if every is None or tiresias is None:
-            cells["all_tiresias"] = _not_run("dike or tiresias, every job preemptible")
-        else:
-            cells["all_tiresias"] = _tiresias_cell(every["metrics"], tiresias["metrics"], "tiresias / dike avg JCT")
-        cases.append({"case": case["name"], "cells": cells})
-    return {"criteria": [{"key": k, "label": label} for k, label in SHARE_CRITERIA], "cases": cases}
-
-
-# "Fair and never worse": what Dike must do against what a site runs (multifactor), on every
-# one-type case and its shuffled twin, with none, half and every job preemptible (penalty 1).
-FAIR_SETTINGS = (("none", "pen1_none"), ("half", "pen1_half"), ("every", TARGET_SETTING))
-FAIR_CRITERIA = (
-    ("none_jct", "none: avg JCT >= 0.99x best of fifo, multifactor"),
-    ("none_capture", "none: >= 50% of the non-preemptive oracle's gain (not on twins)"),
-    *((f"{name}_fair", f"{name}: as fair as multifactor") for name, _ in FAIR_SETTINGS),
-    *((f"{name}_tiresias", f"{name}: avg JCT <= tiresias") for name, _ in FAIR_SETTINGS[1:]),
-)
-# Each fairness measure: (summary key, short name, passes(dike, multifactor)).
-FAIRNESS_MEASURES = (
-    ("worst_user_slowdown", "worst user", lambda d, m: d <= m),
-    ("avg_slowdown", "avg slowdown", lambda d, m: d <= m),
-    ("max_wait_s", "longest wait", lambda d, m: d <= 1.02 * m),
-    ("user_jain_index", "Jain", lambda d, m: d >= m - 0.01),
-)
-
-
-def _fairness_cell(dike: dict, multifactor: dict) -> dict:
-    """Dike as fair as multifactor: worst-user and average slowdown no higher, the longest wait at
-    most 2% longer, the users' Jain index at most 0.01 lower. The value names what fails."""
-    failed, parts = [], []
-    for key, name, passes in FAIRNESS_MEASURES:
-        d, m = dike.get(key), multifactor.get(key)
-        if d is None or m is None:
-            return _not_run(f"{name} (an older summary)")
-        if key == "user_jain_index":
-            parts.append(f"{name} {d - m:+.3f}")
-        else:
-            parts.append(f"{name} {d / m:.2f}x" if m else f"{name} {d:g} vs 0")
-        if not passes(d, m):
-            failed.append(name)
-    return _cell(not failed, ", ".join(failed) if failed else "all four", "dike against multifactor: " + "; ".join(parts))
-
-
-def fair_targets(result: dict) -> dict:
-    """PASS/FAIL per case (each one-type case and its shuffled twin) and criterion of "fair and
-    never worse": dike at penalty 1 with none, half and every job preemptible, against multifactor
-    (fairness), the better of fifo and multifactor (JCT, none), preemptive tiresias (half, every)."""
-    cases = []
-    for case in cases_of(result, twins=None):
-        fifo, multifactor = row_of(case, FIFO, TARGET_SETTING), row_of(case, MULTIFACTOR, TARGET_SETTING)
-        oracle = row_of(case, NON_PREEMPTIVE_ORACLE, TARGET_SETTING)
-        cells: dict[str, dict] = {}
-        none = row_of(case, "dike", "pen1_none")
-        if none is None or fifo is None or multifactor is None:
-            cells["none_jct"] = cells["none_capture"] = _not_run("dike (none), fifo or multifactor")
-        else:
-            n, f, m = none["metrics"], fifo["metrics"], multifactor["metrics"]
-            cells["none_jct"] = _none_jct_cell(n, f, m)
-            cells["none_capture"] = (
-                _cell(None, "twin", "a shuffled twin: no capture target") if case.get("twin_of") else
-                _capture_cell(f["avg_jct_s"], n["avg_jct_s"], oracle, NON_PREEMPTIVE_ORACLE, NONE_ORACLE_GAIN, 0.5))
-        for name, setting in FAIR_SETTINGS:
-            dike = row_of(case, "dike", setting)
-            if dike is None or multifactor is None:
-                cells[f"{name}_fair"] = _not_run(f"dike ({name}) or multifactor")
-            else:
-                cells[f"{name}_fair"] = _fairness_cell(dike["metrics"], multifactor["metrics"])
-            if name == "none":
-                continue
-            tiresias = row_of(case, "tiresias", setting)
-            if dike is None or tiresias is None:
-                cells[f"{name}_tiresias"] = _not_run(f"dike or tiresias ({name})")
-            else:
-                cells[f"{name}_tiresias"] = _tiresias_cell(dike["metrics"], tiresias["metrics"],
-                                                           f"tiresias / dike avg JCT ({name})")
-        cases.append({"case": case["name"], "cells": cells})
-    return {"criteria": [{"key": k, "label": label} for k, label in FAIR_CRITERIA], "cases": cases}
+def check_targets(result: dict, target_sets: Sequence[TargetSet]) -> None:
+    """Each target set's PASS/FAIL per case and criterion into `result`, under the set's key, in
+    the file's order (`target_sets`)."""
+    for target_set in target_sets:
+        result[target_set.key] = check_set(target_set, cases_of(result, twins=CASE_GROUPS[target_set.cases]))
+    result["target_sets"] = [target_set.key for target_set in target_sets]
 
 
 def pareto(result: dict) -> dict:
@@ -376,7 +171,7 @@ def _num(value, fmt: str) -> str:
 
 
 def _headroom(case: dict) -> str:
-    fifo = row_of(case, FIFO, TARGET_SETTING)
+    fifo = row_of(case, FIFO, EVERY_PREEMPTIBLE)
     if fifo is None or not case["avg_run_h"]:
         return ""
     return f"; fifo avg JCT / avg run time at pen 1: {fifo['metrics']['avg_jct_s'] / 3600 / case['avg_run_h']:.2f}"
@@ -412,26 +207,10 @@ def tables(result: dict) -> list[Table]:
             "shuffled twins, {label}: geometric mean over the twins",
             f"{len(twins)} twins: each one-type case with users and job names shuffled across its jobs, so that job "
             "history predicts nothing; above 1 is better than the baseline.")
-    if result["targets"]["cases"]:  # none when every case evaluated mixes GPU types
-        out.append(_target_table(
-            "targets (issue 9): dike at penalty 1, every job preemptible, unless the column says", result["targets"],
-            "Capture and tiresias apply where srtf_preemptive gains >= 10% over fifo (oracle = srtf_preemptive); "
-            "capture = log(fifo/dike) / log(fifo/oracle); worst user = worst-user slowdown; half = half of the jobs "
-            "preemptible, every seed must pass."))
-        if "share_targets" in result:
-            out.append(_target_table(
-                "targets (issue 27): dike at penalty 1 with none, half and every job preemptible", result["share_targets"],
-                "Capture applies where the non-preemptive oracle (srtf_oracle) gains >= 5% over fifo: "
-                "log(fifo/dike) / log(fifo/oracle); half = mean of seeds 0 and 1."))
-    if result.get("fair_targets", {}).get("cases"):
-        out.append(_target_table(
-            "fair and never worse: dike at penalty 1 with none, half and every job preemptible, on every case and "
-            "its shuffled twin", result["fair_targets"],
-            "As fair as multifactor: worst-user slowdown and average slowdown no higher, longest wait at most 1.02x, "
-            "users' Jain index at most 0.01 lower (a failing cell names what fails; eval.json has every ratio). "
-            "A -shuffled case is its case's twin: users and job names shuffled across the jobs (seed "
-            f"{result.get('twin_seed', '?')}), so job history predicts nothing. Capture as in the table above; half "
-            "= mean of seeds 0 and 1."))
+    for key in result.get("target_sets", ()):  # a set has no case when every case evaluated mixes GPU types
+        if result[key]["cases"]:
+            note = result[key]["note"].replace("{twin_seed}", str(result.get("twin_seed", "?")))
+            out.append(_target_table(result[key]["title"], result[key], note))
     if result.get("pareto"):
         out += _pareto_tables(result)
     skipped = ["Not run: " + "; ".join(result["skipped_variants"]) + "."] if result["skipped_variants"] else []
@@ -442,7 +221,7 @@ def tables(result: dict) -> list[Table]:
     if mixed:
         out += _overall_tables(
             result, result.get("heterogeneous_overall") or overall(result, heterogeneous=True),
-            "mixed GPU generations (issue 33), {label}: geometric mean over the heterogeneous cases",
+            "mixed GPU generations, {label}: geometric mean over the heterogeneous cases",
             f"{len(mixed)} cases whose clusters mix GPU types ({', '.join(c['name'] for c in mixed)}), outside the "
             "overall means and the targets above; above 1 is better than the baseline.")
     if "gpu_type_invariant" in result:
@@ -523,7 +302,7 @@ def _invariant_table(invariant: dict) -> Table:
     rows.append(["all", "", str(invariant["replays"]), str(invariant["starts"]), str(invariant["typed_starts"]),
                  str(invariant["violations"])])
     return Table(
-        "invariant (issue 33): no job runs on a GPU type it did not ask for, over every start of every replay",
+        "invariant: no job runs on a GPU type it did not ask for, over every start of every replay",
         ["case", "GPU types", "replays", "starts", "typed starts checked", "violations"], rows,
         ["Every start of a job that asks for GPU types (typed GRES, or a constraint naming them) is checked against "
          "the GPU types of the nodes it starts on; a job that asks for none may run on any. A violation stops the "
@@ -582,14 +361,14 @@ def _plot_uri(result: dict) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = [c for c in result["cases"] if row_of(c, FIFO, TARGET_SETTING)]
+    cases = [c for c in result["cases"] if row_of(c, FIFO, EVERY_PREEMPTIBLE)]
     variants = [v["label"] for v in result["variants"] if v["label"] != FIFO]
     if not cases or not variants:
         return None
     figure, axes = plt.subplots(figsize=(9, 3.8))
     width = 0.8 / len(variants)
     for index, label in enumerate(variants):
-        values = [(row_of(c, label, TARGET_SETTING) or {}).get("fifo_ratio") or 0.0 for c in cases]
+        values = [(row_of(c, label, EVERY_PREEMPTIBLE) or {}).get("fifo_ratio") or 0.0 for c in cases]
         axes.bar([x + index * width for x in range(len(cases))], values, width, label=label)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(cases))])

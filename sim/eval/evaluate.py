@@ -1,7 +1,8 @@
 """Corpus evaluation (`dike-slurm eval`, `make eval`): every case under every policy.
 
-What runs (cases, policies, settings, seeds) and the run itself, into one JSON-ready result;
-sim/eval/eval_report.py, which it imports, turns it into the overall and targets tables and the files.
+What runs (cases, policies, settings, seeds, the corpus's targets.toml) and the run itself, into
+one JSON-ready result; sim/eval/eval_report.py, which it imports, turns it into the overall and
+targets tables and the files.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from dike_slurm.sim.eval.eval_report import (
     BASELINE_SETTING,
     FIFO,
     MULTIFACTOR,
-    fair_targets,
+    check_targets,
     gpu_type_invariant,
     overall,
     pareto,
-    share_targets,
-    targets,
 )
+from dike_slurm.sim.eval.targets import TargetSet, find_targets_file, load_targets
 
 CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
 
@@ -95,6 +95,8 @@ class Plan:
     variants: tuple[Variant, ...]
     settings: tuple[Setting, ...]
     skipped: tuple[str, ...] = ()  # variants left out, with why
+    targets: tuple[TargetSet, ...] = ()  # the acceptance targets, from targets_file
+    targets_file: Path | None = None
 
     def runs(self) -> int:
         count = 0
@@ -116,7 +118,7 @@ def find_cases(folders: Sequence[Path]) -> tuple[Case, ...]:
     for folder in folders:
         if not folder.is_dir():
             raise InputError("not a folder", source=str(folder))
-        if any((folder / name).exists() for name in CASE_FILES):
+        if _is_case(folder):
             cases.append(_case(folder))
             continue
         subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
@@ -134,6 +136,10 @@ def find_cases(folders: Sequence[Path]) -> tuple[Case, ...]:
             raise InputError(f"two cases are named {case.name!r} ({seen[case.name]} and {case.folder})")
         seen[case.name] = case.folder
     return tuple(cases)
+
+
+def _is_case(folder: Path) -> bool:
+    return any((folder / name).exists() for name in CASE_FILES)
 
 
 def _case(folder: Path) -> Case:
@@ -171,8 +177,9 @@ def with_twins(cases: Sequence[Case]) -> tuple[Case, ...]:
 def make_plan(
     folders: Sequence[Path], *, quick: bool = False, only: Sequence[str] = (), twins: bool = True,
 ) -> Plan:
-    """Cases (each one-type case with its shuffled twin, unless `twins` is False), variants and
-    settings; variants whose override the policy does not take are skipped."""
+    """Cases (each one-type case with its shuffled twin, unless `twins` is False), variants,
+    settings and the corpus's targets (find_targets_file); variants whose override the policy
+    does not take are skipped."""
     from dike_slurm.registry import default_registry
 
     cases = find_cases(folders)
@@ -196,7 +203,9 @@ def make_plan(
             continue
         variants.append(variant)
     settings = tuple(s for s in SETTINGS if not quick or s.key in QUICK_SETTINGS)
-    return Plan(cases, tuple(variants), settings, tuple(skipped))
+    targets_file = find_targets_file(folders, _is_case)
+    target_sets = load_targets(targets_file, variants=[v.label for v in VARIANTS], settings=[s.key for s in SETTINGS])
+    return Plan(cases, tuple(variants), settings, tuple(skipped), target_sets, targets_file)
 
 
 def load_config(path: Path | None):
@@ -233,7 +242,7 @@ def evaluate(
 ) -> dict:
     """Run every replay of the plan and return the whole result (JSON-ready, every number).
     `on_progress(jobs_replayed, jobs_in_all_replays)` is called as the replays advance."""
-    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, run_tasks, sim_settings
+    from dike_slurm.sim.kernel.replay import load_input
 
     log = log or (lambda _line: None)
     started = time.perf_counter()
@@ -241,57 +250,9 @@ def evaluate(
     inputs = _case_inputs(plan.cases, load_input)
     groups = _replay_groups(plan)
     total_jobs = sum(len(inputs[case.name].trace.jobs) * len(members) for case in plan.cases for members in groups.values())
-    replayed_jobs = 0
-    case_results = []
-    for case in plan.cases:
-        replay_input = inputs[case.name]
-        case_started = time.perf_counter()
-        log(f"{case.name}: {len(replay_input.trace.jobs)} jobs")
-        runs, used = [], {}
-        for (preemptible, seed), members in groups.items():
-            members.sort(key=lambda member: -member[1].cost)  # stable: table order within a cost
-            settings = sim_settings(config, replay_input.conf, seed=seed, preemptible=preemptible,
-                                    source=str(case.folder / "slurm.conf"))
-            tasks = [ReplayTask(v.label, v.policy, s.comm_penalty, params_override=v.params_override) for s, v in members]
-            # comm_penalty is per run (runs[].comm_penalty), not this object's
-            used[f"preemptible={preemptible:g} seed={seed}"] = {
-                key: value for key, value in asdict(settings).items() if key != "comm_penalty"}
-            group_started = time.perf_counter()
-            done_before, finished = replayed_jobs, {}
-
-            def advance(index: int, jobs: int, done_before: int = done_before, finished: dict = finished) -> None:
-                finished[index] = jobs
-                if on_progress is not None:
-                    on_progress(done_before + sum(finished.values()), total_jobs)
-
-            results = run_tasks(tasks, replay_input, config, settings, workers=workers, on_progress=advance)
-            replayed_jobs = done_before + len(replay_input.trace.jobs) * len(tasks)
-            for (setting, variant), run in zip(members, results):
-                runs.append({
-                    "variant": variant.label, "setting": setting.key, "seed": seed,
-                    "comm_penalty": setting.comm_penalty, "preemptible": preemptible,
-                    "summary": dict(run.metrics.summary), "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
-                    # issue 33's invariant: every start of a typed job was checked against its nodes' types
-                    "starts": run.stats.starts, "typed_starts": run.stats.typed_starts,
-                })
-            log(f"{case.name}: {len(tasks)} replays (preemptible {preemptible:g}, seed {seed}) "
-                f"in {time.perf_counter() - group_started:.0f} s")
-        gpu_types = sorted({t for node in replay_input.conf.nodes for t in node.gpu_types})
-        case_results.append({
-            "name": case.name,
-            "folder": str(case.folder),
-            "twin_of": case.twin_of,
-            "gpu_types": gpu_types,
-            # mixed GPU generations (issue 33): tabled on their own, outside the overall means
-            "heterogeneous": len(gpu_types) > 1,
-            "input": replay_input.input_summary(),
-            "avg_run_h": _avg_run_h(replay_input),
-            "sim_settings": used,
-            "runs": runs,
-            "rows": _rows(runs, plan),
-            "wall_s": round(time.perf_counter() - case_started, 1),
-            "cpu_s": round(sum(run["cpu_s"] for run in runs), 1),
-        })
+    progress = _Progress(total_jobs, on_progress)
+    case_results = [_evaluate_case(case, inputs[case.name], groups, plan, config, workers, log, progress)
+                    for case in plan.cases]
     result = {
         "command": command,
         "git": git,
@@ -305,17 +266,87 @@ def evaluate(
                           for v in plan.variants},
         "cases": case_results,
     }
+    _tabulate(result, plan)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+@dataclass
+class _Progress:
+    """Jobs replayed so far out of every replay's, reported as each replay finishes."""
+
+    total_jobs: int
+    on_progress: Callable[[int, int], None] | None
+    replayed_jobs: int = 0
+
+    def group(self) -> Callable[[int, int], None]:
+        """The callback of one group of replays run side by side: replay index -> its jobs done."""
+        done_before, finished = self.replayed_jobs, {}
+
+        def advance(index: int, jobs: int) -> None:
+            finished[index] = jobs
+            if self.on_progress is not None:
+                self.on_progress(done_before + sum(finished.values()), self.total_jobs)
+        return advance
+
+
+def _evaluate_case(case: Case, replay_input, groups: dict, plan: Plan, config, workers: int,
+                   log: Callable[[str], None], progress: _Progress) -> dict:
+    """Every replay of one case, as its entry of the result."""
+    from dike_slurm.sim.kernel.replay import ReplayTask, run_tasks, sim_settings
+
+    case_started = time.perf_counter()
+    log(f"{case.name}: {len(replay_input.trace.jobs)} jobs")
+    runs, used = [], {}
+    for (preemptible, seed), members in groups.items():
+        members.sort(key=lambda member: -member[1].cost)  # stable: table order within a cost
+        settings = sim_settings(config, replay_input.conf, seed=seed, preemptible=preemptible,
+                                source=str(case.folder / "slurm.conf"))
+        tasks = [ReplayTask(v.label, v.policy, s.comm_penalty, params_override=v.params_override) for s, v in members]
+        # comm_penalty is per run (runs[].comm_penalty), not this object's
+        used[f"preemptible={preemptible:g} seed={seed}"] = {
+            key: value for key, value in asdict(settings).items() if key != "comm_penalty"}
+        group_started = time.perf_counter()
+        results = run_tasks(tasks, replay_input, config, settings, workers=workers, on_progress=progress.group())
+        progress.replayed_jobs += len(replay_input.trace.jobs) * len(tasks)
+        for (setting, variant), run in zip(members, results):
+            runs.append({
+                "variant": variant.label, "setting": setting.key, "seed": seed,
+                "comm_penalty": setting.comm_penalty, "preemptible": preemptible,
+                "summary": dict(run.metrics.summary), "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+                # the mixed-GPU invariant: every start of a typed job was checked against its nodes' types
+                "starts": run.stats.starts, "typed_starts": run.stats.typed_starts,
+            })
+        log(f"{case.name}: {len(tasks)} replays (preemptible {preemptible:g}, seed {seed}) "
+            f"in {time.perf_counter() - group_started:.0f} s")
+    gpu_types = sorted({t for node in replay_input.conf.nodes for t in node.gpu_types})
+    return {
+        "name": case.name,
+        "folder": str(case.folder),
+        "twin_of": case.twin_of,
+        "gpu_types": gpu_types,
+        # mixed GPU generations: tabled on their own, outside the overall means
+        "heterogeneous": len(gpu_types) > 1,
+        "input": replay_input.input_summary(),
+        "avg_run_h": _avg_run_h(replay_input),
+        "sim_settings": used,
+        "runs": runs,
+        "rows": _rows(runs, plan),
+        "wall_s": round(time.perf_counter() - case_started, 1),
+        "cpu_s": round(sum(run["cpu_s"] for run in runs), 1),
+    }
+
+
+def _tabulate(result: dict, plan: Plan) -> None:
+    """The overall means, the invariant, the targets and the frontier, from the cases' rows."""
     result["overall"] = overall(result)
     result["heterogeneous_overall"] = overall(result, heterogeneous=True)
     result["gpu_type_invariant"] = gpu_type_invariant(result)
-    result["targets"] = targets(result)
-    result["share_targets"] = share_targets(result)
+    result["targets_file"] = None if plan.targets_file is None else str(plan.targets_file)
     result["twin_seed"] = TWIN_SEED
+    check_targets(result, plan.targets)
     result["twin_overall"] = overall(result, twins=True)
-    result["fair_targets"] = fair_targets(result)
     result["pareto"] = pareto(result)
-    result["wall_s"] = round(time.perf_counter() - started, 1)
-    return result
 
 
 def _case_inputs(cases: Sequence[Case], load_input) -> dict:

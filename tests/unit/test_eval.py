@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -12,12 +13,22 @@ import pytest
 import in_process
 
 from dike_slurm.errors import InputError
-from dike_slurm.sim.eval import eval_report, evaluate
+from dike_slurm.sim.eval import eval_report, evaluate, targets
 from dike_slurm.sim.tracegen.synthetic_cluster import ClusterSpec
 from dike_slurm.sim.tracegen.generate import generate_sample
 from dike_slurm.sim.tracegen.workload_model import WorkloadModel
 
 ROOT = Path(__file__).resolve().parents[2]
+TARGETS_FILE = ROOT / "examples" / "corpus" / "targets.toml"  # the corpus's, copied into each test corpus
+TARGETS = targets.load_targets(TARGETS_FILE, variants=[v.label for v in evaluate.VARIANTS],
+                               settings=[s.key for s in evaluate.SETTINGS])
+
+
+def checked(result: dict, key: str) -> dict:
+    """One target set of the corpus's file, checked on `result`."""
+    result = dict(result)
+    eval_report.check_targets(result, [target_set for target_set in TARGETS if target_set.key == key])
+    return result[key]
 
 
 def make_case(folder: Path, seed: int) -> None:
@@ -32,6 +43,7 @@ def corpus(tmp_path_factory) -> Path:
     make_case(root / "zeta", 1)
     make_case(root / "alpha", 2)
     (root / "cases.json").write_text(json.dumps([{"case": "zeta"}, {"case": "alpha"}]), encoding="utf-8")
+    (root / "targets.toml").write_bytes(TARGETS_FILE.read_bytes())
     return root
 
 
@@ -165,14 +177,14 @@ def _share_fake(fifo: float, multifactor: float, oracle: float, none: float, hal
     return {"cases": [{"name": "x", "rows": rows}]}
 
 
-def test_the_share_targets_of_issue_27():
-    cells = eval_report.share_targets(_share_fake(100, 90, 50, 80, 75, 60, 70))["cases"][0]["cells"]
+def test_the_share_targets_hold_dike_at_none_half_and_every_job_preemptible():
+    cells = checked(_share_fake(100, 90, 50, 80, 75, 60, 70), "share_targets")["cases"][0]["cells"]
     # 90 / 80 vs the better baseline (multifactor); log(100/80) / log(100/50) = 32% of the oracle's gain
     assert cells["none_jct"]["status"] == "PASS" and cells["none_jct"]["value"] == "1.125x"
     assert cells["none_capture"]["status"] == "FAIL" and cells["none_capture"]["value"] == "32%"
     assert cells["none_worst_user"]["status"] == "PASS"
     assert cells["half_vs_none"]["status"] == cells["half_multifactor"]["status"] == cells["all_tiresias"]["status"] == "PASS"
-    worse = eval_report.share_targets(_share_fake(100, 90, 98, 95, 96, 75, 70, worst_none=3.0))["cases"][0]["cells"]
+    worse = checked(_share_fake(100, 90, 98, 95, 96, 75, 70, worst_none=3.0), "share_targets")["cases"][0]["cells"]
     assert worse["none_jct"]["status"] == "FAIL"  # 90 / 95 < 0.99
     assert worse["none_capture"]["status"] == "n/a"  # the oracle gains under 5%
     assert worse["none_worst_user"]["status"] == "FAIL"
@@ -194,8 +206,8 @@ def _fair_fake(twin_of: str | None = None, **dike_none) -> dict:
 
 
 def test_the_fair_targets_compare_dike_with_multifactor_on_every_measure():
-    cells = eval_report.fair_targets(_fair_fake())["cases"][0]["cells"]
-    assert {c["key"] for c in eval_report.fair_targets(_fair_fake())["criteria"]} == set(cells)
+    cells = checked(_fair_fake(), "fair_targets")["cases"][0]["cells"]
+    assert {c["key"] for c in checked(_fair_fake(), "fair_targets")["criteria"]} == set(cells)
     assert cells["none_jct"]["value"] == "1.059x" and cells["none_jct"]["status"] == "PASS"  # 90 / 85
     assert cells["none_capture"]["status"] == "FAIL"  # log(100/85) / log(100/50) = 23%
     assert cells["none_fair"]["status"] == cells["half_fair"]["status"] == cells["every_fair"]["status"] == "PASS"
@@ -203,11 +215,11 @@ def test_the_fair_targets_compare_dike_with_multifactor_on_every_measure():
     # each measure fails on its own, at its own tolerance
     for metrics, failing in (({"worst_user_slowdown": 10.1}, "worst user"), ({"avg_slowdown": 5.01}, "avg slowdown"),
                              ({"max_wait_s": 1021.0}, "longest wait"), ({"user_jain_index": 0.489}, "Jain")):
-        cell = eval_report.fair_targets(_fair_fake(**metrics))["cases"][0]["cells"]["none_fair"]
+        cell = checked(_fair_fake(**metrics), "fair_targets")["cases"][0]["cells"]["none_fair"]
         assert cell["status"] == "FAIL" and cell["value"] == failing
     within = {"max_wait_s": 1019.0, "user_jain_index": 0.491}
-    assert eval_report.fair_targets(_fair_fake(**within))["cases"][0]["cells"]["none_fair"]["status"] == "PASS"
-    twin = eval_report.fair_targets(_fair_fake(twin_of="y"))["cases"][0]["cells"]
+    assert checked(_fair_fake(**within), "fair_targets")["cases"][0]["cells"]["none_fair"]["status"] == "PASS"
+    twin = checked(_fair_fake(twin_of="y"), "fair_targets")["cases"][0]["cells"]
     assert twin["none_capture"]["status"] == "n/a" and twin["none_jct"]["status"] == "PASS"
 
 
@@ -237,15 +249,15 @@ def _fake(fifo: float, dike: float, oracle: float, tiresias: float) -> dict:
 
 
 def test_capture_and_tiresias_apply_only_where_the_oracle_gains_ten_percent():
-    small = eval_report.targets(_fake(100.0, 99.0, 95.0, 99.0))["cases"][0]["cells"]
+    small = checked(_fake(100.0, 99.0, 95.0, 99.0), "targets")["cases"][0]["cells"]
     assert small["capture"]["status"] == "n/a" and small["tiresias"]["status"] == "n/a"
     # oracle 2x: dike 1.5x captures log 1.5 / log 2 = 58% (FAIL); tiresias/dike = 1.2 (PASS).
-    big = eval_report.targets(_fake(100.0, 100 / 1.5, 50.0, 80.0))["cases"][0]["cells"]
+    big = checked(_fake(100.0, 100 / 1.5, 50.0, 80.0), "targets")["cases"][0]["cells"]
     assert big["capture"]["status"] == "FAIL" and big["capture"]["value"] == "58%"
     assert big["tiresias"]["status"] == "PASS"
-    assert eval_report.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["capture"]["status"] == "PASS"
-    assert eval_report.targets(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05))["cases"][0]["cells"]["tiresias"]["status"] == "FAIL"
-    assert eval_report.targets(_fake(100.0, 102.0, 95.0, 99.0))["cases"][0]["cells"]["jct"]["status"] == "FAIL"
+    assert checked(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05), "targets")["cases"][0]["cells"]["capture"]["status"] == "PASS"
+    assert checked(_fake(100.0, 100 / 1.7, 50.0, 100 / 1.7 * 1.05), "targets")["cases"][0]["cells"]["tiresias"]["status"] == "FAIL"
+    assert checked(_fake(100.0, 102.0, 95.0, 99.0), "targets")["cases"][0]["cells"]["jct"]["status"] == "FAIL"
 
 
 def test_files_tables_and_results_section(result, tmp_path):
@@ -265,7 +277,7 @@ def test_files_tables_and_results_section(result, tmp_path):
     assert dike_row[-2:] == [f"{eval_report.row_of(result['cases'][0], 'dike', 'pen1')['fifo_ratio']:.3f}", "-"]
     overall_none = next(t for t in table_list if t.title.startswith("overall, pen 1 NONE"))
     assert [row[0] for row in overall_none.rows] == ["fifo", "tiresias", "dike"]
-    assert any(t.title.startswith("targets (issue 27)") for t in table_list)
+    assert any(t.title == "targets: dike at penalty 1 with none, half and every job preemptible" for t in table_list)
     fair = next(t for t in table_list if t.title.startswith("fair and never worse"))
     assert [row[0] for row in fair.rows] == ["zeta", "zeta-shuffled", "alpha", "alpha-shuffled"]
     assert any(t.title.startswith("shuffled twins, pen 1") for t in table_list)
@@ -304,6 +316,79 @@ def test_a_results_file_without_its_section_fails_before_any_replay(corpus, tmp_
     assert not out.exists() and docs.read_text(encoding="utf-8") == "# no markers\n"
 
 
+def test_the_targets_file_is_the_corpus_s_for_a_corpus_and_for_a_case_in_it(corpus):
+    assert evaluate.make_plan([corpus], quick=True).targets_file == corpus / "targets.toml"
+    assert evaluate.make_plan([corpus / "alpha"], quick=True).targets_file == (corpus / "targets.toml").resolve()
+    assert evaluate.make_plan([corpus], quick=True).targets == TARGETS
+    assert [t.key for t in TARGETS] == ["targets", "share_targets", "fair_targets"]
+
+
+def test_a_missing_targets_file_is_one_line_and_writes_nothing(corpus, tmp_path):
+    bare = tmp_path / "bare"
+    (bare / "alpha").mkdir(parents=True)
+    for name in evaluate.CASE_FILES:
+        (bare / "alpha" / name).write_bytes((corpus / "alpha" / name).read_bytes())
+    out = tmp_path / "out"
+    done = _cli(str(bare), "--quick", "--out", str(out))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {bare / 'targets.toml'}: no such file: the corpus's acceptance targets, beside its cases"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("[[set]\n", "not valid TOML"),
+    ("[[sets]]\n", "sets: unknown key (known: set)"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n', "set[0].criterion: expected one or more tables"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "all"\n', "set[0].cases: expected one of: 'as given', 'with twins'"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n[[set.criterion]]\nkey = "c"\nlabel = "c"\n'
+     'kind = "faster"\npolicy = "dike"\nsetting = "pen1"\n', "set[0].criterion[0].kind: unknown kind 'faster'"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n[[set.criterion]]\nkey = "c"\nlabel = "c"\n'
+     'kind = "jct_at_most"\npolicy = "dike"\nsetting = "pen1"\nbaseline = "fifo"\n',
+     "set[0].criterion[0].factor: missing (kind jct_at_most needs baseline, factor)"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n[[set.criterion]]\nkey = "c"\nlabel = "c"\n'
+     'kind = "jct_at_most"\npolicy = "dike"\nsetting = "pen2"\nbaseline = "fifo"\nfactor = 1.0\n',
+     "set[0].criterion[0].setting: unknown setting 'pen2'"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n[[set.criterion]]\nkey = "c"\nlabel = "c"\n'
+     'kind = "jct_at_most"\npolicy = "dike"\nsetting = "pen1"\nbaseline = "lifo"\nfactor = 1.0\n',
+     "set[0].criterion[0].baseline: unknown policy 'lifo'"),
+    ('[[set]]\nkey = "t"\ntitle = "t"\ncases = "as given"\n[[set.criterion]]\nkey = "c"\nlabel = "c"\n'
+     'kind = "jct_at_most"\npolicy = "dike"\nsetting = "pen1"\nbaseline = "fifo"\nfactor = "1.01"\n',
+     "set[0].criterion[0].factor: expected a finite number >= 0"),
+])
+def test_a_malformed_targets_file_is_one_line_naming_the_file_and_key(corpus, tmp_path, text, error):
+    broken = tmp_path / "corpus"
+    (broken / "alpha").mkdir(parents=True)
+    for name in evaluate.CASE_FILES:
+        (broken / "alpha" / name).write_bytes((corpus / "alpha" / name).read_bytes())
+    (broken / "targets.toml").write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match="^" + re.escape(f"{broken / 'targets.toml'}: {error}")):
+        evaluate.make_plan([broken])
+    done = _cli(str(broken), "--quick", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith(f"error: {broken / 'targets.toml'}: {error}")
+
+
+def test_the_tables_follow_the_targets_file(result, tmp_path):
+    text = TARGETS_FILE.read_text(encoding="utf-8").replace(
+        'key = "jct"\nlabel = "avg JCT <= 1.01 fifo"', 'key = "jct"\nlabel = "avg JCT <= 0.5 fifo"').replace(
+        "factor = 1.01\n", "factor = 0.5\n", 1)
+    text += ('\n[[set]]\nkey = "added"\ntitle = "targets: a set added in the file"\ncases = "as given"\n'
+             'note = "added"\n[[set.criterion]]\nkey = "lost"\nlabel = "lost GPU-h <= 100%"\nkind = "metric_bound"\n'
+             'policy = "tiresias"\nsetting = "pen1"\nmetric = "lost_gpu_fraction"\nat_most = 1.0\nformat = ".1%"\n')
+    (tmp_path / "targets.toml").write_text(text, encoding="utf-8")
+    sets = targets.load_targets(tmp_path / "targets.toml", variants=[v.label for v in evaluate.VARIANTS],
+                                settings=[s.key for s in evaluate.SETTINGS])
+    again = json.loads(json.dumps(result))
+    eval_report.check_targets(again, sets)
+    assert [entry["cells"]["jct"]["status"] for entry in again["targets"]["cases"]] == ["FAIL", "FAIL"]
+    assert [entry["cells"]["jct"]["value"] for entry in again["targets"]["cases"]] == [
+        entry["cells"]["jct"]["value"] for entry in result["targets"]["cases"]]
+    added = next(t for t in eval_report.tables(again) if t.title == "targets: a set added in the file")
+    assert [row[0] for row in added.rows] == ["zeta", "alpha"] and all(row[1].startswith("PASS ") for row in added.rows)
+    assert added.headers == ["case", "lost GPU-h <= 100%"] and added.notes == ["2 PASS, 0 FAIL. added"]
+
+
 def test_quick_runs_penalty_one_with_the_three_policies(corpus, tmp_path):
     out = tmp_path / "out"
     done = _cli(str(corpus / "alpha"), "--quick", "--out", str(out), "--workers", "1", "--json")
@@ -331,7 +416,7 @@ def test_a_failing_report_keeps_the_numbers(result, tmp_path, monkeypatch):
     assert written["targets"] == json.loads(json.dumps(result["targets"]))
 
 
-# ---------------------------------------------------------------------------------------- mixed GPU types (issue 33)
+# ---------------------------------------------------------------------------------------- mixed GPU types
 
 
 def make_mixed_case(folder: Path, seed: int) -> None:
@@ -351,6 +436,7 @@ def mixed_corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mixed")
     make_case(root / "plain", 4)
     make_mixed_case(root / "mixed", 4)
+    (root / "targets.toml").write_bytes(TARGETS_FILE.read_bytes())
     return root
 
 
@@ -379,21 +465,19 @@ def test_mixed_gpu_cases_have_their_own_tables_and_the_invariant_is_counted(mixe
     assert invariant["violations"] == 0
     assert invariant["typed_starts"] == sum(case["typed_starts"] for case in by_case.values())
     titles = [t.title for t in eval_report.tables(result)]
-    assert "mixed GPU generations (issue 33), pen 1: geometric mean over the heterogeneous cases of baseline/policy avg " \
+    assert "mixed GPU generations, pen 1: geometric mean over the heterogeneous cases of baseline/policy avg " \
            "JCT (min-max)" in titles
-    assert titles.index("case mixed") > titles.index(next(t for t in titles if t.startswith("invariant (issue 33)")))
+    assert titles.index("case mixed") > titles.index(next(t for t in titles if t.startswith("invariant: no job runs on a GPU type")))
     overall_table = next(t for t in eval_report.tables(result) if t.title.startswith("overall, pen 1:"))
     assert overall_table.notes[0].startswith("1 cases;")
     # only mixed cases: no overall and no targets tables (they would be empty), the mixed ones and the invariant
-    alone = dict(result, cases=[mixed], targets=eval_report.targets(dict(result, cases=[mixed])),
-                 share_targets=eval_report.share_targets(dict(result, cases=[mixed])),
-                 fair_targets=eval_report.fair_targets(dict(result, cases=[mixed])),
-                 pareto=eval_report.pareto(dict(result, cases=[mixed])))
+    alone = dict(result, cases=[mixed], pareto=eval_report.pareto(dict(result, cases=[mixed])))
+    eval_report.check_targets(alone, TARGETS)
     assert alone["pareto"] == {} and alone["fair_targets"]["cases"] == []
     alone["overall"] = eval_report.overall(alone)
     titles = [t.title for t in eval_report.tables(alone)]
     assert not [t for t in titles if t.startswith(("overall", "targets"))]
-    assert titles[0].startswith("mixed GPU generations (issue 33), pen 1:") and "case mixed" in titles
+    assert titles[0].startswith("mixed GPU generations, pen 1:") and "case mixed" in titles
 
 
 def test_the_evaluation_stops_when_the_simulator_breaks_the_invariant(mixed_corpus, monkeypatch):
