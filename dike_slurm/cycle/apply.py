@@ -1,10 +1,10 @@
 """Apply: a cycle plan's writes through the backend, each audited ahead in the state store.
 
-Every write and requeue has its audit row committed as "unconfirmed" before Slurm is called,
-then completed with the result (and, for a write, the field the engine now owns), so a crash at
-any point leaves the attempt in the audit. The circuit breakers, the cycle deadline and the
-preemption grace signal are enforced here; afterwards the cycle's levels, promotions and runs
-are remembered.
+Every write, requeue and signal has its audit row (built by the cycle's `Journal`) committed as
+"unconfirmed" before Slurm is called, then completed with the result (and, for a write, the field
+the engine now owns, in the same transaction), so a crash at any point leaves the attempt in the
+audit. The circuit breakers, the cycle deadline and the preemption grace signal are enforced
+here; afterwards the cycle's levels, promotions and runs are remembered.
 """
 
 from __future__ import annotations

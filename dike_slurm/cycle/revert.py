@@ -6,13 +6,13 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from dike_slurm.cycle.apply import UNCONFIRMED, change_text
+from dike_slurm.cycle.apply import Journal, change_text
 from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate, placement_value
 from dike_slurm.domain.model import Job, JobState
 from dike_slurm.cycle.plan import PlannedWrite
 from dike_slurm.cycle.field_values import describe_value, values_match
-from dike_slurm.store.state import AuditEntry, StateStore
+from dike_slurm.store.state import StateStore
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,15 @@ def revert(plan: RevertPlan, backend: Backend, store: StateStore) -> list[tuple[
     """Apply a revert plan, each write audited ahead (its row committed as unconfirmed before Slurm
     is called); every job's fields are released once restored (or gone)."""
     now = time.time()
-    cycle = store.next_cycle()
+    journal = Journal(store, store.next_cycle(), now, owners={})
     outcomes = []
     for write in plan.writes:
         with store.transaction():
-            entry_id = store.audit(AuditEntry(
-                now, cycle, write.job_id, "revert", change_text(write), backend.describe(write.update), "none",
-                False, UNCONFIRMED, "revert",
-            ))
+            entry_id = journal.ahead(write.job_id, "revert", change_text(write), backend.describe(write.update),
+                                     "none", "revert")
         outcome = backend.apply(write.update)
         with store.transaction():
-            store.finish_audit(entry_id, outcome.ok, outcome.message, outcome.command)
+            journal.finish(entry_id, outcome)
             if outcome.ok or outcome.job_gone:
                 store.release(write.job_id, write.update.fields)
         outcomes.append((write, outcome))
