@@ -81,6 +81,14 @@ class DikeParams(PolicyParams):
     min_runtime_floor_s: float = Field(
         60.0, ge=0, description="with min_runtime_share: the shortest run ever cut, however short its prediction"
     )
+    preemption_gain: float = Field(
+        0.0, ge=0,
+        description=(
+            "with the service prior: a running job is requeued only for a job expected to run at least this many "
+            "times shorter (expected run times, from both jobs' predictions; a job without one is not held back); "
+            "0: the level decides alone. Never, whatever this is, for its own user's job of the same name and size"
+        ),
+    )
     preemption_backoff: float = Field(
         3.0, ge=1, description="a job preempted k times must run min_runtime_s x backoff^k before it is preempted again"
     )
@@ -349,7 +357,20 @@ class WorseLevels(Victims[DikeParams]):
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             return victim.gpus * (ran % interval if interval > 0 else ran)
 
+        gain = params.preemption_gain
+
+        def gains(blocked: Job, victim: Job) -> bool:
+            if (blocked.user, blocked.name, blocked.gpus) == (victim.user, victim.name, victim.gpus):
+                return False  # the same kind of job: nothing to expect from the swap but the loss
+            if gain <= 0:
+                return True
+            mine, theirs = expected_of.get(blocked.job_id), expected_of.get(victim.job_id)
+            if mine is None or theirs is None or blocked.gpus <= 0 or victim.gpus <= 0:
+                return True
+            return mine.gpu_s / blocked.gpus * gain < theirs.gpu_s / victim.gpus
+
         return PreemptionRule(
+            gains=gains,
             may_preempt=may_preempt,
             loss=loss,
             one_leaf=one_leaf_rule(params),

@@ -61,17 +61,27 @@ class PreemptionRule:
     limits: PreemptionLimits
     reason: Callable[[Job, Job], str]
     protect: bool
+    # gains(blocked, victim): requeueing the victim for the blocked job promises a gain (None: any
+    # job it outranks may be cut)
+    gains: Callable[[Job, Job], bool] | None = None
 
 
 def preempt(snapshot: Snapshot, ranked_pending: Sequence[Job], running: Sequence[Job],
             measure: Mapping[int, float], rule: PreemptionRule) -> PreemptionPlan:
     """The preemption stage: a blocked job preempts running jobs whose `measure` is higher than
     its own (a worse level; for the SRTF oracle, more remaining GPU time), as the rule allows."""
+    gains = rule.gains
+    if gains is None:
+        def outranks(blocked: Job, victim: Job) -> bool:
+            return measure[blocked.job_id] < measure[victim.job_id]
+    else:
+        def outranks(blocked: Job, victim: Job) -> bool:
+            return measure[blocked.job_id] < measure[victim.job_id] and gains(blocked, victim)
     return plan_preemptions(
         snapshot,
         ranked_pending,
         running,
-        outranks=lambda blocked, victim: measure[blocked.job_id] < measure[victim.job_id],
+        outranks=outranks,
         may_preempt=rule.may_preempt,
         loss=rule.loss,
         one_leaf=rule.one_leaf,

@@ -277,13 +277,40 @@ def test_dike_preemption_backs_off_instead_of_a_per_job_cap():
     def requeues(ran: float, preemptions: int) -> tuple:
         victim = running(10, gpus=8, ran=ran, node="n1", requeueable=True, preemptions=preemptions,
                          attained_gpu_s=20 * GPUH)
-        return DikePolicy().decide(snapshot([pending(1, gpus=8), victim], alloc=full), params, RNG).requeues
+        # bob's job: alice's own job of the same name and size is never preempted for
+        return DikePolicy().decide(snapshot([pending(1, "bob", gpus=8), victim], alloc=full), params, RNG).requeues
 
     assert requeues(ran=1900, preemptions=0)  # once past min_runtime_s
     assert not requeues(ran=1900, preemptions=1)  # preempted once: needs 2 x 1800 s now
     assert requeues(ran=3700, preemptions=1)
     assert not requeues(ran=3700, preemptions=3)  # needs 8 x 1800 s
     assert requeues(ran=8 * 1800 + 60, preemptions=3)  # never immune: only slower
+
+
+def test_dike_never_requeues_a_job_for_its_own_users_job_of_the_same_name_and_size():
+    """The swap would gain nothing to expect but the loss; another name, user or size is preempted
+    for as before. With preemption_gain, only for a job expected to run that many times shorter."""
+    from dike_slurm.domain.service_prior import FinishedJob, ServicePrior
+
+    params = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 600})
+    full = {f"n{i}": 8 for i in range(1, 5)}
+
+    def requeues(params: DikeParams, **blocked) -> tuple:
+        victim = running(10, "alice", gpus=8, ran=20 * GPUH, node="n1", requeueable=True, name="train.sh")
+        return DikePolicy().decide(snapshot([pending(1, gpus=8, **blocked), victim], alloc=full), params, RNG).requeues
+
+    assert requeues(params, user="alice", name="train.sh") == ()
+    assert requeues(params, user="alice", name="eval.sh")
+    assert requeues(params, user="bob", name="train.sh")
+    # eval.sh ran 20 min, train.sh 10 h: 30x shorter, so a gain of 2 lets it preempt; a gain of 100 not
+    history = ([FinishedJob("alice", "eval.sh", 8, 1200.0, NOW - 60 * i) for i in range(1, 40)]
+               + [FinishedJob("alice", "train.sh", 8, 36000.0, NOW - 60 * i) for i in range(1, 40)])
+    prior = ServicePrior.learn(history)
+    victim = running(10, "alice", gpus=8, ran=20 * GPUH, node="n1", requeueable=True, name="train.sh")
+    state = replace(snapshot([pending(1, gpus=8, name="eval.sh"), victim], alloc=full), service_prior=prior)
+    for gain, expected in ((2.0, [10]), (100.0, [])):
+        decided = DikePolicy().decide(state, params.model_copy(update={"preemption_gain": gain}), RNG)
+        assert [r.job_id for r in decided.requeues] == expected, gain
 
 
 def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run():
