@@ -30,7 +30,7 @@ def trace_stats(read: ReadResult, total_gpus: int | None = None) -> dict:
     accounts: set[str] = set()
     never_started = cpu_only = requeued = array_tasks = one_gpu = 0
     multi_node_gpu_s = 0.0
-    first_submit = last_submit = last_end = None
+    first_submit, last_submit, last_end = _window(read.records)
     for job_runs in runs.values():
         last = job_runs[-1]
         states[last.state.value] += 1
@@ -38,13 +38,6 @@ def trace_stats(read: ReadResult, total_gpus: int | None = None) -> dict:
         accounts.add(last.account)
         if last.array_job_id is not None:
             array_tasks += 1
-        for record in job_runs:
-            if record.submit is not None and (first_submit is None or record.submit < first_submit):
-                first_submit = record.submit
-            if record.submit is not None and (last_submit is None or record.submit > last_submit):
-                last_submit = record.submit
-            if record.end is not None and (last_end is None or record.end > last_end):
-                last_end = record.end
         started = [r for r in job_runs if r.start is not None]
         if not started:
             never_started += 1
@@ -97,6 +90,13 @@ def trace_stats(read: ReadResult, total_gpus: int | None = None) -> dict:
             for user, gpu_s in sorted(user_gpu_s.items(), key=lambda item: (-item[1], item[0]))[:TOP_USERS]
         ],
     }
+
+
+def _window(records: tuple[AccountingRecord, ...]) -> tuple[float | None, float | None, float | None]:
+    """The first and last submit and the last end over every record (None: no record has one)."""
+    submits = [r.submit for r in records if r.submit is not None]
+    ends = [r.end for r in records if r.end is not None]
+    return min(submits, default=None), max(submits, default=None), max(ends, default=None)
 
 
 def _quantiles(sorted_values: list[float], unit: float) -> dict[str, float]:

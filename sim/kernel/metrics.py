@@ -155,14 +155,7 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
     consolidated = np.array(collector.consolidated, dtype=bool)
     count = len(jct)
     makespan = (stats.last_end - stats.first_submit) if count else 0.0
-    names = list(collector.users)
-    per_user: dict[str, float] = {}
-    if count:
-        sums = np.bincount(users, weights=slowdown, minlength=len(names))
-        jobs_per_user = np.bincount(users, minlength=len(names))
-        for index, name in enumerate(names):
-            if jobs_per_user[index]:
-                per_user[name] = float(sums[index] / jobs_per_user[index])
+    per_user = _user_slowdown(list(collector.users), users, slowdown) if count else {}
     user_values = np.array(list(per_user.values())) if per_user else np.zeros(0)
     jain = float(user_values.sum() ** 2 / (len(user_values) * (user_values**2).sum())) if len(user_values) else 1.0
     worst_user = max(sorted(per_user), key=lambda u: per_user[u]) if per_user else ""
@@ -203,34 +196,52 @@ def summarise(collector: MetricsCollector, stats: SimStats, timeline: Timeline, 
         # the longest any job waited (all its pending spells): what a starving job sees
         "max_wait_s": _round(wait.max()) if count else 0.0,
     }
-    wait_by_size = {}
-    for low, high in SIZE_BUCKETS:
-        chosen = (gpus >= low) & (gpus <= high)
-        if chosen.any():
-            wait_by_size[size_label(low, high)] = float(wait[chosen].mean())
-    bins = len(timeline.busy_gpu_s)
-    utilization = [busy / (total_gpus * timeline.width) for busy in timeline.busy_gpu_s]
-    levels = sorted({level for sums in timeline.level_sums for level in sums})
-    level_series = {
-        level: [
-            (timeline.level_sums[i][level] / timeline.level_samples[i]) if timeline.level_samples[i] else float("nan")
-            for i in range(bins)
-        ]
-        for level in levels
-    }
     return PolicyMetrics(
         summary=summary,
         jct_sorted=np.sort(jct),
-        wait_by_size=wait_by_size,
+        wait_by_size=_wait_by_size(gpus, wait),
         user_slowdown=per_user,
-        utilization_series=utilization,
-        level_series=level_series,
+        utilization_series=[busy / (total_gpus * timeline.width) for busy in timeline.busy_gpu_s],
+        level_series=_level_series(timeline),
         bin_width_s=timeline.width,
         origin=timeline.origin,
         cycles_per_bin=list(timeline.level_samples),
         finished_end=np.array(collector.end, dtype=np.float64),
         finished_service_gpu_s=np.array(collector.service_gpu_s, dtype=np.float64),
     )
+
+
+def _user_slowdown(names: list[str], users: np.ndarray, slowdown: np.ndarray) -> dict[str, float]:
+    """Each user's mean slowdown over their jobs (users with none left out)."""
+    per_user: dict[str, float] = {}
+    sums = np.bincount(users, weights=slowdown, minlength=len(names))
+    jobs_per_user = np.bincount(users, minlength=len(names))
+    for index, name in enumerate(names):
+        if jobs_per_user[index]:
+            per_user[name] = float(sums[index] / jobs_per_user[index])
+    return per_user
+
+
+def _wait_by_size(gpus: np.ndarray, wait: np.ndarray) -> dict[str, float]:
+    """The mean wait per job-size bucket (buckets without a job left out)."""
+    wait_by_size = {}
+    for low, high in SIZE_BUCKETS:
+        chosen = (gpus >= low) & (gpus <= high)
+        if chosen.any():
+            wait_by_size[size_label(low, high)] = float(wait[chosen].mean())
+    return wait_by_size
+
+
+def _level_series(timeline: Timeline) -> dict[int, list[float]]:
+    """Per queue level, its mean job count per cycle in each time bin (NaN in a bin without a cycle)."""
+    levels = sorted({level for sums in timeline.level_sums for level in sums})
+    return {
+        level: [
+            (timeline.level_sums[i][level] / timeline.level_samples[i]) if timeline.level_samples[i] else float("nan")
+            for i in range(len(timeline.busy_gpu_s))
+        ]
+        for level in levels
+    }
 
 
 def comparison_rows(metrics: Iterable[tuple[str, dict]]) -> list[list[str]]:

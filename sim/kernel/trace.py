@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dike_slurm.domain.model import Node, constraint_gpu_types, may_use_gpus
 from dike_slurm.slurm.accounting import AccountingRecord
-from dike_slurm.slurm.slurm_conf import ClusterConf
+from dike_slurm.slurm.slurm_conf import ClusterConf, Partition
 
 # Reasons a job of the dump is not replayed (keys of TraceBuild.excluded).
 EXCLUDED_NEVER_STARTED = "never started (pending or cancelled before start)"
@@ -74,98 +74,118 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
     for record in records:
         runs.setdefault(record.job_id, []).append(record)
         count += 1
-    default_partition = next((p.name for p in conf.partitions if p.default), "")
-    known = {p.name: p for p in conf.partitions}
-    node_by_name = {n.name: n for n in conf.nodes}
-    members_of: dict[str, list[Node]] = {}
-    biggest: dict[str, tuple[int, int, int]] = {}  # partition -> (max GPUs/node, max CPUs/node, nodes)
-    for name, partition in [("", None), *known.items()]:
-        members = [node_by_name[n] for n in partition.nodes] if partition else list(conf.nodes)
-        members = members_of[name] = [n for n in members if n.available]
-        biggest[name] = (
-            max((n.gpus for n in members), default=0),
-            max((n.cpus for n in members), default=0),
-            len(members),
-        )
-    cluster_types = frozenset(t for n in conf.nodes for t in n.gpu_types)
-    # (partition, GPU types) -> (max GPUs per usable node, usable nodes); None: no node has those types
-    typed_room: dict[tuple[str, tuple[str, ...]], tuple[int, int] | None] = {}
+    room = _Room.of(conf)
     excluded: Counter[str] = Counter()
     notes: Counter[str] = Counter()
     jobs: list[TraceJob] = []
     for job_id, job_runs in runs.items():
         job_runs.sort(key=lambda r: (r.submit or 0.0, r.start or 0.0))
-        started = [r for r in job_runs if r.start is not None]
-        if not started:
-            excluded[EXCLUDED_NEVER_STARTED] += 1
-            continue
-        last = started[-1]
-        if last.end is None and last.state.is_active:
-            excluded[EXCLUDED_STILL_RUNNING] += 1
-            continue
-        if last.gpus <= 0:
-            excluded[EXCLUDED_CPU_ONLY] += 1
-            continue
-        duration = float(sum(r.elapsed_s for r in started))
-        if duration <= 0:
-            excluded[EXCLUDED_ZERO_RUN] += 1
-            continue
-        first = job_runs[0]
-        partition = _partition_of(last.partition, known, default_partition, notes)
-        gpu_types = last.gpu_types or constraint_gpu_types(last.constraints, cluster_types)
-        max_gpus, max_cpus, node_count = biggest[partition]
-        if gpu_types and not cluster_types:
-            notes[NOTE_TYPES_IGNORED] += 1
-            gpu_types = ()
-        elif gpu_types:
-            typed = (partition, gpu_types)
-            if typed not in typed_room:  # the same few (partition, types) for every typed job
-                usable = [n for n in members_of[partition] if may_use_gpus(gpu_types, n.gpu_types)]
-                typed_room[typed] = (max(n.gpus for n in usable), len(usable)) if usable else None
-            room = typed_room[typed]
-            if room is None:
-                excluded[EXCLUDED_NO_GPU_TYPE] += 1
-                continue
-            max_gpus, node_count = room
-        num_nodes = max(1, last.num_nodes)
-        gpus_per_node = -(-last.gpus // num_nodes)
-        if gpus_per_node > max_gpus or num_nodes > node_count:
-            excluded[EXCLUDED_TOO_BIG] += 1
-            continue
-        cpus = max(1, last.cpus)
-        if -(-cpus // num_nodes) > max_cpus:
-            notes["CPUs per node capped at the node size"] += 1
-            cpus = max_cpus * num_nodes
-        limit = last.time_limit_s
-        if limit is None and partition and known[partition].max_time_s is not None:
-            limit = known[partition].max_time_s
-        submit = first.submit if first.submit is not None else last.start
-        eligible = first.eligible if first.eligible is not None else submit
-        jobs.append(
-            TraceJob(
-                job_id=job_id,
-                display_id=last.display_id,
-                user=last.user or "(unknown)",
-                account=last.account,
-                partition=partition,
-                qos=last.qos,
-                name=last.name,
-                comment=last.comment,
-                submit=float(submit),  # type: ignore[arg-type]
-                eligible_delay_s=max(0.0, float(eligible) - float(submit)),  # type: ignore[arg-type]
-                duration_s=duration,
-                time_limit_s=limit,
-                gpus=last.gpus,
-                num_nodes=num_nodes,
-                cpus=cpus,
-                array_job_id=last.array_job_id,
-                array_task_id=last.array_task_id,
-                gpu_types=gpu_types,
-                final_state=last.state.value,
-            )
-        )
+        job = _trace_job(job_id, job_runs, room, notes)
+        if isinstance(job, str):
+            excluded[job] += 1
+        else:
+            jobs.append(job)
     jobs.sort(key=lambda j: (j.submit, j.job_id))
     return TraceBuild(tuple(jobs), count, dict(sorted(excluded.items())), dict(sorted(notes.items())))
+
+
+@dataclass
+class _Room:
+    """What fits the cluster: each partition's usable nodes ("" for every node) and its biggest
+    node, and per (partition, GPU types) the nodes with those types."""
+
+    known: dict[str, Partition]
+    default_partition: str
+    members_of: dict[str, list[Node]]
+    biggest: dict[str, tuple[int, int, int]]  # partition -> (max GPUs/node, max CPUs/node, nodes)
+    cluster_types: frozenset[str]
+    # (partition, GPU types) -> (max GPUs per usable node, usable nodes); None: no node has those types
+    typed_room: dict[tuple[str, tuple[str, ...]], tuple[int, int] | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, conf: ClusterConf) -> _Room:
+        known = {p.name: p for p in conf.partitions}
+        node_by_name = {n.name: n for n in conf.nodes}
+        members_of: dict[str, list[Node]] = {}
+        biggest: dict[str, tuple[int, int, int]] = {}
+        for name, partition in [("", None), *known.items()]:
+            members = [node_by_name[n] for n in partition.nodes] if partition else list(conf.nodes)
+            members = members_of[name] = [n for n in members if n.available]
+            biggest[name] = (
+                max((n.gpus for n in members), default=0),
+                max((n.cpus for n in members), default=0),
+                len(members),
+            )
+        return cls(known, next((p.name for p in conf.partitions if p.default), ""), members_of, biggest,
+                   frozenset(t for n in conf.nodes for t in n.gpu_types))
+
+    def typed(self, partition: str, gpu_types: tuple[str, ...]) -> tuple[int, int] | None:
+        typed = (partition, gpu_types)
+        if typed not in self.typed_room:  # the same few (partition, types) for every typed job
+            usable = [n for n in self.members_of[partition] if may_use_gpus(gpu_types, n.gpu_types)]
+            self.typed_room[typed] = (max(n.gpus for n in usable), len(usable)) if usable else None
+        return self.typed_room[typed]
+
+
+def _trace_job(job_id: int, job_runs: list[AccountingRecord], room: _Room, notes: Counter[str]) -> TraceJob | str:
+    """The job to replay from its runs (sorted), or why it is left out (an EXCLUDED_ reason)."""
+    started = [r for r in job_runs if r.start is not None]
+    if not started:
+        return EXCLUDED_NEVER_STARTED
+    last = started[-1]
+    if last.end is None and last.state.is_active:
+        return EXCLUDED_STILL_RUNNING
+    if last.gpus <= 0:
+        return EXCLUDED_CPU_ONLY
+    duration = float(sum(r.elapsed_s for r in started))
+    if duration <= 0:
+        return EXCLUDED_ZERO_RUN
+    first = job_runs[0]
+    partition = _partition_of(last.partition, room.known, room.default_partition, notes)
+    gpu_types = last.gpu_types or constraint_gpu_types(last.constraints, room.cluster_types)
+    max_gpus, max_cpus, node_count = room.biggest[partition]
+    if gpu_types and not room.cluster_types:
+        notes[NOTE_TYPES_IGNORED] += 1
+        gpu_types = ()
+    elif gpu_types:
+        typed = room.typed(partition, gpu_types)
+        if typed is None:
+            return EXCLUDED_NO_GPU_TYPE
+        max_gpus, node_count = typed
+    num_nodes = max(1, last.num_nodes)
+    gpus_per_node = -(-last.gpus // num_nodes)
+    if gpus_per_node > max_gpus or num_nodes > node_count:
+        return EXCLUDED_TOO_BIG
+    cpus = max(1, last.cpus)
+    if -(-cpus // num_nodes) > max_cpus:
+        notes["CPUs per node capped at the node size"] += 1
+        cpus = max_cpus * num_nodes
+    limit = last.time_limit_s
+    if limit is None and partition and room.known[partition].max_time_s is not None:
+        limit = room.known[partition].max_time_s
+    submit = first.submit if first.submit is not None else last.start
+    eligible = first.eligible if first.eligible is not None else submit
+    return TraceJob(
+        job_id=job_id,
+        display_id=last.display_id,
+        user=last.user or "(unknown)",
+        account=last.account,
+        partition=partition,
+        qos=last.qos,
+        name=last.name,
+        comment=last.comment,
+        submit=float(submit),  # type: ignore[arg-type]
+        eligible_delay_s=max(0.0, float(eligible) - float(submit)),  # type: ignore[arg-type]
+        duration_s=duration,
+        time_limit_s=limit,
+        gpus=last.gpus,
+        num_nodes=num_nodes,
+        cpus=cpus,
+        array_job_id=last.array_job_id,
+        array_task_id=last.array_task_id,
+        gpu_types=gpu_types,
+        final_state=last.state.value,
+    )
 
 
 def _partition_of(name: str, known: dict, default: str, notes: Counter[str]) -> str:

@@ -11,9 +11,12 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dike_slurm.errors import InputError
+from dike_slurm.errors import InputError, RegistryError
+
+if TYPE_CHECKING:
+    from dike_slurm.registry import Registry
 
 DEFAULT_MAX_PARALLEL = 32
 
@@ -168,7 +171,7 @@ def _path(base: Path, text: str) -> Path:
 def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
     """The checks of load_spec on already parsed TOML (paths relative to `base`)."""
     from dike_slurm.config import ReplaySettings, load_config
-    from dike_slurm.errors import ConfigError, RegistryError
+    from dike_slurm.errors import ConfigError
     from dike_slurm.registry import default_registry
     from pydantic import ValidationError
 
@@ -203,6 +206,23 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
     inputs = _inputs(data, base, source)
     registry = default_registry()
     policies = _str_list(data, "policies", source)
+    variants = _variants(data, policies, registry, source)
+
+    penalties = _number_list(data, "penalties", source) or [config.replay.comm_penalty]
+    seeds = _number_list(data, "seeds", source, integer=True) or [config.replay.seed]
+    preemptible: list = _number_list(data, "preemptible", source) or [config.replay.preemptible]  # or "live"
+    if any(p != "live" and p > 1 for p in preemptible):
+        raise _fail(source, "preemptible", "shares must be between 0 and 1")
+    return Spec(
+        name=name, inputs=tuple(inputs), variants=tuple(variants), penalties=tuple(penalties),
+        seeds=tuple(seeds), preemptible=tuple(preemptible), config=config.model_dump(mode="json"),
+        slurm=_slurm_options(data.get("slurm", {}), source), source=source,
+    )
+
+
+def _variants(data: dict, policies: list[str], registry: Registry, source: str) -> list[SweepVariant]:
+    """The policies' variants (a [grid.POLICY]'s product, else the policy as configured), then each
+    [[variant]]; at least one, each label once."""
     grid = data.get("grid", {})
     if not isinstance(grid, dict):
         raise _fail(source, "grid", "expected a table of policies, e.g. [grid.dike]")
@@ -220,22 +240,7 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
         if policy not in policies:
             raise _fail(source, f"grid.{policy}", f"{policy!r} is not in policies")
     for where, raw in _tables(data, "variant", VARIANT_KEYS, source, "expected [[variant]] tables"):
-        policy, params = raw.get("policy"), raw.get("params", {})
-        if not isinstance(policy, str):
-            raise _fail(source, f"{where}.policy", "expected a policy name")
-        try:
-            params_model = registry.get(policy).Params
-        except RegistryError as exc:
-            raise _fail(source, f"{where}.policy", str(exc)) from None
-        if not isinstance(params, dict):
-            raise _fail(source, f"{where}.params", "expected a table of parameters")
-        for key in params:
-            if key not in params_model.model_fields:
-                raise _fail(source, f"{where}.params.{key}", f"policy {policy} has no parameter {key!r}")
-        label = raw.get("label", policy)
-        if not isinstance(label, str) or not label.strip():
-            raise _fail(source, f"{where}.label", "expected a non-empty text")
-        variants.append(SweepVariant(label, policy, dict(params)))
+        variants.append(_listed_variant(where, raw, registry, source))
     if not variants:
         raise _fail(source, "policies", "give at least one policy (or a [[variant]])")
     seen: set[str] = set()
@@ -243,17 +248,27 @@ def spec_from_data(data: dict, *, base: Path, source: str) -> Spec:
         if variant.label in seen:
             raise _fail(source, "variant", f"two variants are labelled {variant.label!r}")
         seen.add(variant.label)
+    return variants
 
-    penalties = _number_list(data, "penalties", source) or [config.replay.comm_penalty]
-    seeds = _number_list(data, "seeds", source, integer=True) or [config.replay.seed]
-    preemptible: list = _number_list(data, "preemptible", source) or [config.replay.preemptible]  # or "live"
-    if any(p != "live" and p > 1 for p in preemptible):
-        raise _fail(source, "preemptible", "shares must be between 0 and 1")
-    return Spec(
-        name=name, inputs=tuple(inputs), variants=tuple(variants), penalties=tuple(penalties),
-        seeds=tuple(seeds), preemptible=tuple(preemptible), config=config.model_dump(mode="json"),
-        slurm=_slurm_options(data.get("slurm", {}), source), source=source,
-    )
+
+def _listed_variant(where: str, raw: dict, registry: Registry, source: str) -> SweepVariant:
+    """One [[variant]]: a known policy, its parameters among the policy's, a label."""
+    policy, params = raw.get("policy"), raw.get("params", {})
+    if not isinstance(policy, str):
+        raise _fail(source, f"{where}.policy", "expected a policy name")
+    try:
+        params_model = registry.get(policy).Params
+    except RegistryError as exc:
+        raise _fail(source, f"{where}.policy", str(exc)) from None
+    if not isinstance(params, dict):
+        raise _fail(source, f"{where}.params", "expected a table of parameters")
+    for key in params:
+        if key not in params_model.model_fields:
+            raise _fail(source, f"{where}.params.{key}", f"policy {policy} has no parameter {key!r}")
+    label = raw.get("label", policy)
+    if not isinstance(label, str) or not label.strip():
+        raise _fail(source, f"{where}.label", "expected a non-empty text")
+    return SweepVariant(label, policy, dict(params))
 
 
 def _tables(data: dict, name: str, keys: set[str], source: str, expected: str) -> Iterator[tuple[str, dict]]:
