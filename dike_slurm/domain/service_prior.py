@@ -12,6 +12,14 @@ groups above it): on the corpus this ranks jobs closer to their true service tha
 finest group with enough jobs (Spearman 0.59 against 0.42 on philly-b436b2-s3, 0.48 against 0.38
 on philly-b436b2-s4, 0.44 against 0.41 on the sample; docs/results.md).
 
+The prior's *power* says how much its history knows: over the finished jobs of the window (none
+of them after now), the correlation of each job's log run time with the mean of the other jobs of
+its (user, name, GPUs) group, and the same with its GPU count's group, whichever is higher, less
+twice its standard error (1 / sqrt(jobs)). History that predicts nothing (names and users shuffled
+across jobs, run times unrelated to GPU counts) gives about 0; the corpus' traces 0.16-0.88; their
+shuffled twins keep what GPU counts know (docs/results.md). It is kept from exact integer moments
+of each group, so that learning at once and job by job give the same figure.
+
 `PriorLearner` keeps the groups as jobs finish and leave the window (the replay adds one job at a
 time); `ServicePrior` is what a snapshot holds: immutable, and cheap to take again after a few
 changes.
@@ -159,15 +167,67 @@ def _keys(user: str, name: str, gpus: int) -> list[tuple[Key, tuple[str, ...]]]:
     ]
 
 
+# The groupings the power is measured on (indexes in GROUPS): (user, name, GPUs) and (GPUs,)
+POWER_GROUPS = (0, 5)
+assert GROUPS[0] == ("user", "name", "gpus") and GROUPS[5] == ("gpus",)
+_LOG_UNIT = 1 << 16  # a log run time in integer units, so that the moments add up exactly
+
+
+def _log_units(run_s: float) -> int:
+    return round(math.log(max(run_s, 1.0)) * _LOG_UNIT)
+
+
+class PowerMoments:
+    """Over one grouping's groups of two jobs or more: each job's log run time x against the mean
+    m of the other jobs of its group, as exact integer sums (a group of n jobs with sum S and sum
+    of squares Q adds S to sum x and to sum m, Q to sum x^2, (S^2 - Q) / (n - 1) to sum xm and
+    ((n - 2) S^2 + Q) / (n - 1)^2 to sum m^2)."""
+
+    __slots__ = ("jobs", "sum_x", "sum_x2", "sum_xm", "sum_m2")
+
+    def __init__(self) -> None:
+        self.jobs = self.sum_x = self.sum_x2 = self.sum_xm = self.sum_m2 = 0
+
+    def add_group(self, n: int, s: int, q: int, sign: int = 1) -> None:
+        """Add (sign 1) or take away (sign -1) one group's share."""
+        if n < 2:
+            return
+        self.jobs += sign * n
+        self.sum_x += sign * s
+        self.sum_x2 += sign * q
+        self.sum_xm += sign * ((s * s - q) // (n - 1))
+        self.sum_m2 += sign * (((n - 2) * s * s + q) // ((n - 1) ** 2))
+
+    def lower_bound(self) -> float:
+        """The correlation of x and m less twice its standard error; 0 with fewer than 3 jobs or
+        no spread."""
+        n = self.jobs
+        if n < 3:
+            return 0.0
+        spread_x = n * self.sum_x2 - self.sum_x * self.sum_x
+        spread_m = n * self.sum_m2 - self.sum_x * self.sum_x
+        if spread_x <= 0 or spread_m <= 0:
+            return 0.0
+        correlation = (n * self.sum_xm - self.sum_x * self.sum_x) / math.sqrt(float(spread_x) * float(spread_m))
+        return correlation - 2.0 / math.sqrt(n)
+
+
+def power_of(moments: Iterable[PowerMoments]) -> float:
+    """The prior's power from its groupings' moments (the module's docstring), at least 0."""
+    return max(0.0, *(m.lower_bound() for m in moments))
+
+
 class ServicePrior:
     """The groups' estimates at one instant: never changes once made."""
 
-    __slots__ = ("_base", "_recent", "jobs", "_predicted")
+    __slots__ = ("_base", "_recent", "jobs", "power", "_predicted")
 
-    def __init__(self, base: Mapping[Key, Estimate], recent: Mapping[Key, Estimate | None], jobs: int) -> None:
+    def __init__(self, base: Mapping[Key, Estimate], recent: Mapping[Key, Estimate | None], jobs: int,
+                 power: float = 0.0) -> None:
         self._base = base
         self._recent = recent  # newer than base; None: the group emptied
         self.jobs = jobs  # finished jobs learned from
+        self.power = power  # how much the history knows (the module's docstring)
         # predict's answers: the estimates never change, so neither do they (a replay asks the same
         # view every cycle until a job finishes)
         self._predicted: dict[tuple[str, str, int, float], Prediction | None] = {}
@@ -193,7 +253,12 @@ class ServicePrior:
                 own.setdefault(key[1], []).append(key)
         for user, keys in own.items():
             estimates[_overrun_key(user)] = _overrun_of(runs[key] for key in sorted(keys))
-        return cls(MappingProxyType(estimates), MappingProxyType({}), jobs)
+        moments = {grouping: PowerMoments() for grouping in POWER_GROUPS}
+        for key, values in runs.items():
+            if key[0] in moments:
+                units = [_log_units(run_s) for run_s in values]
+                moments[key[0]].add_group(len(units), sum(units), sum(u * u for u in units))
+        return cls(MappingProxyType(estimates), MappingProxyType({}), jobs, power_of(moments.values()))
 
     def estimate(self, key: Key) -> Estimate | None:
         if key in self._recent:
@@ -250,6 +315,9 @@ class PriorLearner:
         self._changed: set[Key] = set()  # keys changed since _base was taken
         self._view: ServicePrior | None = None
         self.jobs = 0
+        # the power's moments: each grouping's totals, and each of its groups' (n, sum, sum of squares)
+        self._moments = {grouping: PowerMoments() for grouping in POWER_GROUPS}
+        self._group_sums: dict[Key, tuple[int, int, int]] = {}
 
     def add(self, job: FinishedJob) -> None:
         if job.gpus <= 0:
@@ -259,6 +327,7 @@ class PriorLearner:
         for key, _ in keys:
             bisect.insort(self._runs.setdefault(key, []), job.run_s)
             self._refresh(key)
+            self._move_moments(key, job.run_s, 1)
         self._own.setdefault(job.user, set()).add(keys[0][0])  # GROUPS[0]: (user, name, GPUs)
         self._refresh_overrun(job.user)
 
@@ -268,6 +337,7 @@ class PriorLearner:
             return
         self.jobs -= 1
         for key, _ in _learned_keys(job):
+            self._move_moments(key, job.run_s, -1)
             runs = self._runs[key]
             del runs[bisect.bisect_left(runs, job.run_s)]
             if not runs:
@@ -276,6 +346,21 @@ class PriorLearner:
                     self._own[job.user].discard(key)
             self._refresh(key)
         self._refresh_overrun(job.user)
+
+    def _move_moments(self, key: Key, run_s: float, sign: int) -> None:
+        """A job joins (sign 1) or leaves (-1) the group `key`: its grouping's moments follow."""
+        moments = self._moments.get(key[0])
+        if moments is None:
+            return
+        n, total, squares = self._group_sums.get(key, (0, 0, 0))
+        moments.add_group(n, total, squares, -1)
+        units = _log_units(run_s)
+        n, total, squares = n + sign, total + sign * units, squares + sign * units * units
+        moments.add_group(n, total, squares)
+        if n:
+            self._group_sums[key] = (n, total, squares)
+        else:
+            del self._group_sums[key]
 
     def _refresh(self, key: Key) -> None:
         runs = self._runs.get(key)
@@ -305,5 +390,5 @@ class PriorLearner:
                 self._base = MappingProxyType(dict(self._estimates))
                 self._changed.clear()
             recent = MappingProxyType({key: self._estimates.get(key) for key in self._changed})
-            self._view = ServicePrior(self._base, recent, self.jobs)
+            self._view = ServicePrior(self._base, recent, self.jobs, power_of(self._moments.values()))
         return self._view

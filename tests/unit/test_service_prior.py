@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import random
 import statistics
 
@@ -133,11 +134,36 @@ def test_the_learner_views_match_learning_at_once_and_never_change_after(steps):
     for view, then in views:
         plain = ServicePrior.learn(then)
         assert view.jobs == plain.jobs
+        assert view.power == plain.power  # exactly: the moments are integers
         for user in "abcz":
             for name in "xyz":
                 for gpus in (1, 2, 8, 3):
                     for shrink in (0, 2, 10):
                         assert view.predict(user, name, gpus, shrink) == plain.predict(user, name, gpus, shrink)
+
+
+def test_the_power_is_the_leave_one_out_correlation_less_twice_its_error():
+    """Against the correlation worked out job by job (each job's log run time against the mean of
+    the other jobs of its group), for both groupings, the higher less 2 / sqrt(jobs); about 0 where
+    run times are unrelated to users, names and GPU counts, high where the group tells them."""
+    rng = random.Random(4)
+    users, names = ["a", "b", "c", "d"], ["x.sh", "y.sh", "z.sh"]
+    told = [FinishedJob(rng.choice(users), name, gpus, rng.uniform(0.8, 1.2) * 600 * (1 + names.index(name)) * gpus,
+                        0.0) for name, gpus in ((rng.choice(names), rng.choice([1, 2, 4])) for _ in range(400))]
+    noise = [replace(j, run_s=math.exp(rng.gauss(7, 1.5))) for j in told]
+
+    def plain(jobs, field) -> float:
+        groups: dict = {}
+        for j in jobs:
+            groups.setdefault(field(j), []).append(math.log(max(j.run_s, 1.0)))
+        pairs = [(x, (sum(v) - x) / (len(v) - 1)) for v in groups.values() if len(v) > 1 for x in v]
+        return statistics.correlation(*zip(*pairs)) - 2 / math.sqrt(len(pairs))
+
+    for jobs in (told, noise):
+        expected = max(0.0, plain(jobs, lambda j: (j.user, j.name, j.gpus)), plain(jobs, lambda j: j.gpus))
+        assert ServicePrior.learn(jobs).power == pytest.approx(expected, abs=1e-6)
+    assert ServicePrior.learn(told).power > 0.8 and ServicePrior.learn(noise).power == 0.0
+    assert ServicePrior.learn(told[:2]).power == 0.0  # no pair: nothing known
 
 
 def test_the_statistic_is_the_median_of_run_times_charged_for_the_users_overruns():
