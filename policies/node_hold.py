@@ -1,4 +1,4 @@
-"""Holding nodes for the blocked heavy job that preemption cannot help (issue 9, item 5).
+"""Holding nodes for the blocked heavy job that preemption cannot help.
 
 With `UNLIMITED` time limits Slurm's backfill cannot reserve anything for a job that does not fit:
 it does not know when the running jobs end. GPUs freed one at a time then go to the lighter jobs
