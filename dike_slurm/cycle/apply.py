@@ -147,7 +147,7 @@ class Journal:
 
     store: StateStore
     cycle: int
-    at: float  # the plan's time
+    at: float  # every row's time: the plan's (a revert's: when it runs)
     owners: Mapping[int, str]  # job id -> user (the audit's user column)
 
     def add(self, job_id: int, action: str, change: str, command: str, undo: str, ok: bool, message: str,
