@@ -34,12 +34,14 @@ def parse_show_config(text: str) -> dict[str, str]:
 
 
 def scheduler_parameters(raw: str) -> dict[str, str]:
-    """`SchedulerParameters=a=1,b,c=2` as {key lower-case: value} (flags map to "")."""
-    parameters = {}
+    """`SchedulerParameters=a=1,b,c=2` as {key lower-case: value} (flags map to ""). An option given
+    twice reads as its first value: Slurm finds each option with a search from the start of the
+    string (`xstrcasestr(sched_params, "bf_max_job_test=")` in backfill.c)."""
+    parameters: dict[str, str] = {}
     for item in raw.split(","):
         key, _, value = item.strip().partition("=")
         if key:
-            parameters[key.lower()] = value.strip()
+            parameters.setdefault(key.lower(), value.strip())
     return parameters
 
 

@@ -33,6 +33,8 @@ def test_scheduler_parameters_are_looked_up_case_insensitively():
     parameters = scheduler_parameters(" bf_continue, MAX_SWITCH_WAIT=600 ,bf_max_job_test=1000")
     assert parameters == {"bf_continue": "", "max_switch_wait": "600", "bf_max_job_test": "1000"}
     assert scheduler_parameters("") == {}
+    # given twice: the first value, as Slurm's search from the start of the string finds it
+    assert scheduler_parameters("bf_max_job_test=100,bf_continue,BF_MAX_JOB_TEST=900")["bf_max_job_test"] == "100"
     assert scheduler_depth(parameters) == 1000
     with pytest.raises(InputError, match="bf_max_job_part"):
         scheduler_depth(scheduler_parameters("bf_max_job_part=-3"))
