@@ -117,6 +117,14 @@ class DikeParams(PolicyParams):
     prior_sets_level: bool = Field(
         False, description="a job that has not attained its expected service sits at that service's level"
     )
+    prior_power_full: float = Field(
+        0.0, ge=0, le=1,
+        description=(
+            "trust the prior's run times fully from this power on (the prior's measured power, "
+            "dike_slurm/domain/service_prior.py); below it, in proportion, each expected run time shrunk toward the "
+            "median of every finished job, the job's GPUs kept; 0: always fully"
+        ),
+    )
     prior_weight: float = Field(
         2.0, ge=0, description="weight, beside fairness and wait, of how short the expected service is inside a level"
     )
@@ -217,6 +225,8 @@ class MixedPriorityQueues(Ordering[DikeParams]):
         predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
         expected_of: dict[int, Prediction] = {}
         shrink_jobs = params.prior_shrink_jobs
+        full = params.prior_power_full
+        trust = 1.0 if prior is None or full <= 0 or prior.power >= full else prior.power / full
         sets_level = params.prior_sets_level
 
         priorities: list[SetPriority] = []
@@ -233,7 +243,7 @@ class MixedPriorityQueues(Ordering[DikeParams]):
                 shape = (job.user, job.name, job.gpus)
                 known = predictions.get(shape)
                 if known is None:
-                    prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs)
+                    prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs, trust)
                     known = predictions[shape] = (
                         (prediction, f" {prediction.reason}")
                         if prediction is not None else (None, "")

@@ -31,7 +31,7 @@ import bisect
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 # The groups asked in turn, finest first: the user's own history before anyone else's, so that a
@@ -230,7 +230,7 @@ class ServicePrior:
         self.power = power  # how much the history knows (the module's docstring)
         # predict's answers: the estimates never change, so neither do they (a replay asks the same
         # view every cycle until a job finishes)
-        self._predicted: dict[tuple[str, str, int, float], Prediction | None] = {}
+        self._predicted: dict[tuple[str, str, int, float, float], Prediction | None] = {}
 
     @classmethod
     def learn(cls, finished: Iterable[FinishedJob]) -> ServicePrior:
@@ -265,16 +265,29 @@ class ServicePrior:
             return self._recent[key]
         return self._base.get(key)
 
-    def predict(self, user: str, name: str, gpus: int, shrink_jobs: float) -> Prediction | None:
+    def predict(self, user: str, name: str, gpus: int, shrink_jobs: float, trust: float = 1.0) -> Prediction | None:
         """The groups' medians from every job down to the finest group, each pulling the estimate
         toward its own by n / (n + shrink_jobs); named by the finest group that has jobs. None
-        without GPUs or history."""
-        asked = (user, name, gpus, shrink_jobs)
+        without GPUs or history. `trust` < 1 keeps that share of what the groups and the user's
+        overruns say, in log space, against the median run time of every finished job (0: every
+        job is expected that median times its GPUs)."""
+        asked = (user, name, gpus, shrink_jobs, trust)
         try:
             return self._predicted[asked]
         except KeyError:
-            prediction = self._predicted[asked] = self._predict(user, name, gpus, shrink_jobs)
+            prediction = self._predict(user, name, gpus, shrink_jobs)
+            if prediction is not None and trust < 1.0:
+                prediction = self._trusted(prediction, gpus, trust)
+            self._predicted[asked] = prediction
             return prediction
+
+    def _trusted(self, prediction: Prediction, gpus: int, trust: float) -> Prediction:
+        every = self.estimate(_keys("", "", gpus)[-1][0])  # the group of every finished job
+        if every is None:
+            return prediction
+        base = math.log(max(every.run_s, 1.0))
+        run_s = math.exp(base + trust * (math.log(max(prediction.gpu_s / gpus, 1.0)) - base))
+        return replace(prediction, gpu_s=run_s * gpus, overrun=prediction.overrun ** trust)
 
     def _predict(self, user: str, name: str, gpus: int, shrink_jobs: float) -> Prediction | None:
         if gpus <= 0:

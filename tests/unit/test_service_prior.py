@@ -166,6 +166,19 @@ def test_the_power_is_the_leave_one_out_correlation_less_twice_its_error():
     assert ServicePrior.learn(told[:2]).power == 0.0  # no pair: nothing known
 
 
+def test_trust_shrinks_the_run_time_toward_every_finished_jobs_median_and_keeps_the_gpus():
+    """trust 1: the prediction as it is; 0: every job the median run of every finished job times its
+    GPUs; between, the geometric mix (the overrun factor shrinks with it)."""
+    prior = ServicePrior.learn([job(run_s=100.0)] * 5 + [job(user="bob", name="x.sh", run_s=10_000.0)] * 6)
+    full = prior.predict("alice", "train.sh", 4, 0)
+    assert prior.predict("alice", "train.sh", 4, 0, 1.0) is full
+    none = prior.predict("alice", "train.sh", 4, 0, 0.0)
+    assert none.gpu_s == pytest.approx(10_000.0 * 4) and none.overrun == 1.0  # median of 11 jobs: 10,000 s
+    half = prior.predict("alice", "train.sh", 4, 0, 0.5)
+    assert half.gpu_s == pytest.approx(math.sqrt(100.0 * 10_000.0) * 4)
+    assert (half.group, half.count) == (full.group, full.count)
+
+
 def test_the_statistic_is_the_median_of_run_times_charged_for_the_users_overruns():
     """One odd job does not move the median; it does charge its user: the group used 1,008 s where
     its median says 4 x 3.5 s, and every prediction for the user is multiplied by that ratio."""
