@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dike_slurm.domain.decisions import SetPlacement, SetPriority
+from dike_slurm.domain.decisions import PriorInForce, SetPlacement, SetPriority
 from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import (
@@ -291,7 +291,11 @@ class MixedPriorityQueues(Ordering[DikeParams]):
             score = (top_level - level) + WITHIN_SPAN * mix
             append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
                                promoted))
-        return Ranking(tuple(priorities), pending, running, expected_of)
+        in_force = None
+        if snapshot.service_prior is not None and params.service_prior:
+            learned = snapshot.service_prior
+            in_force = PriorInForce(learned.power, trust if prior is not None else 0.0, prior_weight, learned.jobs)
+        return Ranking(tuple(priorities), pending, running, expected_of, prior=in_force)
 
 
 class CommunicationAware(Placing[DikeParams]):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic
 
-from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
+from dike_slurm.domain.decisions import ClearPlacement, Decisions, PriorInForce, SetPlacement, SetPriority
 from dike_slurm.domain.model import Job, Snapshot
 from dike_slurm.policies.base import P, Policy
 from dike_slurm.policies.preemption import PreemptionPlan, PreemptionRule, preempt, with_pins
@@ -45,6 +45,7 @@ class Ranking:
     running: tuple[Job, ...]
     expected: Mapping[int, Prediction] = field(default_factory=dict)  # the service prior's predictions, by job
     measures: Mapping[int, float] | None = None  # None: the levels
+    prior: PriorInForce | None = None  # the service prior in force, for explain and status
 
     @cached_property
     def measure(self) -> Mapping[int, float]:
@@ -112,4 +113,5 @@ class StagedPolicy(Policy[P]):
         placements = with_pins(placements, plan)
         if self.holding is not None:
             placements = self.holding.hold(snapshot, params, ranking, plan, placements)
-        return Decisions(ranking.priorities, tuple(placements), plan.requeues, plan.protected, ranking.expected)
+        return Decisions(ranking.priorities, tuple(placements), plan.requeues, plan.protected, ranking.expected,
+                         ranking.prior)

@@ -28,7 +28,7 @@ def _matches(job: Job, wanted: tuple[int, int | None]) -> bool:
 
 def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[str, Any]:
     """The `explain --json` document (docs/engine.md): status active | outside-scope | finished | unknown."""
-    from dike_slurm.cli.views import audit_row, job_row, outside_row, owned_rows
+    from dike_slurm.cli.views import audit_row, job_row, outside_row, owned_rows, prior_row
 
     plan = engine.plan()
     field = engine.strategy_field.value
@@ -50,7 +50,7 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "head_window": plan.window or None,
             "tolerance": engine.config.engine.priority_tolerance,
             "billing": billing(engine, found.job),
-        }}
+        }, "service_prior": prior_row(plan.prior)}
         if found.job.state is JobState.PENDING and found.managed:
             document["standing"] = standing(plan, found)
             document["would_change"] = what_would_change(engine, plan, found)
@@ -197,11 +197,17 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
                  f"{job['partition']}, {job['state']}: outside the engine's scope ([scope] in the "
                  "configuration): the engine neither ranks nor writes it"]
     else:
-        lines = _job_lines(job) + _standing_lines(document)
+        lines = _job_lines(job) + _prior_lines(document) + _standing_lines(document)
         if verbose:
             lines.append(_parameters_line(document))
         lines += _write_lines(document)
     return lines + _record_lines(document)
+
+
+def _prior_lines(document: dict[str, Any]) -> list[str]:
+    """The service prior as this cycle uses it, for every job alike (none when the policy reads none)."""
+    prior = document.get("service_prior")
+    return [f"  {prior['text']}"] if prior else []
 
 
 def _job_lines(job: dict[str, Any]) -> list[str]:

@@ -210,7 +210,7 @@ def status_command(
 ) -> None:
     """The managed queue (level, counted GPU-hours, priority now and planned, constraint) and the
     last cycle; with Slurm down, the last cycle from the state store (exit 1)."""
-    from dike_slurm.cli.views import cycle_row, queue_rows
+    from dike_slurm.cli.views import cycle_row, prior_row, queue_rows
 
     states = _check_states(_split(states))
     config, source = load(config_path)
@@ -238,12 +238,14 @@ def status_command(
         emit_json("status", source, {
             "state_file": str(config.engine.state_db), "policy": engine.policy.name, "priority_field": field,
             "view": "engine", "paused": paused, "breaker": tripped, "slurm_error": slurm_error, "note": note,
-            "jobs": rows, "last_cycle": last,
+            "jobs": rows, "last_cycle": last, "service_prior": prior_row(plan.prior if plan is not None else None),
         })
     else:
         console.print(safe(state_file_text(config)), highlight=False)
         if plan is not None:
             _job_table(f"dike-slurm status: policy {plan.policy}; now/planned: {field}", rows, STATUS_COLUMNS)
+            if plan.prior is not None:
+                console.print(safe(plan.prior.describe()), highlight=False)
         _print_last_cycle(last)
         for flag, text in ((paused, "PAUSED: nothing is written until `dike-slurm resume`"),
                            (tripped, "circuit breaker TRIPPED: nothing is written until `dike-slurm breaker reset`")):

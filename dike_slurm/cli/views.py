@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dike_slurm.domain.fields import JobField
     from dike_slurm.domain.model import Job, Placement
     from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
+    from dike_slurm.domain.decisions import PriorInForce
     from dike_slurm.domain.service_prior import Prediction
     from dike_slurm.store.state import AuditEntry, CycleSummary, JobMemory, OwnedField
 
@@ -87,6 +88,14 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
         "expected_gpu_hours": round(expected.gpu_s / 3600, 6) if expected is not None else None,
         "expected_from": expected_source(expected) if expected is not None else None,
     }
+
+
+def prior_row(prior: PriorInForce | None) -> dict[str, Any] | None:
+    """The service prior in force (its measured power, the trust in its run times, its weight), or None."""
+    if prior is None:
+        return None
+    return {"power": round(prior.power, 4), "trust": round(prior.trust, 4), "weight": prior.weight,
+            "finished_jobs": prior.jobs, "text": prior.describe()}
 
 
 def expected_source(prediction: Prediction) -> dict[str, Any]:

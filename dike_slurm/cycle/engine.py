@@ -228,6 +228,7 @@ class Engine:
             freed_rooms=tuple(rooms),
             room_outcomes=tuple(room_outcomes),
             expected=decisions.expected,
+            prior=decisions.prior,
             window=window,
             phase_seconds=phase_seconds,
             prior_judged=prior_judged,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate
-from dike_slurm.domain.decisions import Requeue
+from dike_slurm.domain.decisions import PriorInForce, Requeue
 from dike_slurm.domain.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.domain.model import Job, Placement
 from dike_slurm.domain.service_prior import Prediction
@@ -92,6 +92,7 @@ class CyclePlan:
     freed_rooms: tuple[FreedRoom, ...] = ()  # preemptions still followed after this cycle's look
     room_outcomes: tuple[RoomOutcome, ...] = ()  # preemptions settled by this cycle's look (landed, wasted)
     expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
+    prior: PriorInForce | None = None  # the service prior as the cycle used it
     window: int = 0  # pending jobs per partition the engine orders (head_window); 0: every one
     # seconds of each phase (read, decide, diff) of the plan; the metrics export them
     phase_seconds: Mapping[str, float] = field(default_factory=dict, compare=False)

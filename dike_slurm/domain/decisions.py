@@ -65,6 +65,21 @@ Decision = Union[SetPriority, SetPlacement, ClearPlacement, Requeue]
 
 
 @dataclass(frozen=True)
+class PriorInForce:
+    """The service prior as one cycle used it: its measured power, how far its run times were
+    trusted, and the weight its expected service had in the order (0: it moved nothing)."""
+
+    power: float
+    trust: float
+    weight: float
+    jobs: int  # finished jobs it learned from
+
+    def describe(self) -> str:
+        return (f"service prior: power {self.power:.2f} from {self.jobs} finished jobs, run times trusted "
+                f"x{self.trust:.2f}, weight {self.weight:g}")
+
+
+@dataclass(frozen=True)
 class Decisions:
     """The whole output of one `decide` call."""
 
@@ -77,6 +92,7 @@ class Decisions:
     # What the policy expected of a job's GPU service and where that came from (the service
     # prior; explain and queue show it); only jobs with a prediction
     expected: Mapping[int, Prediction] = field(default_factory=dict)
+    prior: PriorInForce | None = None  # the service prior in force (None: the policy read none)
 
     def ranked(self) -> list[SetPriority]:
         """The priorities from the first job to run to the last: protected jobs first, then score

@@ -51,6 +51,7 @@ def test_status_names_its_state_file_plans_nothing_for_running_jobs_and_survives
     document = as_json("status", config=slurm_stubs)
     rows = {r["job"]: r for r in document["jobs"]}
     assert document["state_file"] == str(state) and document["last_cycle"]["applied"] is True
+    assert document["service_prior"]["text"] in text.stdout and document["service_prior"]["weight"] == 0.0
     assert rows["53"]["state"] == "RUNNING" and rows["53"]["priority_planned"] is None
     assert rows["60_3"]["priority_planned"] is not None and rows["60_3"]["name"] == "x`reboot`"
     assert [r["job"] for r in as_json("status", "-u", "dikeuser1", config=slurm_stubs)["jobs"]] == ["53"]
@@ -71,7 +72,12 @@ def test_explain_finds_exactly_the_job_asked_for(slurm_stubs):  # noqa: F811
     assert task["status"] == "active" and task["job_id"] == 63 and task["job"]["user"] == "dikeuser2"
     assert task["policy_parameters"]["thresholds_gpuh"] == [0.02, 0.2]  # "thresholds configured": these
     assert task["job"]["slurm_reason"] == "Priority"
+    # the service prior as the cycle used it: too few finished jobs (min_history_jobs), so it moved nothing
+    prior = task["service_prior"]
+    assert prior["weight"] == 0.0 and prior["trust"] == 0.0 and prior["finished_jobs"] < 50 and prior["power"] == 0.0
     text = dike("explain", "60_3", config=slurm_stubs).stdout
+    assert f"  service prior: power 0.00 from {prior['finished_jobs']} finished jobs, run times trusted x0.00, weight 0" \
+        in text
     assert "Slurm keeps it waiting: Priority (squeue's REASON)" in text
     assert "thresholds_gpuh=" not in text  # the parameters only with --verbose
     assert "thresholds_gpuh=[0.02, 0.2]" in dike("explain", "--verbose", "60_3", config=slurm_stubs).stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -311,6 +312,31 @@ def test_dike_never_requeues_a_job_for_its_own_users_job_of_the_same_name_and_si
     for gain, expected in ((2.0, [10]), (100.0, [])):
         decided = DikePolicy().decide(state, params.model_copy(update={"preemption_gain": gain}), RNG)
         assert [r.job_id for r in decided.requeues] == expected, gain
+
+
+def test_dike_says_which_prior_it_used_and_trusts_its_run_times_by_its_power():
+    """Decisions.prior: the learned prior's power and job count, the trust in its run times (power /
+    prior_power_full, at most 1; 1 with the default 0) and its weight; trust shrinks each expected
+    run time toward the median of every finished job, GPUs kept."""
+    from dike_slurm.domain.service_prior import FinishedJob, ServicePrior
+
+    rng = random.Random(3)
+    history = [FinishedJob(f"u{i % 3}", name, 2, run * rng.uniform(0.9, 1.1), NOW - 60 * i)
+               for i, (name, run) in enumerate([("a.sh", 600.0), ("b.sh", 36000.0)] * 40)]
+    prior = ServicePrior.learn(history)
+    assert 0.5 < prior.power < 1.0
+    state = replace(snapshot([pending(1, "u0", gpus=2, name="a.sh")], history=[j.run_s * 2 for j in history]),
+                    service_prior=prior)
+    params = DikeParams(steer_light_jobs=False)
+    used = DikePolicy().decide(state, params, RNG)
+    assert (used.prior.power, used.prior.jobs, used.prior.trust, used.prior.weight) == (prior.power, 80, 1.0, 2.0)
+    half = DikePolicy().decide(state, params.model_copy(update={"prior_power_full": 2 * prior.power}), RNG)
+    assert half.prior.trust == pytest.approx(0.5)
+    median = prior.predict("u0", "x.sh", 2, 0, 0.0).gpu_s  # every finished job's median run, x 2 GPUs
+    expected, trusted = used.expected[1].gpu_s, half.expected[1].gpu_s
+    assert trusted == pytest.approx(math.sqrt(expected * median))
+    off = DikePolicy().decide(state, params.model_copy(update={"service_prior": False}), RNG)
+    assert off.prior is None and off.expected == {}
 
 
 def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run():
