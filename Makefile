@@ -108,7 +108,7 @@ soak: $(STAMP)
 eval: $(STAMP)
 	$(BIN)/dike-slurm eval examples/corpus $(SAMPLE) --out out/eval --workers 2 --results docs/results.md
 
-# The replay against the real cluster (issue 13, docs/replay.md "Fidelity"; 25-30 min, root):
+# The replay against the real cluster (docs/replay.md "Fidelity"; 25-30 min, root):
 # bench/fidelity.py runs one workload on the 22.05 lab under the live engine (fifo twice, dike
 # twice, dike with every job preemptible twice) and replays each run's sacct through the simulator. It holds the lab lock (flock
 # /tmp/dike-lab.lock, shared with everyone using the lab) throughout; each run brings the lab up
@@ -118,7 +118,7 @@ eval: $(STAMP)
 fidelity: $(STAMP)
 	flock /tmp/dike-lab.lock $(BIN)/python bench/fidelity.py --no-lock --out out/fidelity
 
-# The engine's writes at scale on the real lab (issue 29; about 20 minutes, root): 5,000 pending
+# The engine's writes at scale on the real lab (about 20 minutes, root): 5,000 pending
 # jobs on the lab of $(SLURM), each way of writing timed, the engine converging from an empty
 # state, a service watched against the idle controller, the audit checked against Slurm. The lab
 # comes up before and goes down after. Not part of `make test`. Results: out/lab-writes/lab_writes.json.

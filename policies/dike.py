@@ -363,7 +363,7 @@ class WorseLevels(Victims[DikeParams]):
             expected = expected_of.get(victim.job_id) if share > 0 else None
             if expected is not None and victim.gpus > 0:
                 # a run expected to be short is cut after a share of it, so that a site whose
-                # typical job is shorter than min_runtime_s still preempts (issue 27)
+                # typical job is shorter than min_runtime_s still preempts
                 needed = min(needed, max(floor, share * expected.gpu_s / victim.gpus))
             return victim.requeueable and ran >= needed * backoff**victim.preemptions
 

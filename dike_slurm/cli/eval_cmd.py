@@ -26,6 +26,7 @@ def eval_command(
     variant: Optional[List[str]] = typer.Option(None, "--variant", metavar="NAME", help="run only these policies (repeat; fifo always runs)"),
     twins: bool = typer.Option(True, "--twins/--no-twins", help="also replay each one-type case with users and job names shuffled across its jobs"),
     config_path: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="a config file (default: built-in defaults only)"),
+    targets: Optional[Path] = typer.Option(None, "--targets", metavar="FILE", help="the acceptance targets (default: the corpus's targets.toml, beside its cases)"),
     results: Optional[Path] = typer.Option(None, "--results", metavar="FILE", help="also replace the generated section of this file (docs/results.md)"),
     html: bool = typer.Option(True, "--html/--no-html", help="write report.html with a plot"),
     as_json: bool = typer.Option(False, "--json", help="print eval.json instead of tables"),
@@ -35,7 +36,7 @@ def eval_command(
     from dike_slurm.sim.eval import eval_report, evaluate
 
     folders = corpus or [Path("examples/corpus"), Path("examples/sample")]
-    plan = evaluate.make_plan(folders, quick=quick, only=variant or (), twins=twins)
+    plan = evaluate.make_plan(folders, quick=quick, only=variant or (), twins=twins, targets=targets)
     config = evaluate.load_config(config_path)
     if results is not None:
         eval_report.check_results_file(results)

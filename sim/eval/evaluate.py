@@ -24,7 +24,7 @@ from dike_slurm.sim.eval.eval_report import (
     overall,
     pareto,
 )
-from dike_slurm.sim.eval.targets import TargetSet, find_targets_file, load_targets
+from dike_slurm.sim.eval.targets import TARGETS_FILE, TargetSet, find_targets_file, load_targets
 
 CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
 
@@ -176,10 +176,12 @@ def with_twins(cases: Sequence[Case]) -> tuple[Case, ...]:
 
 def make_plan(
     folders: Sequence[Path], *, quick: bool = False, only: Sequence[str] = (), twins: bool = True,
+    targets: Path | None = None,
 ) -> Plan:
     """Cases (each one-type case with its shuffled twin, unless `twins` is False), variants,
-    settings and the corpus's targets (find_targets_file); variants whose override the policy
-    does not take are skipped."""
+    settings and the acceptance targets: the file `targets`, else the corpus's (find_targets_file;
+    without one, none are checked, and the plan says so among what it skips); variants whose
+    override the policy does not take are skipped."""
     from dike_slurm.registry import default_registry
 
     cases = find_cases(folders)
@@ -203,8 +205,14 @@ def make_plan(
             continue
         variants.append(variant)
     settings = tuple(s for s in SETTINGS if not quick or s.key in QUICK_SETTINGS)
-    targets_file = find_targets_file(folders, _is_case)
-    target_sets = load_targets(targets_file, variants=[v.label for v in VARIANTS], settings=[s.key for s in SETTINGS])
+    targets_file = targets
+    if targets_file is None:
+        targets_file, looked = find_targets_file(folders, _is_case)
+        if targets_file is None:
+            skipped.append(f"targets: no {TARGETS_FILE} beside the cases ({', '.join(map(str, looked))}): "
+                           "none checked (--targets FILE names one)")
+    target_sets = () if targets_file is None else load_targets(
+        targets_file, variants=[v.label for v in VARIANTS], settings=[s.key for s in SETTINGS])
     return Plan(cases, tuple(variants), settings, tuple(skipped), target_sets, targets_file)
 
 

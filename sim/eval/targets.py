@@ -234,17 +234,16 @@ def check_set(target_set: TargetSet, cases: Sequence[dict]) -> dict:
 # ---------------------------------------------------------------------------------------- the file
 
 
-def find_targets_file(folders: Sequence[Path], is_case: Callable[[Path], bool]) -> Path:
+def find_targets_file(folders: Sequence[Path], is_case: Callable[[Path], bool]) -> tuple[Path | None, list[Path]]:
     """The targets.toml of the corpus: in a corpus folder given, or in the folder holding a case
-    folder given; the first found. None found is an InputError naming where it was looked for."""
+    folder given; the first found (None: none), and every place looked at."""
     looked = []
     for folder in folders:
         path = (folder.resolve().parent if is_case(folder) else folder) / TARGETS_FILE
         if path.is_file():
-            return path
-        looked.append(str(path))
-    also = f"; nor {', '.join(looked[1:])}" if len(looked) > 1 else ""
-    raise InputError(f"no such file: the corpus's acceptance targets, beside its cases{also}", source=looked[0])
+            return path, looked + [path]
+        looked.append(path)
+    return None, looked
 
 
 def load_targets(path: Path, *, variants: Collection[str], settings: Collection[str]) -> tuple[TargetSet, ...]:

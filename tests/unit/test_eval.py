@@ -323,16 +323,22 @@ def test_the_targets_file_is_the_corpus_s_for_a_corpus_and_for_a_case_in_it(corp
     assert [t.key for t in TARGETS] == ["targets", "share_targets", "fair_targets"]
 
 
-def test_a_missing_targets_file_is_one_line_and_writes_nothing(corpus, tmp_path):
+def test_without_a_targets_file_none_is_checked_and_it_says_so_and_a_missing_one_asked_for_is_one_line(
+        corpus, tmp_path):
     bare = tmp_path / "bare"
     (bare / "alpha").mkdir(parents=True)
     for name in evaluate.CASE_FILES:
         (bare / "alpha" / name).write_bytes((corpus / "alpha" / name).read_bytes())
-    out = tmp_path / "out"
-    done = _cli(str(bare), "--quick", "--out", str(out))
+    plan = evaluate.make_plan([bare / "alpha"], quick=True)
+    assert plan.targets == () and plan.targets_file is None
+    assert plan.skipped[-1] == (f"targets: no targets.toml beside the cases ({bare / 'targets.toml'}): none checked "
+                                "(--targets FILE names one)")
+    named = evaluate.make_plan([bare / "alpha"], quick=True, targets=TARGETS_FILE)
+    assert named.targets == TARGETS and named.targets_file == TARGETS_FILE
+    out, missing = tmp_path / "out", tmp_path / "nowhere.toml"
+    done = _cli(str(bare), "--quick", "--targets", str(missing), "--out", str(out))
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"error: {bare / 'targets.toml'}: no such file: the corpus's acceptance targets, beside its cases"]
+    assert done.stderr.strip().splitlines() == [f"error: {missing}: no such file"]
     assert not out.exists()
 
 
