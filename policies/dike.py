@@ -8,12 +8,13 @@ consolidation of communication-heavy jobs, steering of light jobs, optional pree
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from dike_slurm.domain.decisions import PriorInForce, SetPlacement, SetPriority
-from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
+from dike_slurm.domain.model import AscendingValues, Job, JobState, Placement, Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.common import (
     ClusterView,
@@ -30,7 +31,7 @@ from dike_slurm.policies.levels import levels_with_promotion, promotion_time
 from dike_slurm.policies.node_hold import plan_node_hold, with_node_hold
 from dike_slurm.policies.preemption import PreemptionLimits, PreemptionPlan, PreemptionRule
 from dike_slurm.policies.stages import Holding, Ordering, Placing, PlacementDecision, Ranking, StagedPolicy, Victims
-from dike_slurm.domain.service_prior import Prediction
+from dike_slurm.domain.service_prior import Prediction, ServicePrior
 
 # Within-level scores live in [0, WITHIN_SPAN) so that levels always dominate.
 WITHIN_SPAN = 0.999
@@ -183,119 +184,158 @@ class MixedPriorityQueues(Ordering[DikeParams]):
     expected service is."""
 
     def rank(self, snapshot: Snapshot, params: DikeParams) -> Ranking:
-        now = snapshot.time
         thresholds, origin = thresholds_gpu_s(snapshot, params)
         threshold_text = f"{', '.join(f'{t / 3600:.3g}' for t in thresholds)} gpuh ({origin})"
         pending, running = split_active(snapshot)
         active = pending + running
         owners = owners_of(active, params.fairness_by)
-        usage = usage_fractions(snapshot.user_usage_gpu_s, owners)
-        shares = share_fractions(snapshot.user_shares, owners)
-        fairness_weight, wait_weight, wait_scale = params.fairness_weight, params.wait_weight, params.wait_scale_s
-        weight_total = fairness_weight + wait_weight
-        top_level = params.levels - 1
-        promote_knob, max_wait_s = params.promote_knob, params.max_wait_s
+        use = _prior_use(snapshot, params, thresholds)
+        inputs = _RankInputs(
+            now=snapshot.time, thresholds=thresholds, params=params, use=use,
+            by_owner=_owner_terms(snapshot, params, owners, threshold_text),
+            weight_total=params.fairness_weight + params.wait_weight + use.weight,
+        )
+        priorities, expected_of = _rank_jobs(active, owners, inputs)
+        return Ranking(priorities, pending, running, expected_of, prior=use.in_force)
 
-        # What depends only on the owner (fair-share factor, its weighted term, the reason's tail)
-        # is worked out once per owner, not once per job: this loop runs for every active job.
-        by_owner: dict[str, tuple[float, str]] = {}
-        for owner in usage:
-            # Slurm's classic fair-share factor 2^(-usage/share): 1 for an owner with no recent
-            # usage, 1/2 at exactly its share, falling fast beyond it.
-            fairness = 2.0 ** (-usage[owner] / shares[owner]) if shares[owner] > 0 else 0.0
-            by_owner[owner] = (fairness_weight * fairness, f"; thresholds {threshold_text}; fair={fairness:.2f} wait=")
-        # A running job has waited 0 s: its wait term, score tail and reason tail are the owner's.
-        running_wait = 0.0 / (0.0 + wait_scale)
-        running_wait_text = f"{running_wait:.2f}"
 
-        prior = snapshot.service_prior if params.service_prior else None
-        if prior is not None and prior.jobs < params.min_history_jobs:
-            # too little evidence: a handful of finished jobs (one cancelled after a minute, on a
-            # new cluster) would be every other job's expected service
-            prior = None
-        history = snapshot.completed_service_gpu_s
-        prior_weight = params.prior_weight if prior is not None and len(history) else 0.0
-        weight_total += prior_weight
-        # each level's span of the finished jobs' service, as quantiles: with prior_sets_level, how
-        # short a job is, is measured inside its own level
-        if prior_weight:
-            size = len(history)
-            bounds = [0.0, *(history.count_at_most(t) / size for t in thresholds), 1.0]
-        # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
-        predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
-        expected_of: dict[int, Prediction] = {}
-        shrink_jobs = params.prior_shrink_jobs
-        full = params.prior_power_full
-        trust = 1.0 if prior is None or full <= 0 or prior.power >= full else prior.power / full
-        sets_level = params.prior_sets_level
+def _owner_terms(snapshot: Snapshot, params: DikeParams, owners: list[str], threshold_text: str
+                 ) -> dict[str, tuple[float, str]]:
+    """What depends only on the owner (its weighted fair-share term, the reason's tail), worked out
+    once per owner, not once per job."""
+    usage = usage_fractions(snapshot.user_usage_gpu_s, owners)
+    shares = share_fractions(snapshot.user_shares, owners)
+    by_owner: dict[str, tuple[float, str]] = {}
+    for owner in usage:
+        # Slurm's classic fair-share factor 2^(-usage/share): 1 for an owner with no recent
+        # usage, 1/2 at exactly its share, falling fast beyond it.
+        fairness = 2.0 ** (-usage[owner] / shares[owner]) if shares[owner] > 0 else 0.0
+        by_owner[owner] = (params.fairness_weight * fairness, f"; thresholds {threshold_text}; fair={fairness:.2f} wait=")
+    return by_owner
 
-        priorities: list[SetPriority] = []
-        append = priorities.append
-        pending_state = JobState.PENDING
-        zero_service = f"attained={0.0 / 3600:.2f}gpuh"  # most pending jobs never ran
-        for job, owner in zip(active, owners):
-            # levels_with_promotion, inlined for the common case (exactly the same arithmetic)
-            service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
-            if not service > 0.0:
-                service = 0.0
-            expected, expected_text = service, ""
-            if prior is not None:
-                shape = (job.user, job.name, job.gpus)
-                known = predictions.get(shape)
-                if known is None:
-                    prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs, trust)
-                    known = predictions[shape] = (
-                        (prediction, f" {prediction.reason}")
-                        if prediction is not None else (None, "")
-                    )
-                prediction, text = known
-                if prediction is not None:
-                    expected_of[job.job_id] = prediction
-                    if prediction.gpu_s > service:
-                        expected, expected_text = prediction.gpu_s, text
-            level = bisect_right(thresholds, expected if sets_level else service)
-            promoted = False
-            if job.state is pending_state:
-                since = job.pending_since
-                waited = now - (since if since is not None else job.submit_time)
-                if not waited > 0.0:
-                    waited = 0.0
-                if level > 0:
-                    level, promoted, reason = levels_with_promotion(
-                        job, now, thresholds, promote_knob, max_wait_s, expected if sets_level else 0.0)
-                elif service == 0.0:  # +0.0 only: a negative or zero difference became +0.0 above
-                    reason = zero_service
-                else:
-                    reason = f"attained={service / 3600:.2f}gpuh"
-                wait = waited / (waited + wait_scale)
-                wait_text = f"{wait:.2f}"
+
+@dataclass(frozen=True)
+class _PriorUse:
+    """The service prior as this cycle uses it (prior None: it moves nothing)."""
+
+    prior: ServicePrior | None
+    trust: float  # how far its run times are trusted (prior_power_full)
+    weight: float  # its weight in the mix (0: none, e.g. no finished job's service to compare with)
+    history: AscendingValues  # the finished jobs' service, ascending
+    bounds: list[float]  # each level's span of that history, as quantiles (prior_sets_level)
+    in_force: PriorInForce | None  # what explain and status show
+
+
+def _prior_use(snapshot: Snapshot, params: DikeParams, thresholds: list[float]) -> _PriorUse:
+    learned = snapshot.service_prior if params.service_prior else None
+    prior = learned
+    if prior is not None and prior.jobs < params.min_history_jobs:
+        # too little evidence: a handful of finished jobs (one cancelled after a minute, on a
+        # new cluster) would be every other job's expected service
+        prior = None
+    history = snapshot.completed_service_gpu_s
+    weight = params.prior_weight if prior is not None and len(history) else 0.0
+    full = params.prior_power_full
+    trust = 1.0 if prior is None or full <= 0 or prior.power >= full else prior.power / full
+    # each level's span of the finished jobs' service, as quantiles: with prior_sets_level, how
+    # short a job is, is measured inside its own level
+    bounds = [0.0, *(history.count_at_most(t) / len(history) for t in thresholds), 1.0] if weight else []
+    in_force = None if learned is None else PriorInForce(learned.power, trust if prior is not None else 0.0, weight,
+                                                        learned.jobs)
+    return _PriorUse(prior, trust, weight, history, bounds, in_force)
+
+
+@dataclass(frozen=True)
+class _RankInputs:
+    """What ranking every active job reads."""
+
+    now: float
+    thresholds: list[float]
+    params: DikeParams
+    use: _PriorUse
+    by_owner: dict[str, tuple[float, str]]
+    weight_total: float
+
+
+def _rank_jobs(active: tuple[Job, ...], owners: list[str], inputs: _RankInputs
+               ) -> tuple[tuple[SetPriority, ...], dict[int, Prediction]]:
+    """Each active job's level, score and reason, and the prior's prediction for it. The loop runs
+    for every active job every cycle: what it reads is taken into locals first."""
+    now, thresholds, params, by_owner, weight_total = (
+        inputs.now, inputs.thresholds, inputs.params, inputs.by_owner, inputs.weight_total)
+    prior, trust, prior_weight, history, bounds = (
+        inputs.use.prior, inputs.use.trust, inputs.use.weight, inputs.use.history, inputs.use.bounds)
+    size = len(history)
+    wait_weight, wait_scale, top_level = params.wait_weight, params.wait_scale_s, params.levels - 1
+    promote_knob, max_wait_s = params.promote_knob, params.max_wait_s
+    shrink_jobs, sets_level = params.prior_shrink_jobs, params.prior_sets_level
+    # A running job has waited 0 s: its wait term, score tail and reason tail are the owner's.
+    running_wait = 0.0 / (0.0 + wait_scale)
+    running_wait_text = f"{running_wait:.2f}"
+    # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
+    predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
+    expected_of: dict[int, Prediction] = {}
+    priorities: list[SetPriority] = []
+    append = priorities.append
+    pending_state = JobState.PENDING
+    zero_service = f"attained={0.0 / 3600:.2f}gpuh"  # most pending jobs never ran
+    for job, owner in zip(active, owners):
+        # levels_with_promotion, inlined for the common case (exactly the same arithmetic)
+        service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
+        if not service > 0.0:
+            service = 0.0
+        expected, expected_text = service, ""
+        if prior is not None:
+            shape = (job.user, job.name, job.gpus)
+            known = predictions.get(shape)
+            if known is None:
+                prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs, trust)
+                known = predictions[shape] = (prediction, f" {prediction.reason}") if prediction is not None else (
+                    None, "")
+            prediction, text = known
+            if prediction is not None:
+                expected_of[job.job_id] = prediction
+                if prediction.gpu_s > service:
+                    expected, expected_text = prediction.gpu_s, text
+        level = bisect_right(thresholds, expected if sets_level else service)
+        promoted = False
+        if job.state is pending_state:
+            since = job.pending_since
+            waited = now - (since if since is not None else job.submit_time)
+            if not waited > 0.0:
+                waited = 0.0
+            if level > 0:
+                level, promoted, reason = levels_with_promotion(
+                    job, now, thresholds, promote_knob, max_wait_s, expected if sets_level else 0.0)
+            elif service == 0.0:  # +0.0 only: a negative or zero difference became +0.0 above
+                reason = zero_service
             else:
                 reason = f"attained={service / 3600:.2f}gpuh"
-                wait, wait_text = running_wait, running_wait_text
-            weighted_fairness, tail = by_owner[owner]
-            mixed = weighted_fairness + wait_weight * wait
-            if prior_weight:
-                # where the expected service falls among the finished jobs' (of its level, when the
-                # prior sets the level; 1: the shortest)
-                low, high = (bounds[level], bounds[level + 1]) if sets_level else (0.0, 1.0)
-                if high > low:
-                    shortness = (high - history.count_at_most(expected) / size) / (high - low)
-                    mixed += prior_weight * (0.0 if shortness < 0.0 else 1.0 if shortness > 1.0 else shortness)
-                else:
-                    mixed += prior_weight * 0.5
-            mix = mixed / weight_total if weight_total else 0.0
-            if mix < 0.0:  # min(max(mix, 0.0), 1.0), NaN kept as it was
-                mix = 0.0
-            elif mix > 1.0:
-                mix = 1.0
-            score = (top_level - level) + WITHIN_SPAN * mix
-            append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
-                               promoted))
-        in_force = None
-        if snapshot.service_prior is not None and params.service_prior:
-            learned = snapshot.service_prior
-            in_force = PriorInForce(learned.power, trust if prior is not None else 0.0, prior_weight, learned.jobs)
-        return Ranking(tuple(priorities), pending, running, expected_of, prior=in_force)
+            wait = waited / (waited + wait_scale)
+            wait_text = f"{wait:.2f}"
+        else:
+            reason = f"attained={service / 3600:.2f}gpuh"
+            wait, wait_text = running_wait, running_wait_text
+        weighted_fairness, tail = by_owner[owner]
+        mixed = weighted_fairness + wait_weight * wait
+        if prior_weight:
+            # where the expected service falls among the finished jobs' (of its level, when the
+            # prior sets the level; 1: the shortest)
+            low, high = (bounds[level], bounds[level + 1]) if sets_level else (0.0, 1.0)
+            if high > low:
+                shortness = (high - history.count_at_most(expected) / size) / (high - low)
+                mixed += prior_weight * (0.0 if shortness < 0.0 else 1.0 if shortness > 1.0 else shortness)
+            else:
+                mixed += prior_weight * 0.5
+        mix = mixed / weight_total if weight_total else 0.0
+        if mix < 0.0:  # min(max(mix, 0.0), 1.0), NaN kept as it was
+            mix = 0.0
+        elif mix > 1.0:
+            mix = 1.0
+        score = (top_level - level) + WITHIN_SPAN * mix
+        append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
+                           promoted))
+    return tuple(priorities), expected_of
 
 
 class CommunicationAware(Placing[DikeParams]):

@@ -213,6 +213,59 @@ def pick_nodes(candidates: list[tuple[float, int]], count: int, nodes: NodeLedge
     return best[1] if best is not None else None
 
 
+def _in_slurms_order(snapshot: Snapshot, walk: list[Job]) -> dict[int, tuple[int, float]]:
+    """Sort the walk as Slurm tries the jobs: partition and QOS tiers first; inside a tier the
+    protected jobs (the top value) before the policy's order (a stable sort keeps it). Each job's tier."""
+    model = snapshot.site_priority
+    tier_of = {job.job_id: scheduling_tier(model, job.partition, job.qos) for job in walk}
+    walk.sort(key=lambda job: (-tier_of[job.job_id][0], -tier_of[job.job_id][1], not job.pinned_for_preemption))
+    return tier_of
+
+
+def _pin(job: Job, names: tuple[str, ...], reason: str) -> SetPlacement:
+    """The blocked job held to the nodes freed (or being freed) for it (ReqNodeList)."""
+    return SetPlacement(job.job_id, Placement(require_nodes=names), reason)
+
+
+def _requeue_for(job: Job, victims: list[Job], picked: list[int], nodes: NodeLedger, taken: set[int],
+                 reason: Callable[[Job, Job], str]) -> list[Requeue]:
+    """Requeue the victims for the blocked job: their GPUs freed, the job's taken on `picked`."""
+    for victim in victims:
+        taken.add(victim.job_id)
+        nodes.release(victim)
+    nodes.allocate(picked, job.gpus_per_node)
+    return [Requeue(victim.job_id, reason(job, victim), for_job=job.job_id) for victim in victims]
+
+
+def _cheapest_room(job: Job, usable: Sequence[int], nodes: NodeLedger, order: VictimOrder, taken: set[int],
+                   outranks: Callable[[Job, Job], bool]) -> tuple[list[tuple[float, int]], dict[int, list[Job]]]:
+    """Per usable node: the cheapest victims (that this job outranks, not taken yet) whose requeue
+    frees enough GPUs for it there, and what they lose together; a node free enough already costs 0."""
+    per_node = job.gpus_per_node
+    options: list[tuple[float, int]] = []
+    victims_on: dict[int, list[Job]] = {}
+    for node in usable:
+        missing = per_node - nodes.free[node]
+        if missing <= 0:
+            options.append((0.0, node))
+            victims_on[node] = []
+            continue
+        chosen: list[Job] = []
+        cost = 0.0
+        for victim_loss, victim in order.on(node):
+            if victim.job_id in taken or not outranks(job, victim):
+                continue
+            chosen.append(victim)
+            cost += victim_loss
+            missing -= victim.gpus_per_node
+            if missing <= 0:
+                break
+        if missing <= 0:
+            options.append((cost, node))
+            victims_on[node] = chosen
+    return options, victims_on
+
+
 def plan_preemptions(
     snapshot: Snapshot,
     ranked_pending: Sequence[Job],
@@ -232,20 +285,13 @@ def plan_preemptions(
     the site and the policy's anti-thrash rules allow it now. `loss(victim)`: what requeueing it now
     costs (GPU-seconds); nodes are chosen to lose the least. `one_leaf(job)`: the job must fit
     under one leaf switch to count as fitting. `protect`: the freed room goes to the job it was
-    freed for (the module's docstring).
-    """
+    freed for (the module's docstring)."""
     walk = list(ranked_pending[: limits.max_scan])
     waiting = protect and any(job.pinned_for_preemption for job in walk)
     candidates = [v for v in running if v.nodes and may_preempt(v)] if limits.max_requeues > 0 else []
     if not walk or (not candidates and not waiting):
         return PreemptionPlan()
-    tier_of = {}
-    if protect:
-        model = snapshot.site_priority
-        tier_of = {job.job_id: scheduling_tier(model, job.partition, job.qos) for job in walk}
-        # Slurm's order: partition and QOS tiers first; inside a tier the protected jobs (the top
-        # value) before the policy's order (a stable sort keeps it)
-        walk.sort(key=lambda job: (-tier_of[job.job_id][0], -tier_of[job.job_id][1], not job.pinned_for_preemption))
+    tier_of = _in_slurms_order(snapshot, walk) if protect else {}
     nodes = NodeLedger(snapshot, running)
     order = VictimOrder(nodes, frozenset(v.job_id for v in candidates), loss)
     taken: set[int] = set()
@@ -272,8 +318,7 @@ def plan_preemptions(
             nodes.allocate(fitting, per_node)  # it starts as it is: room taken before lower jobs
             if protect and job.pinned_for_preemption:  # freed for it: kept until it starts
                 names = tuple(sorted(job.placement.require_nodes))
-                pins.append(SetPlacement(job.job_id, Placement(require_nodes=names),
-                                         f"keeping {','.join(names)}, freed by a preemption, until it starts"))
+                pins.append(_pin(job, names, f"keeping {','.join(names)}, freed by a preemption, until it starts"))
                 protected.append(job.job_id)
             continue
         if protect:
@@ -288,50 +333,16 @@ def plan_preemptions(
         if required and len(required) != count:
             continue  # a user's `-w` that a pin of exactly `count` nodes would change: left alone
         blocked_tried += 1
-        # Per node: the cheapest victims (that this job outranks) whose requeue frees enough.
-        options: list[tuple[float, int]] = []
-        victims_on: dict[int, list[Job]] = {}
-        for node in usable:
-            missing = per_node - nodes.free[node]
-            if missing <= 0:
-                options.append((0.0, node))
-                victims_on[node] = []
-                continue
-            chosen: list[Job] = []
-            cost = 0.0
-            for victim_loss, victim in order.on(node):
-                if victim.job_id in taken or not outranks(job, victim):
-                    continue
-                chosen.append(victim)
-                cost += victim_loss
-                missing -= victim.gpus_per_node
-                if missing <= 0:
-                    break
-            if missing <= 0:
-                options.append((cost, node))
-                victims_on[node] = chosen
+        options, victims_on = _cheapest_room(job, usable, nodes, order, taken, outranks)
         picked = pick_nodes(options, count, nodes, single)
         if picked is None:
             continue
-        victims: dict[int, Job] = {}
-        for node in picked:
-            for victim in victims_on[node]:
-                victims[victim.job_id] = victim
+        victims = {victim.job_id: victim for node in picked for victim in victims_on[node]}
         if not victims or len(requeues) + len(victims) > limits.max_requeues:
             continue
-        for victim in victims.values():
-            taken.add(victim.job_id)
-            nodes.release(victim)
-            requeues.append(Requeue(victim.job_id, reason(job, victim), for_job=job.job_id))
-        nodes.allocate(picked, per_node)
+        requeues += _requeue_for(job, list(victims.values()), picked, nodes, taken, reason)
         names = tuple(sorted(nodes.names[n] for n in picked))
-        pins.append(
-            SetPlacement(
-                job.job_id,
-                Placement(require_nodes=names),
-                f"preempting {len(victims)} job(s) to start on {','.join(names)}",
-            )
-        )
+        pins.append(_pin(job, names, f"preempting {len(victims)} job(s) to start on {','.join(names)}"))
         if protect:
             protected.append(job.job_id)
     return PreemptionPlan(tuple(requeues), tuple(pins), tuple(protected))
