@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dike_slurm.domain.model import PreemptionOptIn
 from dike_slurm.errors import ConfigError, RegistryError
+from dike_slurm.parsing.toml_file import read_toml_file
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.registry import default_registry
 
@@ -327,17 +328,7 @@ def config_source(path: Path | None, environ: Mapping[str, str] | None = None, *
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError("config file not found", source=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config: {exc.strerror}", source=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", source=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=str(path)) from None
+    return read_toml_file(path, ConfigError, missing="config file not found", unreadable="cannot read config")
 
 
 def load_config(

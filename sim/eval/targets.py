@@ -6,13 +6,13 @@ criterion of each kind is computed; the file names and parameterises them.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dike_slurm.errors import InputError
+from dike_slurm.parsing.toml_file import read_toml_file
 
 TARGETS_FILE = "targets.toml"
 CASE_GROUPS = {"as given": False, "with twins": None}  # cases_of's `twins`
@@ -248,19 +248,7 @@ def find_targets_file(folders: Sequence[Path], is_case: Callable[[Path], bool]) 
 
 def load_targets(path: Path, *, variants: Collection[str], settings: Collection[str]) -> tuple[TargetSet, ...]:
     """Read and check targets.toml; every error names the file and the key."""
-    source = str(path)
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise InputError("no such file", source=source) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", source=source) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"not valid TOML: {exc}", source=source) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", source=source) from None
-    return targets_from_data(data, source=source, variants=variants, settings=settings)
+    return targets_from_data(read_toml_file(path), source=str(path), variants=variants, settings=settings)
 
 
 def _fail(source: str, key: str, message: str) -> InputError:

@@ -7,13 +7,13 @@ import hashlib
 import json
 import math
 import re
-import tomllib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dike_slurm.errors import InputError, RegistryError
+from dike_slurm.parsing.toml_file import read_toml_file
 
 if TYPE_CHECKING:
     from dike_slurm.registry import Registry
@@ -121,19 +121,7 @@ def _canonical(value: Any) -> str:
 
 def load_spec(path: Path) -> Spec:
     """Read and check a SPEC.toml; every error names the file and the key."""
-    source = str(path)
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise InputError("no such file", source=source) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", source=source) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"not valid TOML: {exc}", source=source) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", source=source) from None
-    return spec_from_data(data, base=path.resolve().parent, source=source)
+    return spec_from_data(read_toml_file(path), base=path.resolve().parent, source=str(path))
 
 
 def _fail(source: str, key: str, message: str) -> InputError:
