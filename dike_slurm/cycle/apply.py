@@ -130,12 +130,12 @@ class Tally:
     requeued: list[tuple[Requeue, WriteOutcome]] = field(default_factory=list)
     succeeded: set[tuple[int, JobField]] = field(default_factory=set)  # (job, field) written
     notes: list[str] = field(default_factory=list)
-    errors: int = 0  # failed calls, a job gone not counted
+    errors: int = 0  # failed calls; a job gone, or a write Slurm asked for again later, not counted
     signals: int = 0
     budget_held: int = 0
 
     def count_failure(self, outcome: WriteOutcome) -> None:
-        if not outcome.ok and not outcome.job_gone:
+        if not outcome.ok and not outcome.job_gone and not outcome.retry_later:
             self.errors += 1
 
 
@@ -274,13 +274,19 @@ class Applier:
             index += len(batch)
             size = min(2 * len(batch), MAX_BATCH)
             denied = ""
+            later = []
             for write, outcome in zip(batch, self._write_batch(batch, journal, left)):
                 tally.outcomes.append((write, outcome))
                 tally.count_failure(outcome)
+                later += [write.job_id] if outcome.retry_later else []
                 if outcome.ok:
                     tally.succeeded.update((write.job_id, f) for f in write.update.fields)
                 elif not outcome.job_gone and not denied and any(words in outcome.message for words in _DENIED):
                     denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
+            if later:
+                tally.notes.append(f"job(s) {', '.join(map(str, later))}: Slurm asked for the update again later "
+                                   "(its database index is being set, after a controller restart): the next cycle "
+                                   "writes it")
             if denied:  # every other write would fail alike
                 stopping.halt(Stop.DENIED, denied)
                 return self._skip(writes[index:], journal, tally, stopping)

@@ -519,6 +519,13 @@ def test_each_line_gets_its_own_error_and_a_gone_job_is_not_an_engine_error():
     ]
 
 
+def test_a_write_slurm_asks_for_again_later_reads_so_on_its_own_line():
+    """Slurm 22.05 just after slurmctld restarted (recorded on the lab, tests/integration/test_faults.py)."""
+    stderr = "Job update not available right now, the DB index is being set, try again in a bit for job 2\n"
+    results = fed_backend(Recorder(), Feeder(FedResult(1, "", stderr))).apply_many(site_factors((1, 1), (2, 2)))
+    assert [(r.ok, r.job_gone, r.retry_later) for r in results] == [(True, False, False), (False, False, True)]
+
+
 @pytest.mark.parametrize("result", [
     FedResult(0, "", "slurm_update error: Socket timed out on send/recv operation\n"),  # a line nobody owns
     FedResult(1, "", ""),  # an exit code no line explains

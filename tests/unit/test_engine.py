@@ -175,6 +175,36 @@ def test_failed_writes_stop_after_breaker_max_errors(tmp_path):
     assert any("circuit breaker" in n for n in report.notes)
 
 
+class SettingDbIndex(FakeBackend):
+    """Slurm just after slurmctld restarted: it refuses the updates of `settling` jobs until
+    slurmdbd has given them their database index (the message Slurm 22.05 prints)."""
+
+    settling: set[int] = set()
+
+    def apply(self, update):
+        if update.job_id in self.settling:
+            self.calls += 1
+            return WriteOutcome(False, self.describe(update), "Job update not available right now, the DB index is "
+                                f"being set, try again in a bit for job {update.job_id}")
+        return super().apply(update)
+
+
+def test_a_write_slurm_asks_for_again_later_is_no_error_and_the_next_cycle_writes_it(tmp_path):
+    backend = SettingDbIndex([pending(i, f"u{i}") for i in (1, 2, 3)], nodes(), TOPOLOGY, time=NOW)
+    backend.settling = {2}
+    cfg = config(tmp_path, engine={"breaker_max_errors": 1})
+    runner = engine(cfg, backend)
+    first = runner.cycle(apply=True)
+    refused = [o for w, o in first.outcomes if w.job_id == 2]
+    assert refused and all(o.retry_later and not o.ok for o in refused)
+    assert first.errors == 0 and not any("circuit breaker" in n for n in first.notes)
+    assert any(n.startswith("job(s) 2: Slurm asked for the update again later") for n in first.notes)
+    assert {u.job_id for u in backend.applied} == {1, 3}
+    backend.settling = set()  # the index is set: the write lands now
+    second = runner.cycle(apply=True)
+    assert second.errors == 0 and {w.job_id for w, o in second.outcomes if o.ok} == {2}
+
+
 class Batches(FakeBackend):
     """The in-memory cluster, remembering how many updates each apply_many call carried; the
     n-th update (1-based, in the order written) fails when n is in `fail_at`."""

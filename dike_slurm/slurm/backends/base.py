@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 
+# What Slurm answers while it cannot take a job's update yet and asks for it again: just after
+# slurmctld restarts, until slurmdbd has given the job its database index (ESLURM_JOB_SETTING_DB_INX,
+# "Job update not available right now, the DB index is being set, try again in a bit"; seen on the
+# 22.05 lab, tests/integration/test_faults.py)
+RETRY_LATER = "try again in a bit"
+
+
 @dataclass(frozen=True)
 class WriteOutcome:
     """What happened to one write."""
@@ -28,6 +35,12 @@ class WriteOutcome:
     command: str  # the exact command line, for the audit log
     message: str = ""
     job_gone: bool = False  # the job ended or started meanwhile: not an engine error
+
+    @property
+    def retry_later(self) -> bool:
+        """Slurm asked for the write again later (RETRY_LATER): not an engine error; the next
+        cycle plans it again, as it did not land."""
+        return not self.ok and RETRY_LATER in self.message
 
 
 def started(outcome: WriteOutcome) -> bool:
