@@ -16,7 +16,7 @@ The prior's *power* says how much its history knows: over the finished jobs of t
 of them after now), the correlation of each job's log run time with the mean of the other jobs of
 its (user, name, GPUs) group, and the same with its GPU count's group, whichever is higher, less
 twice its standard error (1 / sqrt(jobs)). History that predicts nothing (names and users shuffled
-across jobs, run times unrelated to GPU counts) gives about 0; the corpus' traces 0.16-0.88; their
+across jobs, run times unrelated to GPU counts) gives about 0; the corpus' traces 0.16-0.83; their
 shuffled twins keep what GPU counts know (docs/results.md). It is kept from exact integer moments
 of each group, so that learning at once and job by job give the same figure.
 
