@@ -278,7 +278,8 @@ class Applier:
             for write, outcome in zip(batch, self._write_batch(batch, journal, left)):
                 tally.outcomes.append((write, outcome))
                 tally.count_failure(outcome)
-                later += [write.job_id] if outcome.retry_later else []
+                if outcome.retry_later:
+                    later.append(write.job_id)
                 if outcome.ok:
                     tally.succeeded.update((write.job_id, f) for f in write.update.fields)
                 elif not outcome.job_gone and not denied and any(words in outcome.message for words in _DENIED):

@@ -53,6 +53,9 @@ assert all("user" in group for group in GROUPS[:OWN_GROUPS])
 # Key of a group: (its index in GROUPS, the values of its fields)
 Key = tuple
 
+# The key of the group of every finished job
+_EVERY_JOB: Key = (GROUPS.index(()),)
+
 # A job that ended in one of these states after less than NEVER_RAN_S of run time (its GPU service
 # per GPU) never really ran: cancelled at or just after its start, failed at launch. Its user's own
 # groups learn from it (a user whose jobs fail at launch is likely to see the next one fail fast: on
@@ -282,7 +285,7 @@ class ServicePrior:
             return prediction
 
     def _trusted(self, prediction: Prediction, gpus: int, trust: float) -> Prediction:
-        every = self.estimate(_keys("", "", gpus)[-1][0])  # the group of every finished job
+        every = self.estimate(_EVERY_JOB)
         if every is None:
             return prediction
         base = math.log(max(every.run_s, 1.0))

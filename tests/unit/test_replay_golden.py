@@ -67,11 +67,9 @@ def test_bundled_sample_replay_matches_the_golden_file(label, policy):
         assert summary["preemptions"] == 0
 
     def update(golden: dict) -> None:
-        entry = golden.setdefault(label, {"policies": {}})
-        entry["comm_penalty"] = settings.comm_penalty
-        entry["policies"][policy] = summary
+        policies = golden.get(label, {}).get("policies", {}) | {policy: summary}
         golden[label] = {"comm_penalty": settings.comm_penalty,
-                         "policies": {name: entry["policies"][name] for name in POLICIES if name in entry["policies"]}}
+                         "policies": {name: policies[name] for name in POLICIES if name in policies}}
 
     expected = _golden(update)[label]
     assert settings.comm_penalty == expected["comm_penalty"]
