@@ -286,8 +286,8 @@ class Applier:
                     denied = PRIVILEGE_HINT.format(message=outcome.message.strip(), user=getpass.getuser())
             if later:
                 tally.notes.append(f"job(s) {', '.join(map(str, later))}: Slurm asked for the update again later "
-                                   "(its database index is being set, after a controller restart): the next cycle "
-                                   "writes it")
+                                   "(its database index is being set): the next cycle writes it if the job is "
+                                   "still there")
             if denied:  # every other write would fail alike
                 stopping.halt(Stop.DENIED, denied)
                 return self._skip(writes[index:], journal, tally, stopping)

@@ -26,6 +26,8 @@ from typing import Any, Iterator
 import pytest
 from lab_engine import LabEngine
 
+from dike_slurm.slurm.backends.base import RETRY_LATER
+
 SlurmLab = Any
 SLURM_COMMANDS = ("squeue", "sinfo", "sprio", "sacct", "sacctmgr", "scontrol")
 # A write in a scontrol wrapper: one `scontrol update`, or a batch of lines fed to a bare `scontrol`
@@ -700,8 +702,11 @@ def test_slurmctld_restarted_between_read_and_writes_jobs_that_finished_are_gone
     assert set(survivors) <= set(slurm_lab.job_ids())  # job ids unchanged across the restart
     rows = engine.audit()
     gone = [r for r in rows if r["job_id"] in finishing]
-    assert gone and all(not r["ok"] and re.search("already finished|Invalid job id", r["message"]) for r in gone), \
-        [dict(r) for r in rows]
+    # a cancelled job that slurmdbd had not indexed yet can answer "try again in a bit" instead of
+    # "already finished": after the restart slurmctld asks for its index, and job_mgr.c checks the index
+    # before whether the job finished (RETRY_LATER). On a loaded machine the cancel can beat slurmdbd.
+    assert gone and all(not r["ok"] and re.search(f"already finished|Invalid job id|{RETRY_LATER}", r["message"])
+                        for r in gone), [dict(r) for r in rows]
     assert all(r["ok"] for r in rows if r["job_id"] not in finishing), [dict(r) for r in rows]
     assert not any(r["message"].startswith("unconfirmed") for r in rows)
     with engine.db() as db:

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from dike_slurm.domain.slurm_priority import SlurmPriorityModel
 
 
-# What Slurm answers while it cannot take a job's update yet and asks for it again: just after
-# slurmctld restarts, until slurmdbd has given the job its database index (ESLURM_JOB_SETTING_DB_INX,
-# "Job update not available right now, the DB index is being set, try again in a bit"; seen on the
-# 22.05 lab, tests/integration/test_faults.py)
+# What Slurm answers while slurmctld is asking slurmdbd for a job's database index
+# (ESLURM_JOB_SETTING_DB_INX, "Job update not available right now, the DB index is being set, try
+# again in a bit"). Its index thread asks for every job without one, a job that already ended
+# included, as after a controller restart; and job_mgr.c checks the index before it checks whether
+# the job finished (Slurm 22.05 source; seen on the 22.05 lab, tests/integration/test_faults.py).
 RETRY_LATER = "try again in a bit"
 
 
