@@ -67,6 +67,7 @@ class Policy(ABC, Generic[P]):
 
         The live engine and the replay both refuse requeues of younger runs with it (one guard,
         `dike_slurm.cycle.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
+        A `StagedPolicy` answers with its preemption stage's `Victims.min_run_s`.
         """
         return None
 

@@ -386,8 +386,15 @@ class WorseLevels(Victims[DikeParams]):
     """Running jobs of a worse level, cut only after they ran long enough (anti-thrash with a
     backoff per earlier preemption), cheapest loss since the last checkpoint first."""
 
-    def rule(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking) -> PreemptionRule | None:
+    def min_run_s(self, params: DikeParams) -> float | None:
         if not params.preemption:
+            return None
+        if params.min_runtime_share > 0 and params.service_prior:
+            return min(params.min_runtime_s, params.min_runtime_floor_s)  # may_preempt's shortest `needed`
+        return params.min_runtime_s
+
+    def rule(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking) -> PreemptionRule | None:
+        if self.min_run_s(params) is None:
             return None
         expected_of = ranking.expected
         level_of_job = ranking.measure
@@ -479,13 +486,6 @@ class DikePolicy(StagedPolicy[DikeParams]):
 
     def reads_service_prior(self, params: DikeParams) -> bool:
         return params.service_prior
-
-    def requeue_min_run_s(self, params: DikeParams) -> float | None:
-        if not params.preemption:
-            return None
-        if params.min_runtime_share > 0 and params.service_prior:
-            return min(params.min_runtime_s, params.min_runtime_floor_s)
-        return params.min_runtime_s
 
     def usage_owner(self, params: DikeParams) -> str:
         return params.fairness_by

@@ -48,8 +48,11 @@ class ShortestRemaining(Ordering[SrtfOracleParams]):
 class LongerRemaining(Victims[SrtfOracleParams]):
     """Any requeueable running job with more remaining GPU-time than the blocked job."""
 
+    def min_run_s(self, params: SrtfOracleParams) -> float | None:
+        return 0.0 if params.preemptive else None
+
     def rule(self, snapshot: Snapshot, params: SrtfOracleParams, ranking: Ranking) -> PreemptionRule | None:
-        if not params.preemptive:
+        if self.min_run_s(params) is None:
             return None
         now = snapshot.time
         return PreemptionRule(
@@ -72,6 +75,3 @@ class SrtfOraclePolicy(StagedPolicy[SrtfOracleParams]):
 
     def reads_completed_service(self, params: SrtfOracleParams) -> bool:
         return False
-
-    def requeue_min_run_s(self, params: SrtfOracleParams) -> float | None:
-        return 0.0 if params.preemptive else None

@@ -83,8 +83,13 @@ class Victims(ABC, Generic[P]):
     limits; the preemption stage itself (`preemption.preempt`) is shared."""
 
     @abstractmethod
+    def min_run_s(self, params: P) -> float | None:
+        """None: these parameters preempt nothing; otherwise the shortest run (seconds since the
+        job's last start) `rule` may cut (the policy's `requeue_min_run_s`)."""
+
+    @abstractmethod
     def rule(self, snapshot: Snapshot, params: P, ranking: Ranking) -> PreemptionRule | None:
-        """The rule for this cycle; None: these parameters preempt nothing."""
+        """The rule for this cycle; None when `min_run_s` is None."""
 
 
 class Holding(ABC, Generic[P]):
@@ -115,3 +120,6 @@ class StagedPolicy(Policy[P]):
             placements = self.holding.hold(snapshot, params, ranking, plan, placements)
         return Decisions(ranking.priorities, tuple(placements), plan.requeues, plan.protected, ranking.expected,
                          ranking.prior)
+
+    def requeue_min_run_s(self, params: P) -> float | None:
+        return self.victims.min_run_s(params) if self.victims is not None else None

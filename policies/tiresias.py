@@ -100,10 +100,14 @@ class WorseQueues(Victims[TiresiasParams]):
     """2D-LAS preemption: a blocked job preempts running jobs of a worse queue (FIFO inside a
     queue: never a job of its own queue), the youngest runs first (they lose the least)."""
 
+    def min_run_s(self, params: TiresiasParams) -> float | None:
+        return params.min_runtime_s if params.preemptive else None
+
     def rule(self, snapshot: Snapshot, params: TiresiasParams, ranking: Ranking) -> PreemptionRule | None:
-        if not params.preemptive:
+        min_run = self.min_run_s(params)
+        if min_run is None:
             return None
-        now, min_run, large = snapshot.time, params.min_runtime_s, params.consolidate_gpus
+        now, large = snapshot.time, params.consolidate_gpus
         level_of_job = ranking.measure
         return PreemptionRule(
             may_preempt=lambda v: v.requeueable and v.start_time is not None and now - v.start_time >= min_run,
@@ -130,9 +134,6 @@ class TiresiasPolicy(StagedPolicy[TiresiasParams]):
 
     def promotion_at(self, job: Job, params: TiresiasParams) -> float | None:
         return promotion_time(job, params.promote_knob, None)
-
-    def requeue_min_run_s(self, params: TiresiasParams) -> float | None:
-        return params.min_runtime_s if params.preemptive else None
 
     def score_ceiling(self, params: TiresiasParams) -> float | None:
         return float(len(params.thresholds_gpu_s) + 1)
