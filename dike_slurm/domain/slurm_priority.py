@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import parse_duration
-from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH, scheduler_depth, scheduler_parameters
+from dike_slurm.parsing.slurm_options import DEFAULT_DEPTH, option_int, scheduler_depth, scheduler_parameters
 
 DEFAULT_MAX_AGE_S = 7 * 86400  # PriorityMaxAge=7-0
 DEFAULT_HALF_LIFE_S = 7 * 86400  # PriorityDecayHalfLife=7-0
@@ -438,12 +438,7 @@ def partition_priorities(fields: Mapping[str, str], source: str, line: int | Non
     """A PartitionName line's PriorityJobFactor and PriorityTier (`Priority=` sets both; default 1)."""
     def value(key: str) -> int | None:
         text = fields.get(key)
-        if text is None:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise InputError(f"{key}={text!r} is not an integer", source=source, line=line) from None
+        return None if text is None else option_int(text, key, source, line)
 
     both = value("priority")
     job_factor, tier = value("priorityjobfactor"), value("prioritytier")

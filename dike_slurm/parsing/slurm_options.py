@@ -33,6 +33,14 @@ def parse_show_config(text: str) -> dict[str, str]:
     return options
 
 
+def option_int(value: str, key: str, source: str | None = None, line: int | None = None) -> int:
+    """An integer `key=value`, or an InputError naming the key and the value."""
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"{key}={value!r} is not an integer", source=source, line=line) from None
+
+
 def scheduler_parameters(raw: str) -> dict[str, str]:
     """`SchedulerParameters=a=1,b,c=2` as {key lower-case: value} (flags map to ""). An option given
     twice reads as its first value: Slurm finds each option with a search from the start of the

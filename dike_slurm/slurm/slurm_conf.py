@@ -18,6 +18,7 @@ from dike_slurm.domain.slurm_priority import (
 from dike_slurm.errors import InputError
 from dike_slurm.parsing.durations import parse_duration
 from dike_slurm.parsing.hostlists import expand_hostlist
+from dike_slurm.parsing.slurm_options import option_int
 from dike_slurm.parsing.tres import parse_gres_gpu_types, parse_gres_gpus
 
 
@@ -87,13 +88,6 @@ def _pairs(line: str, source: str, number: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def _int(value: str, key: str, source: str, number: int) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(f"{key}={value!r} is not an integer", source=source, line=number) from None
-
-
 def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
     """NodeName / PartitionName lines and global options. `include` lines are not followed."""
     node_defaults: dict[str, str] = {}
@@ -118,7 +112,7 @@ def parse_slurm_conf(text: str, source: str = "slurm.conf") -> ClusterConf:
                 raise InputError(str(exc), source=source, line=number) from None
             gpus = parse_gres_gpus(merged.get("gres", ""))
             gpu_types = parse_gres_gpu_types(merged.get("gres", ""))
-            cpus = _int(merged.get("cpus", merged.get("procs", "1")), "CPUs", source, number)
+            cpus = option_int(merged.get("cpus", merged.get("procs", "1")), "CPUs", source, number)
             features = tuple(
                 f for f in (merged.get("feature", "") or merged.get("features", "")).split(",") if f
             )

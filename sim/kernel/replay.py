@@ -17,7 +17,7 @@ from dike_slurm.errors import InputError
 from dike_slurm.domain.head_window import window_size
 from dike_slurm.domain.model import Topology
 from dike_slurm.slurm.slurm_conf import ClusterConf, load_cluster
-from dike_slurm.parsing.slurm_options import DEFAULT_BF_MAX_JOB_TEST, scheduler_depth, scheduler_parameters
+from dike_slurm.parsing.slurm_options import DEFAULT_BF_MAX_JOB_TEST, option_int, scheduler_depth, scheduler_parameters
 from dike_slurm.policies.dike import DikeParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.kernel.cluster import SimCluster
@@ -86,12 +86,7 @@ def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> Repl
 
 
 def _int_parameter(parameters: dict[str, str], key: str, default: int, source: str) -> int:
-    if key not in parameters:
-        return default
-    try:
-        return int(parameters[key])
-    except ValueError:
-        raise InputError(f"SchedulerParameters {key}={parameters[key]!r} is not an integer", source=source) from None
+    return default if key not in parameters else option_int(parameters[key], f"SchedulerParameters {key}", source)
 
 
 def sim_settings(
@@ -172,10 +167,7 @@ def requeue_hold_s(conf: ClusterConf, source: str = "slurm.conf") -> float:
     for item in conf.options.get("authinfo", "").split(","):
         key, _, value = item.strip().partition("=")
         if key.lower() == "cred_expire":
-            try:
-                lifetime = int(value)
-            except ValueError:
-                raise InputError(f"AuthInfo cred_expire={value!r} is not an integer", source=source) from None
+            lifetime = option_int(value, "AuthInfo cred_expire", source)
     return float(lifetime + 1)
 
 

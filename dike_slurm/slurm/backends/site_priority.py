@@ -18,7 +18,7 @@ from dike_slurm.domain.slurm_priority import (
 )
 from dike_slurm.errors import InputError, SlurmError
 from dike_slurm.parsing.hostlists import expand_hostlist
-from dike_slurm.parsing.slurm_options import parse_show_config
+from dike_slurm.parsing.slurm_options import option_int, parse_show_config
 
 _T = TypeVar("_T")
 
@@ -43,13 +43,6 @@ def _partition_fields(line: str) -> dict[str, str]:
     return fields
 
 
-def _count(value: str, key: str, source: str, line: int) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(f"{key}={value!r} is not an integer", source=source, line=line) from None
-
-
 def partitions_from_scontrol(
     text: str, source: str = "scontrol show partition -o",
 ) -> tuple[list[tuple[str, PartitionPriority, dict[str, int]]], int, int]:
@@ -70,14 +63,14 @@ def partitions_from_scontrol(
         if not name:
             raise InputError("a line without PartitionName=", source=source, line=number)
         priority = partition_priorities(fields, source, number)
-        total_cpus = _count(fields.get("totalcpus", "0"), "TotalCPUs", source, number)
-        total_nodes = _count(fields.get("totalnodes", "0"), "TotalNodes", source, number)
+        total_cpus = option_int(fields.get("totalcpus", "0"), "TotalCPUs", source, number)
+        total_nodes = option_int(fields.get("totalnodes", "0"), "TotalNodes", source, number)
         totals = {"cpu": total_cpus, "node": total_nodes, "gres/gpu": 0}
         tres = fields.get("tres", "")
         for item in ("" if tres == "(null)" else tres).split(","):
             tres_name, sep, value = item.strip().partition("=")
             if sep and tres_name.lower() in totals:
-                totals[tres_name.lower()] = _count(value, f"TRES {tres_name}", source, number)
+                totals[tres_name.lower()] = option_int(value, f"TRES {tres_name}", source, number)
         try:
             members = expand_hostlist(fields.get("nodes", ""))
         except InputError as exc:
