@@ -78,30 +78,30 @@ def _policy_and_baseline(case: dict, c: Criterion) -> tuple[dict, dict] | dict:
     return rows if isinstance(rows, dict) else (rows[0]["metrics"], rows[1]["metrics"])
 
 
-def _jct_at_most(case: dict, c: Criterion) -> dict:
+def _versus(case: dict, c: Criterion, judge: Callable[[float, float, str], tuple[bool, str, str]],
+            metric: str | None = None) -> dict:
+    """The cell `judge(policy's, baseline's, metric)` gives as (passed, value, detail), `metric`
+    being the criterion's own when not given; the `not run` cell when either row is missing."""
     rows = _policy_and_baseline(case, c)
     if isinstance(rows, dict):
         return rows
-    p, b = rows[0]["avg_jct_s"], rows[1]["avg_jct_s"]
-    return _cell(p <= c.params["factor"] * b, f"{b / p:.3f}x", f"{c.params['baseline']}/{c.policy} avg JCT")
+    metric = metric or c.params["metric"]
+    return _cell(*judge(rows[0][metric], rows[1][metric], metric))
+
+
+def _jct_at_most(case: dict, c: Criterion) -> dict:
+    return _versus(case, c, lambda p, b, _: (
+        p <= c.params["factor"] * b, f"{b / p:.3f}x", f"{c.params['baseline']}/{c.policy} avg JCT"), "avg_jct_s")
 
 
 def _metric_at_most(case: dict, c: Criterion) -> dict:
-    rows = _policy_and_baseline(case, c)
-    if isinstance(rows, dict):
-        return rows
-    metric = c.params["metric"]
-    p, b = rows[0][metric], rows[1][metric]
-    return _cell(p <= c.params["factor"] * b, f"{p / b:.3f}x", f"{c.policy}/{c.params['baseline']} {metric}")
+    return _versus(case, c, lambda p, b, metric: (
+        p <= c.params["factor"] * b, f"{p / b:.3f}x", f"{c.policy}/{c.params['baseline']} {metric}"))
 
 
 def _no_worse(case: dict, c: Criterion) -> dict:
-    rows = _policy_and_baseline(case, c)
-    if isinstance(rows, dict):
-        return rows
-    metric = c.params["metric"]
-    p, b = rows[0][metric], rows[1][metric]
-    return _cell(p <= b, f"{p:.2f} vs {b:.2f}", f"{c.policy} vs {c.params['baseline']} {metric}")
+    return _versus(case, c, lambda p, b, metric: (
+        p <= b, f"{p:.2f} vs {b:.2f}", f"{c.policy} vs {c.params['baseline']} {metric}"))
 
 
 def _metric_bound(case: dict, c: Criterion) -> dict:
