@@ -189,6 +189,12 @@ class StateStore:
             return None
         return None if row is None else row["value"]
 
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _clear_meta(self, key: str) -> None:
+        self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     def close(self) -> None:
         self._db.close()
 
@@ -205,10 +211,10 @@ class StateStore:
         return self._meta("breaker")
 
     def trip_breaker(self, reason: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)", (reason,))
+        self._set_meta("breaker", reason)
 
     def reset_breaker(self) -> None:
-        self._db.execute("DELETE FROM meta WHERE key = 'breaker'")
+        self._clear_meta("breaker")
 
     # ---------------------------------------------------------------- pause
 
@@ -217,10 +223,10 @@ class StateStore:
         return self._meta("paused")
 
     def pause(self, reason: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('paused', ?)", (reason,))
+        self._set_meta("paused", reason)
 
     def resume(self) -> None:
-        self._db.execute("DELETE FROM meta WHERE key = 'paused'")
+        self._clear_meta("paused")
 
     # ---------------------------------------------------------------- accounting sync
 
@@ -229,7 +235,7 @@ class StateStore:
         return None if value is None else float(value)
 
     def set_last_sync(self, when: float) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_sync', ?)", (repr(when),))
+        self._set_meta("last_sync", repr(when))
 
     # ---------------------------------------------------------------- preemptions being followed
 
@@ -259,8 +265,7 @@ class StateStore:
     def add_preemption_outcomes(self, counts: Mapping[str, int]) -> None:
         totals = self.preemption_totals()
         for outcome, count in counts.items():
-            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                             (f"preemptions_{outcome}", str(totals.get(outcome, 0) + count)))
+            self._set_meta(f"preemptions_{outcome}", str(totals.get(outcome, 0) + count))
 
     # ---------------------------------------------------------------- the site's priority span
 
@@ -269,8 +274,7 @@ class StateStore:
         return None if value is None else SiteSpan(**json.loads(value))
 
     def set_site_span(self, span: SiteSpan) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('site_span', ?)",
-                         (json.dumps(asdict(span)),))
+        self._set_meta("site_span", json.dumps(asdict(span)))
 
     def add_runs(self, runs: Iterable[Run]) -> None:
         """Store finished runs (a run seen again replaces the stored one)."""
@@ -493,8 +497,7 @@ class StateStore:
             self._db.executemany("INSERT INTO prune_ids (id) VALUES (?)", [(e.id,) for e in entries])
             deleted = self._db.execute("DELETE FROM audit WHERE id IN (SELECT id FROM prune_ids)").rowcount
             if exported_length is not None:
-                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_export', ?)",
-                                 (json.dumps({"path": str(export), "length": exported_length}),))
+                self._set_meta("audit_export", json.dumps({"path": str(export), "length": exported_length}))
         return Pruned("audit", deleted, more, len(entries) if export is not None else 0)
 
     def _export_length(self, export: Path) -> int | None:
@@ -525,7 +528,7 @@ class StateStore:
         if last is not None and now - float(last) < every_s:
             return ""
         with self._db:  # first: a VACUUM that cannot run (no room for its copy) is tried once per period
-            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('optimized_at', ?)", (repr(now),))
+            self._set_meta("optimized_at", repr(now))
         self._db.execute("PRAGMA optimize")
         done = "optimize"
         pages = self._db.execute("PRAGMA page_count").fetchone()[0]
