@@ -49,7 +49,8 @@ class DikeParams(PolicyParams):
     )
     min_history_jobs: int = Field(
         50, ge=1,
-        description="finished jobs needed before deriving thresholds, and before the service prior moves any job",
+        description="finished jobs needed before deriving thresholds, and (of those that really ran) before the service "
+                    "prior moves any job",
     )
     fallback_thresholds_gpuh: list[float] | None = Field(
         None, description="thresholds while history is short; unset: 8^i GPU-hours (1, 8, 64, ...)"
@@ -241,7 +242,7 @@ def _prior_use(snapshot: Snapshot, params: DikeParams, thresholds: list[float]) 
     # short a job is, is measured inside its own level
     bounds = [0.0, *(history.count_at_most(t) / len(history) for t in thresholds), 1.0] if weight else []
     in_force = None if learned is None else PriorInForce(learned.power, trust if prior is not None else 0.0, weight,
-                                                        learned.jobs)
+                                                        learned.jobs, learned.not_run)
     return _PriorUse(prior, trust, weight, history, bounds, in_force)
 
 

@@ -95,7 +95,7 @@ def prior_row(prior: PriorInForce | None) -> dict[str, Any] | None:
     if prior is None:
         return None
     return {"power": round(prior.power, 4), "trust": round(prior.trust, 4), "weight": prior.weight,
-            "finished_jobs": prior.jobs, "text": prior.describe()}
+            "finished_jobs": prior.jobs, "never_ran_jobs": prior.not_run, "text": prior.describe()}
 
 
 def expected_source(prediction: Prediction) -> dict[str, Any]:

@@ -72,10 +72,12 @@ class PriorInForce:
     power: float
     trust: float
     weight: float
-    jobs: int  # finished jobs it learned from
+    jobs: int  # finished jobs it learned from that really ran
+    not_run: int = 0  # and that never really ran (service_prior.never_ran): their users' own groups only
 
     def describe(self) -> str:
-        return (f"service prior: power {self.power:.2f} from {self.jobs} finished jobs, run times trusted "
+        not_run = f" (and {self.not_run} that never really ran, for their users only)" if self.not_run else ""
+        return (f"service prior: power {self.power:.2f} from {self.jobs} finished jobs{not_run}, run times trusted "
                 f"x{self.trust:.2f}, weight {self.weight:g}")
 
 

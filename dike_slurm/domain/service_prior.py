@@ -223,14 +223,15 @@ def power_of(moments: Iterable[PowerMoments]) -> float:
 class ServicePrior:
     """The groups' estimates at one instant: never changes once made."""
 
-    __slots__ = ("_base", "_recent", "jobs", "power", "_predicted")
+    __slots__ = ("_base", "_recent", "jobs", "power", "not_run", "_predicted")
 
     def __init__(self, base: Mapping[Key, Estimate], recent: Mapping[Key, Estimate | None], jobs: int,
-                 power: float = 0.0) -> None:
+                 power: float = 0.0, not_run: int = 0) -> None:
         self._base = base
         self._recent = recent  # newer than base; None: the group emptied
-        self.jobs = jobs  # finished jobs learned from
+        self.jobs = jobs  # finished jobs learned from that really ran (`never_ran`: not counted)
         self.power = power  # how much the history knows (the module's docstring)
+        self.not_run = not_run  # finished jobs that never really ran: learned by their users' groups only
         # predict's answers: the estimates never change, so neither do they (a replay asks the same
         # view every cycle until a job finishes)
         self._predicted: dict[tuple[str, str, int, float, float], Prediction | None] = {}
@@ -240,11 +241,12 @@ class ServicePrior:
         """The prior of these finished jobs at once (the engine, each cycle): the same estimates as
         adding them one by one to a `PriorLearner`, grouped and sorted in one pass."""
         runs: dict[Key, list[float]] = {}
-        jobs = 0
+        jobs = not_run = 0
         for job in finished:
             if job.gpus <= 0:
                 continue
-            jobs += 1
+            jobs += not job.own_only
+            not_run += job.own_only
             for key, _ in _learned_keys(job):
                 runs.setdefault(key, []).append(job.run_s)
         estimates = {}
@@ -261,7 +263,7 @@ class ServicePrior:
             if key[0] in moments:
                 units = [_log_units(run_s) for run_s in values]
                 moments[key[0]].add_group(len(units), sum(units), sum(u * u for u in units))
-        return cls(MappingProxyType(estimates), MappingProxyType({}), jobs, power_of(moments.values()))
+        return cls(MappingProxyType(estimates), MappingProxyType({}), jobs, power_of(moments.values()), not_run)
 
     def estimate(self, key: Key) -> Estimate | None:
         if key in self._recent:
@@ -330,7 +332,7 @@ class PriorLearner:
         self._base: Mapping[Key, Estimate] = MappingProxyType({})
         self._changed: set[Key] = set()  # keys changed since _base was taken
         self._view: ServicePrior | None = None
-        self.jobs = 0
+        self.jobs = self.not_run = 0  # as ServicePrior's
         # the power's moments: each grouping's totals, and each of its groups' (n, sum, sum of squares)
         self._moments = {grouping: PowerMoments() for grouping in POWER_GROUPS}
         self._group_sums: dict[Key, tuple[int, int, int]] = {}
@@ -338,7 +340,8 @@ class PriorLearner:
     def add(self, job: FinishedJob) -> None:
         if job.gpus <= 0:
             return
-        self.jobs += 1
+        self.jobs += not job.own_only
+        self.not_run += job.own_only
         keys = _learned_keys(job)
         for key, _ in keys:
             bisect.insort(self._runs.setdefault(key, []), job.run_s)
@@ -351,7 +354,8 @@ class PriorLearner:
         """Forget one job added before (it left the history window)."""
         if job.gpus <= 0:
             return
-        self.jobs -= 1
+        self.jobs -= not job.own_only
+        self.not_run -= job.own_only
         for key, _ in _learned_keys(job):
             self._move_moments(key, job.run_s, -1)
             runs = self._runs[key]
@@ -406,5 +410,5 @@ class PriorLearner:
                 self._base = MappingProxyType(dict(self._estimates))
                 self._changed.clear()
             recent = MappingProxyType({key: self._estimates.get(key) for key in self._changed})
-            self._view = ServicePrior(self._base, recent, self.jobs, power_of(self._moments.values()))
+            self._view = ServicePrior(self._base, recent, self.jobs, power_of(self._moments.values()), self.not_run)
         return self._view

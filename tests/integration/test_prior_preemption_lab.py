@@ -7,9 +7,10 @@
   comes last, into the same engine state, and is preempted for.
 - A job cancelled after a short run, on a new cluster, does not move other users' priorities: the
   service prior learns it in its own user's groups only (dike_slurm/domain/service_prior.py,
-  `never_ran`), and none of the prior is in force below `min_history_jobs` finished jobs
-  (policies/dike.py, `_prior_use`; 50 by default). The cancelled job is the engine's only finished
-  job here, so that gate is what keeps the values. Not covered: with the prior already in force, the cancelled job's service still joins the
+  `never_ran`), and none of the prior is in force below `min_history_jobs` finished jobs that really
+  ran (policies/dike.py, `_prior_use`; 50 by default, 1 here): the cancelled job is the engine's only
+  finished job, and no one's evidence, so it cannot bring the prior into force (it did, weight 0 to 2,
+  while such a job counted). Not covered: with the prior already in force, the cancelled job's service still joins the
   finished jobs' service that "how short" is measured against (`Snapshot.completed_service_gpu_s`,
   dike_slurm/slurm/usage.py `completed_service`), and that moves other users' values (seen on the
   lab with min_history_jobs = 2: SiteFactor 658121 -> 729983, their expected service unchanged).
@@ -113,7 +114,8 @@ def test_a_job_cancelled_after_a_short_run_on_a_new_cluster_does_not_move_other_
     # The wait term grows with the clock between the two cycles: without it, every value the
     # engine plans for a waiting job of a user with no usage is a function of its level, fair share
     # and expected service alone, so "the same" is exact, not within engine.priority_tolerance.
-    engine = LabEngine(lab, tmp_path, DIKE_POLICIES__DIKE__WAIT_WEIGHT="0")
+    # min_history_jobs = 1: one finished job that really ran would be enough evidence
+    engine = LabEngine(lab, tmp_path, DIKE_POLICIES__DIKE__WAIT_WEIGHT="0", DIKE_POLICIES__DIKE__MIN_HISTORY_JOBS="1")
     lab.wait_for(lambda: time.time() >= engine.since, 5, "the engine's accounting window to begin")
     blocker = lab.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
     short = lab.sbatch("-w", "n2", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
@@ -154,8 +156,9 @@ def test_a_job_cancelled_after_a_short_run_on_a_new_cluster_does_not_move_other_
     rows, prior_after = status_rows(engine, others)
     after = {job: what_the_prior_gives(rows[job]) for job in others}
     explained_after = explained(engine, others[0])
-    # the engine read the cancelled job: its prior learned one finished job more
-    assert (prior_before["finished_jobs"], prior_after["finished_jobs"]) == (0, 1), (prior_before, prior_after)
+    # the engine read the cancelled job: its prior learned it as one that never really ran, no evidence
+    assert [(p["finished_jobs"], p["never_ran_jobs"]) for p in (prior_before, prior_after)] == [(0, 0), (0, 1)], \
+        (prior_before, prior_after)
     # ...and nothing of it reaches the others: the same values, reasons and (no) expected service
     assert after == before
     assert {job: site_factors(lab)[job][0] for job in others} == factors_before

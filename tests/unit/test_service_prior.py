@@ -32,9 +32,10 @@ def test_the_written_out_keys_are_the_groups_fields(user, name, gpus):
 
 def test_a_job_that_never_really_ran_moves_only_its_own_users_expected_service():
     """Cancelled, failed, out of memory or lost with its node in its first NEVER_RAN_S: learned by its
-    user's groups only; completed or timed out however short, or cancelled after a real run:
-    learned by every group. The engine's accounting reader and the replay's history apply the same
-    rule (the engine-against-replay tests run a trace that has such jobs)."""
+    user's groups only and counted in no one's evidence (`jobs`, which min_history_jobs reads);
+    completed or timed out however short, or cancelled after a real run: learned by every group. The engine's accounting
+    reader and the replay's history apply the same rule (the engine-against-replay tests run a trace
+    that has such jobs)."""
     from dike_slurm.domain.model import JobState
     from dike_slurm.slurm.usage import Run, finished_jobs
 
@@ -54,7 +55,14 @@ def test_a_job_that_never_really_ran_moves_only_its_own_users_expected_service()
     before, after = ServicePrior.learn(others), ServicePrior.learn([*others, cancelled])
     assert after.predict("bob", "train.sh", 4, 10.0) == before.predict("bob", "train.sh", 4, 10.0)
     assert after.predict("alice", "train.sh", 4, 10.0).gpu_s < before.predict("alice", "train.sh", 4, 10.0).gpu_s
-    assert after.jobs == before.jobs + 1
+    # not evidence for anyone (it cannot bring the prior into force), but counted as what it is
+    assert (after.jobs, after.not_run) == (before.jobs, 1) and before.not_run == 0
+    learner = PriorLearner()
+    for finished in [*others, cancelled]:
+        learner.add(finished)
+    assert (learner.view().jobs, learner.view().not_run) == (before.jobs, 1)
+    learner.remove(cancelled)
+    assert (learner.view().jobs, learner.view().not_run) == (before.jobs, 0)
 
 
 def test_without_shrinkage_the_finest_group_with_jobs_answers_and_says_which():

@@ -67,3 +67,24 @@ def test_a_snapshot_holds_any_sequence_of_finished_service_sorted_and_counts_it_
     assert [held.count_at_most(v) for v in (0.0, 1.0, 2.0, 3.0, 5.0, 6.0)] == [0, 1, 1, 3, 4, 4]
     view = SortedBlocks().view()
     assert Snapshot(time=0.0, jobs=(), nodes=(), completed_service_gpu_s=view).completed_service_gpu_s is view
+
+
+def test_a_job_that_never_really_ran_is_learned_by_its_users_groups_only_and_is_no_ones_evidence():
+    """The replay's finished jobs follow the engine's rule (usage.finished_jobs): a job cancelled
+    after 78 s is learned by its user's groups and counts toward no one's evidence (min_history_jobs);
+    its service is in the finished jobs' service, as every finished job's (usage.completed_service)."""
+    from dike_slurm.domain.service_prior import PriorLearner
+    from dike_slurm.sim.kernel.trace import TraceJob
+
+    def trace(job_id: int, state: str) -> TraceJob:
+        return TraceJob(job_id=job_id, display_id=str(job_id), user="alice", account="a", partition="gpu", qos="normal",
+                        name="train.sh", comment="", submit=0.0, eligible_delay_s=0.0, duration_s=78.0,
+                        time_limit_s=None, gpus=2, num_nodes=1, cpus=1, final_state=state)
+
+    finished = history.FinishedService(86400.0, True, PriorLearner())
+    finished.add(100.0, trace(1, "CANCELLED"), 156.0)
+    finished.add(100.0, trace(2, "COMPLETED"), 156.0)
+    assert list(finished.service.view()) == [156.0, 156.0] and (finished.prior.jobs, finished.prior.not_run) == (1, 1)
+    assert finished.prior.view().predict("alice", "train.sh", 2, 10.0).count == 2  # its user's group learns both
+    finished.forget(86400.0 + 101.0)
+    assert list(finished.service.view()) == [] and (finished.prior.jobs, finished.prior.not_run) == (0, 0)
