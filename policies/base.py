@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from dike_slurm.domain.decisions import Decisions
 from dike_slurm.domain.model import Job, Snapshot
+
+if TYPE_CHECKING:
+    from dike_slurm.domain.service_prior import Prediction
 
 
 class PolicyParams(BaseModel):
@@ -69,6 +73,13 @@ class Policy(ABC, Generic[P]):
         `dike_slurm.cycle.requeue_guard.guard_requeues`), and the replay evaluates every cycle when it is set.
         A `StagedPolicy` answers with its preemption stage's `Victims.min_run_s`.
         """
+        return None
+
+    def preemption_gains(self, params: P, expected: Mapping[int, Prediction]) -> Callable[[Job, Job], bool] | None:
+        """Whether requeueing a running job (second) for a blocked one (first) promises a gain, with
+        `expected` the cycle's expected service by job (`Decisions.expected`); None: any job the
+        blocked job outranks may be cut. `explain` asks it, as the preemption stage does.
+        A `StagedPolicy` answers with its preemption stage's `Victims.gains`."""
         return None
 
     def usage_owner(self, params: P) -> str:

@@ -8,6 +8,7 @@ consolidation of communication-heavy jobs, steering of light jobs, optional pree
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -394,6 +395,21 @@ class WorseLevels(Victims[DikeParams]):
             return min(params.min_runtime_s, params.min_runtime_floor_s)  # may_preempt's shortest `needed`
         return params.min_runtime_s
 
+    def gains(self, params: DikeParams, expected: Mapping[int, Prediction]) -> Callable[[Job, Job], bool]:
+        gain = params.preemption_gain
+
+        def gains(blocked: Job, victim: Job) -> bool:
+            if (blocked.user, blocked.name, blocked.gpus) == (victim.user, victim.name, victim.gpus):
+                return False  # the same kind of job: nothing to expect from the swap but the loss
+            if gain <= 0:
+                return True
+            mine, theirs = expected.get(blocked.job_id), expected.get(victim.job_id)
+            if mine is None or theirs is None or blocked.gpus <= 0 or victim.gpus <= 0:
+                return True
+            return mine.gpu_s / blocked.gpus * gain < theirs.gpu_s / victim.gpus
+
+        return gains
+
     def rule(self, snapshot: Snapshot, params: DikeParams, ranking: Ranking) -> PreemptionRule | None:
         if self.min_run_s(params) is None:
             return None
@@ -419,20 +435,8 @@ class WorseLevels(Victims[DikeParams]):
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             return victim.gpus * (ran % interval if interval > 0 else ran)
 
-        gain = params.preemption_gain
-
-        def gains(blocked: Job, victim: Job) -> bool:
-            if (blocked.user, blocked.name, blocked.gpus) == (victim.user, victim.name, victim.gpus):
-                return False  # the same kind of job: nothing to expect from the swap but the loss
-            if gain <= 0:
-                return True
-            mine, theirs = expected_of.get(blocked.job_id), expected_of.get(victim.job_id)
-            if mine is None or theirs is None or blocked.gpus <= 0 or victim.gpus <= 0:
-                return True
-            return mine.gpu_s / blocked.gpus * gain < theirs.gpu_s / victim.gpus
-
         return PreemptionRule(
-            gains=gains,
+            gains=self.gains(params, expected_of),
             may_preempt=may_preempt,
             loss=loss,
             one_leaf=one_leaf_rule(params),

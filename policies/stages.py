@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic
@@ -91,6 +91,11 @@ class Victims(ABC, Generic[P]):
     def rule(self, snapshot: Snapshot, params: P, ranking: Ranking) -> PreemptionRule | None:
         """The rule for this cycle; None when `min_run_s` is None."""
 
+    def gains(self, params: P, expected: Mapping[int, Prediction]) -> Callable[[Job, Job], bool] | None:
+        """`PreemptionRule.gains` for these parameters and the prior's expected service by job (None:
+        any job a blocked job outranks may be cut)."""
+        return None
+
 
 class Holding(ABC, Generic[P]):
     """Nodes kept free for a blocked job, after the preemption stage."""
@@ -123,3 +128,6 @@ class StagedPolicy(Policy[P]):
 
     def requeue_min_run_s(self, params: P) -> float | None:
         return self.victims.min_run_s(params) if self.victims is not None else None
+
+    def preemption_gains(self, params: P, expected: Mapping[int, Prediction]) -> Callable[[Job, Job], bool] | None:
+        return self.victims.gains(params, expected) if self.victims is not None else None

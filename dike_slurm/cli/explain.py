@@ -158,9 +158,15 @@ def what_would_change(engine: Engine, plan: CyclePlan, mine: JobPlan) -> list[st
         return out
     worse = [p for p in running if p.level is not None and mine.level is not None and p.level > mine.level]
     victims = [p for p in worse if p.job.requeueable]  # the engine's jobs: requeueable means opted in too
-    if victims:
-        out.append(f"a preemption: {len(victims)} running job(s) of a worse level in its partition may be "
+    gains = engine.policy.preemption_gains(engine.params, plan.expected)
+    promising = [p for p in victims if gains is None or gains(job, p.job)]
+    if promising:
+        out.append(f"a preemption: {len(promising)} running job(s) of a worse level in its partition may be "
                    "requeued for it, once they have run their minimum")
+    elif victims:
+        out.append(f"no preemption: the {len(victims)} running job(s) of a worse level in its partition that may "
+                   "be preempted promise no gain for it (its own user's jobs of the same name and size, or, with "
+                   "preemption_gain, jobs not expected to run long enough longer)")
     else:
         out.append(f"no preemption: none of the {len(worse)} running job(s) of a worse level in its partition "
                    "may be preempted (a job opts in with the dike:preemptible comment tag, or runs in a partition "

@@ -66,11 +66,18 @@ def test_a_job_is_never_requeued_for_its_own_users_job_of_the_same_name_and_size
     comments = lab.cluster().admin_comments
     assert comments[big].startswith("dike:level=2,") and comments[twin].startswith("dike:level=0,"), comments
     assert lab.job_state(twin) == "PENDING"
+    # explain says so, as the preemption stage decides it (it once promised the requeue)
+    said = engine.run("explain", str(twin), timeout=120)
+    assert said.returncode == 0 and "no preemption: the 1 running job(s) of a worse level in its partition that " \
+        "may be preempted promise no gain for it" in said.stdout, said.stdout + said.stderr
 
     # the contrast, in the same engine state: dikeuser2's 8-GPU job of the positive case
     small = lab.sbatch("--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser2")
     wait_state(lab, small, "PENDING")
     assert kinds(lab, small)[small] == ("dikeuser2", "wrap", 8)
+    said = engine.run("explain", str(small), timeout=120)
+    assert said.returncode == 0 and "a preemption: 1 running job(s) of a worse level in its partition may be " \
+        "requeued for it" in said.stdout, said.stdout + said.stderr
     cycle(engine)
     assert requeues(engine) == [(big, 1)]
     lab.wait_for(lambda: lab.job_state(big) in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "COMPLETING"), 30,
