@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dike_slurm.domain.model import PreemptionOptIn
+from dike_slurm.domain.model import Exemptions, PreemptionOptIn
 from dike_slurm.errors import ConfigError, RegistryError
 from dike_slurm.parsing.toml_file import read_toml_file
 from dike_slurm.policies.base import PolicyParams
@@ -102,7 +102,20 @@ class ScopeSettings(_Section):
     partitions: list[str] = Field(default_factory=list)
     accounts: list[str] = Field(default_factory=list)
     qos: list[str] = Field(default_factory=list)
-    exempt_tag: str = Field("dike:exempt", min_length=1, description="jobs whose comment holds this are never touched")
+    exempt_tag: str = Field("dike:exempt", min_length=1, description="jobs whose comment holds this are never touched "
+                            "(the job's user sets it)")
+    exempt_admin_tag: str = Field("dike:exempt", min_length=1, description="jobs whose AdminComment holds this are "
+                                  "never touched (only admins set AdminComment)")
+    exempt_qos: list[str] = Field(default_factory=list, description="jobs of these QOS are never touched")
+    exempt_partitions: list[str] = Field(default_factory=list, description="jobs submitted to any of these partitions "
+                                         "are never touched")
+    exempt_accounts: list[str] = Field(default_factory=list, description="jobs of these accounts are never touched")
+
+    @cached_property
+    def exemptions(self) -> Exemptions:
+        """The jobs the engine never writes: the comment tag, or what only admins set."""
+        return Exemptions(self.exempt_tag, self.exempt_admin_tag, frozenset(self.exempt_qos),
+                          frozenset(self.exempt_partitions), frozenset(self.exempt_accounts))
 
 
 class SlurmSettings(_Section):

@@ -259,6 +259,8 @@ def _write_lines(document: dict[str, Any]) -> list[str]:
     """What the engine holds and plans for an active job: its priority, constraint, next writes."""
     job = document["job"]
     planned = job["priority_planned"]
+    if not job["managed"]:  # exempt: the note above says why
+        return [f"  {job['priority_field']}: now {job['priority_now']}; the engine writes nothing to this job"]
     if job["beyond_head_window"]:
         lines = [
             f"  beyond the head window: the engine orders the first {job['head_window']} pending jobs of each "

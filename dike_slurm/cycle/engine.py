@@ -189,7 +189,7 @@ class Engine:
         node_types = self.node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope, self.site_priority, node_types))
         snapshot = self._snapshot(cluster, active_in_scope, runs, memory, owned, rooms)
-        decisions, requeue_notes = self._decide(snapshot)
+        decisions, requeue_notes = self._decide(snapshot, cluster.admin_comments)
         decided = time.perf_counter()
         window = self.head_window()
         plans, notes = reconcile.diff(reconcile.DiffInputs(
@@ -260,12 +260,14 @@ class Engine:
             ),
         )
 
-    def _decide(self, snapshot: Snapshot) -> tuple[Decisions, list[str]]:
-        """The policy's decisions, its requeues through the requeue guard; the guard's notes."""
+    def _decide(self, snapshot: Snapshot, admin_comments: Mapping[int, str]) -> tuple[Decisions, list[str]]:
+        """The policy's decisions, its requeues through the requeue guard (never of an exempt job); the
+        guard's notes."""
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
         return guard_requeues(
             decisions,
-            {j.job_id: j for j in snapshot.jobs if j.state is JobState.RUNNING and not is_exempt(j, self.config)},
+            {j.job_id: j for j in snapshot.jobs if j.state is JobState.RUNNING
+             and not is_exempt(j, self.config, admin_comments.get(j.job_id, ""))},
             snapshot.time,
             requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
         )

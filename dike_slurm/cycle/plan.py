@@ -67,6 +67,7 @@ class JobPlan:
     hands_off: tuple[JobField, ...] = ()
     hands_off_reason: str = ""
     outside_window: bool = False  # pending beyond the head window: Slurm's own factors order it
+    exempt: str = ""  # why the engine never writes it (domain.model.EXEMPT_KINDS), "" when it may
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dike_slurm.config import Config
 from dike_slurm.cycle.plan import Guard, GuardNote, JobPlan, PlannedWrite
 from dike_slurm.domain.decisions import ClearPlacement, Decisions, SetPlacement, SetPriority
 from dike_slurm.cycle.field_values import describe_value, is_unset, values_match
-from dike_slurm.domain.model import Job, JobState, Placement, Snapshot
+from dike_slurm.domain.model import Exemptions, Job, JobState, Placement, Snapshot
 from dike_slurm.frozen import frozen_record
 from dike_slurm.domain.head_window import policy_window
 from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
@@ -50,7 +50,7 @@ class _JobContext:
     """One job while a cycle is diffed (mutable: the order pass may decide it needs a write).
 
     A `DiffMemory` keeps it for the next cycle: when the same Job comes back with equal owned
-    fields, memory and SiteFactor, the job's side (value_now, exempt, hands_off) is not worked out
+    fields, memory and SiteFactor, and the admin's exempt tag still in (or out of) its AdminComment, the job's side (value_now, exempt, hands_off) is not worked out
     again, and when the reuse key of its PlanInputs is also the one its plan was made from and that
     plan had no writes, the plan is the same but for the decision's reason.
     """
@@ -61,11 +61,12 @@ class _JobContext:
     remembered: JobMemory | None
     value_now: int | None
     wanted: int | None
-    exempt: bool
+    exempt: str  # why the engine never writes the job (Exemptions.kind), "" when it may
     hands_off: Collection[JobField]
     hands_off_reason: str
     needed: bool
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
+    admin_tagged: bool = False  # the admin's exempt tag in its AdminComment when worked out
     outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
     basis: tuple = ()  # the reuse key of the PlanInputs `plan` was made from
     plan: JobPlan | None = None
@@ -104,7 +105,8 @@ class DiffMemory:
     `diff` with a memory returns what it returns without one (tests/unit/test_cycle_equivalence.py,
     test_engine_simulated.py); it skips the work for a job whose inputs equal last cycle's: the
     same Job object (the read and Engine._enrich hand back last cycle's for an unchanged job),
-    equal owned fields, memory and SiteFactor, under the same settings.
+    equal owned fields, memory and SiteFactor, the admin's exempt tag in its AdminComment or not alike,
+    under the same settings.
     """
 
     __slots__ = ("carried", "contexts", "settings")
@@ -115,8 +117,9 @@ class DiffMemory:
         self.carried = 0  # jobs whose side the last diff took from the cycle before
 
 
-def is_exempt(job: Job, config: Config) -> bool:
-    return config.scope.exempt_tag in (job.comment or "")
+def is_exempt(job: Job, config: Config, admin_comment: str = "") -> bool:
+    """Whether the engine never writes the job (`[scope]`'s exemptions)."""
+    return bool(config.scope.exemptions.kind(job, admin_comment))
 
 
 def strategy_now(
@@ -173,7 +176,7 @@ def diff(inputs: DiffInputs, kept: DiffMemory | None = None) -> tuple[list[JobPl
     ranked = inputs.decisions.ranked()
     last: dict[int, _JobContext] = {}
     if kept is not None:
-        settings = (key, config.scope.exempt_tag)
+        settings = (key, config.scope.exemptions)
         if kept.settings != settings:
             kept.settings, kept.contexts = settings, {}
         last = kept.contexts
@@ -194,12 +197,13 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
     tolerance = engine.priority_tolerance * span
     ceiling = score_ceiling(decisions, inputs.declared_ceiling)
     negate = engine.priority_strategy == "nice"  # a negative nice adds to the priority, as SiteFactor does
-    exempt_tag = inputs.config.scope.exempt_tag
+    exemptions = inputs.config.scope.exemptions
     protected = frozenset(decisions.protected)
     priorities = {p.job_id: p for p in decisions.priorities}
     window = inputs.window
     inside = policy_window(ranked, priorities, known, inputs.snapshot.time, window) if window else None
-    owned_all, memory, site_factors = inputs.owned, inputs.memory, cluster.site_factors
+    owned_all, memory, site_factors, admin_comments = inputs.owned, inputs.memory, cluster.site_factors, cluster.admin_comments
+    admin_tag = exemptions.admin_tag
     contexts: dict[int, _JobContext] = {}
     carried = 0
     for job in inputs.snapshot.jobs:
@@ -208,8 +212,10 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
         owned = owned_all.get(job_id, NOTHING_OWNED)
         remembered = memory.get(job_id)
         site_factor = site_factors.get(job_id)
+        admin_comment = admin_comments.get(job_id, "")
         context = last.get(job_id)
         if (context is not None and context.job is job and context.site_factor == site_factor
+                and context.admin_tagged == (admin_tag in admin_comment)
                 and (context.owned is owned or context.owned == owned)
                 and (context.remembered is remembered or context.remembered == remembered)):
             # the job's side is last cycle's: Slurm's value, exempt, hands off (the Job carries
@@ -217,7 +223,7 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
             context.decision, context.owned, context.remembered = decision, owned, remembered
             carried += 1
         else:
-            context = _job_side(job, decision, owned, remembered, site_factor, key, cluster, exempt_tag)
+            context = _job_side(job, decision, owned, remembered, site_factor, key, cluster, exemptions, admin_comment)
         wanted = None
         if decision is not None:
             wanted = wanted_value(decision, protected, ceiling, span, inputs.reserve)
@@ -233,10 +239,10 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
 
 def _job_side(job: Job, decision: SetPriority | None, owned: Mapping[JobField, OwnedField],
               remembered: JobMemory | None, site_factor: int | None, key: JobField, cluster: ClusterState,
-              exempt_tag: str) -> _JobContext:
+              exemptions: Exemptions, admin_comment: str) -> _JobContext:
     """A job's context worked out anew: Slurm's value of the strategy field, exempt, hands off."""
     value_now, _ = strategy_now(key, job, cluster, owned)
-    exempt = exempt_tag in (job.comment or "")
+    exempt = exemptions.kind(job, admin_comment)
     hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
     hands_off_reason = remembered.hands_off_reason if remembered else ""
     changed = None if exempt else user_changes(job, owned, hands_off)
@@ -244,7 +250,7 @@ def _job_side(job: Job, decision: SetPriority | None, owned: Mapping[JobField, O
         hands_off = {*hands_off, *changed[0]}
         hands_off_reason = changed[1]
     return _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off, hands_off_reason,
-                       False, site_factor)
+                       False, site_factor, exemptions.admin_tag in admin_comment)
 
 
 def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobField,
@@ -253,7 +259,7 @@ def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobFiel
     writes and its inputs' reuse key is the same (with the decision's reason of this cycle)."""
     config, cluster = inputs.config, inputs.cluster
     unranked = len(rank)
-    exempt_note = f"exempt ({config.scope.exempt_tag} in comment)"
+    exemptions = config.scope.exemptions
     write_comment = config.engine.admin_comment
     placements = {p.job_id: p for p in inputs.decisions.placements}
     admin_comments = cluster.admin_comments
@@ -274,14 +280,14 @@ def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobFiel
         basis = plan_inputs.reuse_key()
         plan = context.plan
         if plan is None or plan.writes or context.basis != basis:
-            plan = _plan_one(context, plan_inputs, key, cluster, rank, unranked, exempt_note)
+            plan = _plan_one(context, plan_inputs, key, cluster, rank, unranked, exemptions)
             context.basis = basis
         elif plan.reason != reason:
             plan = _job_plan(
                 job=plan.job, managed=plan.managed, note=plan.note, level=level, reason=reason, promoted=promoted,
                 value_now=plan.value_now, value_wanted=plan.value_wanted, placement_wanted=plan.placement_wanted,
                 writes=(), hands_off=plan.hands_off, hands_off_reason=plan.hands_off_reason,
-                outside_window=plan.outside_window,
+                outside_window=plan.outside_window, exempt=plan.exempt,
             )
         context.plan = plan
         plans.append(plan)
@@ -299,15 +305,16 @@ def _repeated(job_ids: Iterable[int]) -> str:
 
 
 def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: ClusterState,
-              rank: Mapping[int, int], unranked: int, exempt_note: str) -> JobPlan:
+              rank: Mapping[int, int], unranked: int, exemptions: Exemptions) -> JobPlan:
     """One job's plan once the order walk has settled whether its strategy field is rewritten: of
     the job's side (`context`), `inputs` and the rank, nothing else."""
     job = context.job
     level, reason, promoted, outside = inputs.level, inputs.reason, inputs.promoted, inputs.outside
     if context.exempt:
-        return _job_plan(job=job, managed=False, note=exempt_note, level=level, reason=reason, promoted=promoted,
-                         value_now=context.value_now, value_wanted=inputs.wanted, placement_wanted=inputs.placement,
-                         writes=(), hands_off=(), hands_off_reason="", outside_window=outside)
+        return _job_plan(job=job, managed=False, note=exemptions.note(context.exempt, job), level=level,
+                         reason=reason, promoted=promoted, value_now=context.value_now, value_wanted=inputs.wanted,
+                         placement_wanted=inputs.placement, writes=(), hands_off=(), hands_off_reason="",
+                         outside_window=outside, exempt=context.exempt)
     writes: tuple[PlannedWrite, ...] = ()
     if outside:  # no write but the strategy field handed back; constraints wait for the window
         written = window_release(context, key, cluster, rank.get(job.job_id, unranked))
@@ -333,12 +340,12 @@ def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: 
 def _job_plan(*, job: Job, managed: bool, note: str, level: int | None, reason: str, promoted: bool,
               value_now: int | None, value_wanted: int | None, placement_wanted: Placement | None,
               writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str,
-              outside_window: bool) -> JobPlan:
+              outside_window: bool, exempt: str = "") -> JobPlan:
     return frozen_record(JobPlan, {
         "job": job, "managed": managed, "note": note, "level": level, "reason": reason, "promoted": promoted,
         "value_now": value_now, "value_wanted": value_wanted, "placement_wanted": placement_wanted,
         "writes": writes, "hands_off": hands_off, "hands_off_reason": hands_off_reason,
-        "outside_window": outside_window,
+        "outside_window": outside_window, "exempt": exempt,
     })
 
 

@@ -180,6 +180,50 @@ class PreemptionOptIn:
         return self.tag in (comment or "") or bool(set(partition.split(",")) & self.partitions) or qos in self.qos
 
 
+# Why a job is exempt (`Exemptions.kind`): what only an admin sets, then the job's own comment.
+EXEMPT_KINDS = ("qos", "partition", "account", "admin_comment", "comment")
+
+
+@dataclass(frozen=True)
+class Exemptions:
+    """The jobs the engine never writes (`[scope]`): a QOS, partition or account the site lists, or
+    the admin tag in the job's AdminComment (what only admins set), or the tag in its comment (which
+    its user controls)."""
+
+    tag: str
+    admin_tag: str
+    qos: frozenset[str] = frozenset()
+    partitions: frozenset[str] = frozenset()
+    accounts: frozenset[str] = frozenset()
+
+    def kind(self, job: Job, admin_comment: str) -> str:
+        """Why the job is exempt (one of EXEMPT_KINDS), "" when it is not."""
+        if job.qos in self.qos:
+            return "qos"
+        if self.partitions and not self.partitions.isdisjoint(job.partition.split(",")):
+            return "partition"
+        if job.account in self.accounts:
+            return "account"
+        if self.admin_tag in admin_comment:
+            return "admin_comment"
+        if self.tag in (job.comment or ""):
+            return "comment"
+        return ""
+
+    def note(self, kind: str, job: Job) -> str:
+        """The plan's note for a job exempt by `kind`."""
+        if kind == "qos":
+            return f"exempt (QOS {job.qos} is in scope.exempt_qos)"
+        if kind == "partition":
+            listed = next(p for p in job.partition.split(",") if p in self.partitions)
+            return f"exempt (partition {listed} is in scope.exempt_partitions)"
+        if kind == "account":
+            return f"exempt (account {job.account} is in scope.exempt_accounts)"
+        if kind == "admin_comment":
+            return f"exempt ({self.admin_tag} in its AdminComment, which only admins set)"
+        return f"exempt ({self.tag} in comment)"
+
+
 @dataclass(frozen=True)
 class Node:
     """One compute node."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, requeues_by_outcome
-from dike_slurm.domain.model import JobState
+from dike_slurm.domain.model import EXEMPT_KINDS, JobState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
@@ -130,6 +130,8 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "on the freed nodes), wasted, gone", ("outcome",)),
     ("preemptions_total", "requeues settled since the state file was made", ("outcome",)),
     ("jobs", "managed active jobs per queue level", ("level",)),
+    ("jobs_exempt", "active jobs in scope the engine never writes, by why: the site lists their qos, partition or "
+     "account, the admin tag is in their admin_comment, or the user's tag in their comment", ("reason",)),
     ("pending_jobs", "managed pending jobs per queue level and partition (a job of several "
      "partitions counts in each)", ("level", "partition")),
     ("pending_wait_seconds", "wait of the managed pending jobs per level since their submit or last "
@@ -215,10 +217,13 @@ def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
     waits: dict[int, list[float]] = {}
     per_list: dict[tuple[int, str], int] = {}
     outside = 0
+    exempt = dict.fromkeys(EXEMPT_KINDS, 0)
     now, pending_state = plan.time, JobState.PENDING
     for job_plan in plan.jobs:
         level = job_plan.level
         if not job_plan.managed or level is None:
+            if job_plan.exempt:
+                exempt[job_plan.exempt] += 1
             continue
         by_level[level] = by_level.get(level, 0) + 1
         job = job_plan.job
@@ -233,6 +238,8 @@ def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
         for partition in {p for p in partitions.split(",") if p}:
             per_partition[level, partition] = per_partition.get((level, partition), 0) + count
     gauges["pending_jobs_beyond_head_window"].set(outside)
+    for kind, count in exempt.items():
+        gauges["jobs_exempt"].labels(reason=kind).set(count)
     for level in sorted(by_level):
         gauges["jobs"].labels(level=str(level)).set(by_level[level])
     for (level, partition), count in sorted(per_partition.items()):

@@ -42,7 +42,6 @@ from dike_slurm.cycle.priority_scale import priority_value, score_ceiling
 from dike_slurm.cycle.reconcile import (
     STRATEGY_FIELD,
     _JobContext,
-    is_exempt,
     priority_needed,
     strategy_now,
     user_changes,
@@ -91,7 +90,7 @@ def reference_diff(
             wanted = priority_value(decision.score, ceiling, span)
             if engine.priority_strategy == "nice":
                 wanted = -wanted  # a negative nice adds to the priority, as SiteFactor does
-        exempt = is_exempt(job, config)
+        exempt = reference_exemption(job, cluster.admin_comments.get(job.job_id, ""), config)
         hands_off = set(remembered.hands_off) if remembered else set()
         hands_off_reason = remembered.hands_off_reason if remembered else ""
         changed = None if exempt else user_changes(job, owned, hands_off)
@@ -123,8 +122,8 @@ def reference_diff(
             outside_window=context.outside,
         )
         if context.exempt:
-            plans.append(JobPlan(managed=False, note=f"exempt ({config.scope.exempt_tag} in comment)",
-                                 writes=(), **common))
+            plans.append(JobPlan(managed=False, note=reference_exempt_note(context.exempt, job, config),
+                                 writes=(), exempt=context.exempt, **common))
             continue
         writes = []
         if context.outside:
@@ -145,6 +144,32 @@ def reference_diff(
                     hands_off_reason=context.hands_off_reason, **common)
         )
     return plans, notes
+
+
+def reference_exemption(job: Job, admin_comment: str, config: Config) -> str:
+    """Why the engine never writes the job: what only admins set first, then the user's comment tag."""
+    scope = config.scope
+    if job.qos in scope.exempt_qos:
+        return "qos"
+    if set(job.partition.split(",")) & set(scope.exempt_partitions):
+        return "partition"
+    if job.account in scope.exempt_accounts:
+        return "account"
+    if scope.exempt_admin_tag in admin_comment:
+        return "admin_comment"
+    return "comment" if scope.exempt_tag in job.comment else ""
+
+
+def reference_exempt_note(kind: str, job: Job, config: Config) -> str:
+    scope = config.scope
+    return {
+        "qos": f"exempt (QOS {job.qos} is in scope.exempt_qos)",
+        "partition": f"exempt (partition {next((p for p in job.partition.split(',') if p in scope.exempt_partitions), '')}"
+                     " is in scope.exempt_partitions)",
+        "account": f"exempt (account {job.account} is in scope.exempt_accounts)",
+        "admin_comment": f"exempt ({scope.exempt_admin_tag} in its AdminComment, which only admins set)",
+        "comment": f"exempt ({scope.exempt_tag} in comment)",
+    }[kind]
 
 
 def reference_window(snapshot: Snapshot, decisions: Decisions, size: int) -> set[int] | None:
@@ -390,7 +415,7 @@ PLACEMENTS = st.one_of(
     ),
 )
 COMMENTS = st.sampled_from(["", "dike:level=0,attained=0.0gpuh", "dike:level=1,attained=0.3gpuh",
-                            "dike:level=2,attained=1.0gpuh,promoted", "an admin's note"])
+                            "dike:level=2,attained=1.0gpuh,promoted", "an admin's note", "dike:exempt"])
 VALUES = {
     JobField.SITE_FACTOR: st.integers(0, 100), JobField.PRIORITY: st.one_of(st.none(), st.integers(0, 100)),
     JobField.NICE: st.integers(-100, 5), JobField.ADMIN_COMMENT: COMMENTS,
@@ -414,7 +439,8 @@ def cycles(draw):
         "breaker_min_jobs": draw(st.sampled_from([0, 1000])),
         "breaker_change_fraction": draw(st.sampled_from([0.5, 1.0])),
         "head_window": draw(st.sampled_from([None, 0, 1, 2, 5])),
-    }})
+    }, "scope": draw(st.sampled_from([{}, {"exempt_qos": ["low"]}, {"exempt_partitions": ["b"]},
+                                       {"exempt_accounts": ["x"], "exempt_admin_tag": "hands off"}]))})
     ids = draw(st.lists(st.integers(1, 60), unique=True, max_size=25))
     jobs, owned, memory, site_factors, admin_comments = [], {}, {}, {}, {}
     for job_id in ids:
@@ -425,6 +451,7 @@ def cycles(draw):
             nice=draw(st.integers(-100, 5)), priority=draw(VALUES[JobField.PRIORITY]),
             attained_gpu_s=draw(st.sampled_from([0.0, 1080.0, 3600.0])),
             partition=draw(st.sampled_from(["a", "a", "b", "a,b"])),
+            qos=draw(st.sampled_from(["normal", "normal", "low"])), account=draw(st.sampled_from(["a", "a", "x"])),
             slurm_reason=draw(st.sampled_from(["", "", "", "Priority", "Dependency", "JobHeldUser"])),
             eligible_time=draw(st.sampled_from([None, 0.0, 0.0, 60.0])),
         ))

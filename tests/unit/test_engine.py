@@ -102,6 +102,39 @@ def test_exempt_and_out_of_scope_jobs_are_untouched(tmp_path):
     assert not report.plan.job(1).managed
 
 
+def test_jobs_exempt_by_what_only_an_admin_sets_are_never_written_nor_requeued(tmp_path):
+    from dike_slurm.cli.explain import explain, explain_lines
+
+    preempting = {"dike": {"thresholds_gpuh": [1.0, 8.0], "preemption": True, "min_runtime_s": 600,
+                           "steer_light_jobs": False}}
+    # job 6 is an opted-in level-2 victim job 7 would preempt, were its QOS not exempt
+    victim = running(6, "alice", gpus=32, ran=3600, node="n1", qos="urgent", requeueable=True,
+                     comment="dike:preemptible")
+    backend = cluster(pending(1, qos="urgent"), pending(2, partition="gpu,debug"), pending(3, account="ops"),
+                      pending(4), victim, pending(7, "bob", gpus=8),
+                      admin_comments={4: "ticket 9: dike:exempt", 7: ""},
+                      alloc={"n1": 8, "n2": 8, "n3": 8, "n4": 8})
+    cfg = config(tmp_path, scope={"exempt_qos": ["urgent"], "exempt_partitions": ["debug"],
+                                  "exempt_accounts": ["ops"]}, policies=preempting)
+    report = engine(cfg, backend).cycle(apply=True)
+    assert {u.job_id for u in backend.applied} == {7} and backend.requeued == []
+    assert report.plan.requeues == () and report.plan.job(7).managed
+    assert {j: (report.plan.job(j).exempt, report.plan.job(j).note) for j in (1, 2, 3, 4, 6)} == {
+        1: ("qos", "exempt (QOS urgent is in scope.exempt_qos)"),
+        2: ("partition", "exempt (partition debug is in scope.exempt_partitions)"),
+        3: ("account", "exempt (account ops is in scope.exempt_accounts)"),
+        4: ("admin_comment", "exempt (dike:exempt in its AdminComment, which only admins set)"),
+        6: ("qos", "exempt (QOS urgent is in scope.exempt_qos)"),
+    }
+    assert backend.admin_comments[4] == "ticket 9: dike:exempt" and 1 not in backend.site_factors
+    document = explain(engine(cfg, backend, read_only=True), (1, None), "1")
+    assert document["job"]["priority_planned"] is None and document["job"]["next_writes"] == []
+    text = "\n".join(explain_lines(document))
+    assert "not managed: exempt (QOS urgent is in scope.exempt_qos)" in text
+    assert "SiteFactor: now 0; the engine writes nothing to this job" in text
+    assert "next cycle writes" not in text
+
+
 class _PlacesEverything(Policy):
     """A misbehaving policy: constraints for running jobs too."""
 

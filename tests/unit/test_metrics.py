@@ -206,6 +206,19 @@ def test_pending_jobs_beyond_the_head_window_are_counted(tmp_path):
     assert value(got, "dike_slurm_pending_jobs", level="0", partition="gpu") == 3
 
 
+def test_exempt_jobs_are_counted_by_why(tmp_path):
+    cfg = config(tmp_path, engine={"metrics_file": str(tmp_path / "m" / "dike.prom")},
+                 scope={"exempt_qos": ["urgent"], "exempt_accounts": ["ops"]})
+    jobs = [pending(1, qos="urgent"), pending(2, qos="urgent"), pending(3, account="ops"),
+            pending(4, comment="dike:exempt"), pending(5)]
+    run_cycle(engine(cfg, FakeBackend(jobs, nodes(), TOPOLOGY)), apply=True)
+    got = samples(cfg.engine.metrics_file)
+    assert {why: value(got, "dike_slurm_jobs_exempt", reason=why) for why in
+            ("qos", "partition", "account", "admin_comment", "comment")} == {
+        "qos": 2, "partition": 0, "account": 1, "admin_comment": 0, "comment": 1}
+    assert value(got, "dike_slurm_jobs", level="0") == 1
+
+
 def test_a_job_that_left_without_a_final_run_in_accounting_is_dropped_unjudged(tmp_path):
     history = [finished_run(100 + i, "alice", 1, NOW - 80_000 + i * 1000, NOW - 80_000 + i * 1000 + 3600)
                for i in range(50)]  # the prior's minimum history (min_history_jobs)
