@@ -90,8 +90,9 @@ def _comparison_table(runs: list[PolicyRun], title: str) -> Table:
 
 
 def verdict_lines(runs: list[PolicyRun]) -> list[str]:
-    """The report's headline, one sentence per policy against the report's baseline (multifactor,
-    else fifo, else the first policy), then where each policy's GPU-hours went."""
+    """The report's verdict, one sentence per policy against the report's baseline (multifactor,
+    else fifo, else the first policy) naming every metric the report marks worse, then where each
+    policy's GPU-hours went."""
     from dike_slurm.sim.eval.report import baseline_of
     from dike_slurm.sim.eval.report_compare import headline
 
@@ -218,7 +219,7 @@ def replay_command(
     _write_outputs(out_dir, replay_input, runs, main_runs, extra, swept, names, config)
     console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
     for line in verdict_lines(main_runs):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if swept:
         console.print(_sweep_table(swept, names))
     timing = ", ".join(f"{run.name} {run.wall_s:.1f}s" for run in runs)

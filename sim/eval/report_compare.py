@@ -1,13 +1,14 @@
-"""The report's comparison: every metric against a baseline policy (fifo when replayed), the best
-value per metric, and the headline sentence that names the tails a policy makes worse."""
+"""The report's comparison: every metric against a baseline policy (multifactor, else fifo, when
+replayed), the best value per metric, and the verdict sentence that names every metric a policy
+makes worse. The table's marks and the verdict read one list (`compared`), so they cannot disagree."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-SAME_WITHIN = 1.005  # factors closer to 1 than this read "same"
-TAIL_WORSE_FROM = 1.05  # a tail at least this factor worse than the baseline is called out
+SAME_WITHIN = 1.005  # factors closer to 1 than this read "same", in the table and in the verdict
+SAME_WITHIN_TEXT = f"{SAME_WITHIN - 1:.1%}"  # "0.5%": the threshold as the verdict states it
 
 
 def _hours(value: float) -> str:
@@ -34,24 +35,32 @@ class Metric:
     label: str
     better: str  # "lower", "higher" or "" (a count that is neither)
     format: Callable[[float], str]
-    tail: bool = False  # a tail or fairness figure the headline checks
-    bounded: bool = False  # a share in [0, 1]: the headline says "from a to b" rather than a factor
+    bounded: bool = False  # a share in [0, 1]: the verdict says "from a to b" rather than a factor
+
+    @property
+    def name(self) -> str:
+        """The label in a sentence: "p95 JCT", not "p95 JCT (h)"."""
+        return self.label.removesuffix(" (h)")
+
+    def text(self, value: float) -> str:
+        """A value in a sentence, with its unit: "76.05 h", "23.6%", "208.60"."""
+        return self.format(value) + (" h" if self.label.endswith(" (h)") else "")
 
 
 METRICS = (
     Metric("jobs", "jobs", "", _count),
     Metric("avg_jct_s", "average JCT (h)", "lower", _hours),
     Metric("p50_jct_s", "p50 JCT (h)", "lower", _hours),
-    Metric("p95_jct_s", "p95 JCT (h)", "lower", _hours, tail=True),
-    Metric("p99_jct_s", "p99 JCT (h)", "lower", _hours, tail=True),
+    Metric("p95_jct_s", "p95 JCT (h)", "lower", _hours),
+    Metric("p99_jct_s", "p99 JCT (h)", "lower", _hours),
     Metric("avg_wait_s", "average wait (h)", "lower", _hours),
-    Metric("max_wait_s", "longest wait (h)", "lower", _hours, tail=True),
+    Metric("max_wait_s", "longest wait (h)", "lower", _hours),
     Metric("makespan_s", "makespan (h)", "lower", _hours),
     Metric("gpu_utilization", "useful GPU utilisation", "higher", _percent, bounded=True),
     Metric("avg_slowdown", "average slowdown", "lower", _fixed(2)),
-    Metric("p95_slowdown", "p95 slowdown", "lower", _fixed(2), tail=True),
-    Metric("user_jain_index", "user Jain index", "higher", _fixed(3), tail=True, bounded=True),
-    Metric("worst_user_slowdown", "worst user slowdown", "lower", _fixed(2), tail=True),
+    Metric("p95_slowdown", "p95 slowdown", "lower", _fixed(2)),
+    Metric("user_jain_index", "user Jain index", "higher", _fixed(3), bounded=True),
+    Metric("worst_user_slowdown", "worst user slowdown", "lower", _fixed(2)),
     Metric("preemptions", "preemptions", "lower", _count),
     Metric("max_preemptions_per_job", "most preemptions of one job", "lower", _count),
     Metric("p99_preemptions_per_job", "p99 preemptions per job", "lower", _count),
@@ -64,7 +73,7 @@ METRICS = (
     Metric("avg_jct_heavy_s", "average JCT, heavy jobs (h)", "lower", _hours),
     Metric("avg_jct_light_s", "average JCT, light jobs (h)", "lower", _hours),
 )
-LEAD = METRICS[1]  # the headline leads with average JCT
+LEAD = METRICS[1]  # the verdict leads with average JCT
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,10 @@ class Change:
 
 
 def factor_text(factor: float) -> str:
-    """A factor for a sentence, without trailing zeros: "1.06x" (two decimals below 2), "2.9x", "22.1x"."""
-    return f"{factor:.{2 if factor < 2 else 1}f}".rstrip("0").rstrip(".") + "x"
+    """A factor for a sentence, without trailing zeros: "1.006x" (three decimals below 1.01, so that a
+    change the verdict names never reads "1x"), "1.06x" (two below 2), "2.9x", "22.1x"."""
+    digits = 3 if factor < 1.01 else 2 if factor < 2 else 1
+    return f"{factor:.{digits}f}".rstrip("0").rstrip(".") + "x"
 
 
 def _close(a: float, b: float) -> bool:
@@ -129,54 +140,76 @@ def _best(metric: Metric, values: Sequence[float]) -> list[bool]:
     return [_close(value, best) for value in values]
 
 
+@dataclass(frozen=True)
+class Compared:
+    """One metric of one policy against the baseline's value."""
+
+    metric: Metric
+    value: float
+    base: float
+    change: Change
+
+
+def compared(summary: Mapping, base_summary: Mapping) -> list[Compared]:
+    """Every metric of METRICS, in order, against the baseline's: the one list the table's marks
+    and the verdict both read."""
+    out = []
+    for metric in METRICS:
+        value, base = float(summary[metric.key]), float(base_summary[metric.key])
+        out.append(Compared(metric, value, base, compare(metric, value, base)))
+    return out
+
+
 def comparison(summaries: Mapping[str, Mapping], baseline: str) -> list[Row]:
     """The comparison table: a row per metric, a cell per policy, each against the baseline."""
+    columns = {name: compared(summary, summaries[baseline]) for name, summary in summaries.items()}
     rows = []
-    for metric in METRICS:
-        values = [float(summary[metric.key]) for summary in summaries.values()]
-        base = float(summaries[baseline][metric.key])
+    for index, metric in enumerate(METRICS):
+        values = [column[index].value for column in columns.values()]
         cells = []
-        for name, value, best in zip(summaries, values, _best(metric, values)):
-            change = compare(metric, value, base)
-            text = metric.format(value)
+        for (name, column), best in zip(columns.items(), _best(metric, values)):
+            item = column[index]
+            text = metric.format(item.value)
             if metric.key == "worst_user_slowdown" and summaries[name]["worst_user"]:
                 text += f" ({summaries[name]['worst_user']})"
             own = name == baseline
-            cells.append(Cell(text, "" if own else change.text, "" if own else change.verdict, best))
+            cells.append(Cell(text, "" if own else item.change.text, "" if own else item.change.verdict, best))
         rows.append(Row(metric.label, f"{metric.better} is better" if metric.better else "", cells))
     return rows
 
 
-def _join(parts: Sequence[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+def worse_phrase(item: Compared) -> str:
+    """A worse metric in the verdict: its value against the baseline's, with the factor unless the
+    metric is a share or either value is 0: "p95 JCT 76.05 h against 73.67 h (1.03x)"."""
+    metric, factor = item.metric, item.change.factor
+    shown = "" if metric.bounded or factor is None else f" ({factor_text(factor)})"
+    return f"{metric.name} {metric.text(item.value)} against {metric.text(item.base)}{shown}"
 
 
-def _tail_phrase(metric: Metric, value: float, base: float, change: Change) -> str:
-    if metric.bounded or change.factor is None:
-        verb = "falls" if value < base else "rises"
-        return f"{metric.label.removesuffix(' (h)')} {verb} from {metric.format(base)} to {metric.format(value)}"
-    return f"{metric.label.removesuffix(' (h)')} is {factor_text(change.factor)} worse"
+def _listed(parts: Sequence[str]) -> str:
+    """Phrases that may hold commas themselves: "a", "a and b", "a; b; and c"."""
+    if len(parts) < 3:
+        return " and ".join(parts)
+    return "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
 def headline(name: str, summary: Mapping, base_summary: Mapping, baseline: str) -> tuple[str, bool]:
-    """One sentence: what the policy does to average JCT against the baseline, then every tail or
-    fairness figure it makes worse (by TAIL_WORSE_FROM or more). The flag: whether any tail is worse."""
-    lead = compare(LEAD, float(summary[LEAD.key]), float(base_summary[LEAD.key]))
-    if lead.verdict == "same":
-        opening = f"{name} leaves average JCT as {baseline} has it ({_hours(float(summary[LEAD.key]))} h)"
+    """The verdict, one sentence: what the policy does to average JCT against the baseline, then
+    every other metric the comparison table marks worse (a change of SAME_WITHIN or more, which the
+    sentence states). The flag: whether any metric is worse."""
+    items = compared(summary, base_summary)
+    lead = next(item for item in items if item.metric is LEAD)
+    if lead.change.verdict == "same":
+        opening = f"{name} leaves average JCT as {baseline} has it ({_hours(lead.value)} h)"
     else:
-        verb = "cuts" if lead.verdict == "better" else "raises"
-        factor = f" {factor_text(lead.factor)}" if lead.factor is not None else ""
+        verb = "cuts" if lead.change.verdict == "better" else "raises"
+        factor = f" {factor_text(lead.change.factor)}" if lead.change.factor is not None else ""
         opening = f"{name} {verb} average JCT{factor} against {baseline}"
-    worse = []
-    for metric in METRICS:
-        if not metric.tail:
-            continue
-        value, base = float(summary[metric.key]), float(base_summary[metric.key])
-        change = compare(metric, value, base)
-        if change.verdict == "worse" and (change.factor is None or change.factor >= TAIL_WORSE_FROM):
-            worse.append(_tail_phrase(metric, value, base, change))
+    worse = [worse_phrase(item) for item in items if item.change.verdict == "worse" and item.metric is not LEAD]
+    lead_worse = lead.change.verdict == "worse"
+    other = "other " if lead_worse else ""
+    by = f"worse by {SAME_WITHIN_TEXT} or more"
     if not worse:
-        checked = _join([m.label.removesuffix(" (h)") for m in METRICS if m.tail])
-        return f"{opening}, and no tail is worse ({checked}).", False
-    return f"{opening}, {'but' if lead.verdict == 'better' else 'and'} {_join(worse)}.", True
+        return f"{opening}, and no {other}metric is {by}.", lead_worse
+    counted = f"1 {other}metric is" if len(worse) == 1 else f"{len(worse)} {other}metrics are"
+    return f"{opening}, {'but' if lead.change.verdict == 'better' else 'and'} {counted} {by}: {_listed(worse)}.", True

@@ -4,6 +4,8 @@ thresholds a policy used, and the rendered page's sections."""
 from __future__ import annotations
 
 import base64
+import html
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,7 @@ from dike_slurm.config import load_config
 from dike_slurm.policies import dike as dike_module
 from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
 from dike_slurm.sim.eval.report import derived_thresholds, describe_source, render_report, thresholds_at, thresholds_used
-from dike_slurm.sim.eval.report_compare import METRICS, comparison, compare, headline
+from dike_slurm.sim.eval.report_compare import METRICS, comparison, compare, compared, headline
 from dike_slurm.sim.eval.report_plots import (
     LEVEL_RAMP,
     POLICY_COLOURS,
@@ -52,27 +54,75 @@ def test_compare_gives_the_factor_and_which_way_is_better():
     assert compare(METRIC["preemptions"], 0, 12).text == "better"
 
 
-def test_the_headline_calls_out_the_worse_tails():
+def test_the_verdict_names_each_worse_metric_with_both_values():
     fifo = summary(avg_jct_s=2.9 * 3600, p99_jct_s=10.0, user_jain_index=0.33)
     dike = summary(avg_jct_s=3600.0, p99_jct_s=18.0, user_jain_index=0.12)
-    sentence, tail_worse = headline("dike", dike, fifo, "fifo")
-    assert sentence == "dike cuts average JCT 2.9x against fifo, but p99 JCT is 1.8x worse and user Jain index falls from 0.330 to 0.120."
-    assert tail_worse
-
-
-def test_the_headline_says_when_no_tail_is_worse_and_ignores_small_changes():
-    fifo = summary(avg_jct_s=7200.0, p95_jct_s=100.0)
-    tiresias = summary(avg_jct_s=3600.0, p95_jct_s=104.0)  # 4% worse: under the 5% called out
-    sentence, tail_worse = headline("tiresias", tiresias, fifo, "fifo")
+    sentence, some_worse = headline("dike", dike, fifo, "fifo")
     assert sentence == (
-        "tiresias cuts average JCT 2x against fifo, and no tail is worse (p95 JCT, p99 JCT, longest wait, "
-        "p95 slowdown, user Jain index and worst user slowdown)."
+        "dike cuts average JCT 2.9x against fifo, but 2 metrics are worse by 0.5% or more: "
+        "p99 JCT 0.01 h against 0.00 h (1.8x) and user Jain index 0.120 against 0.330."
     )
-    assert not tail_worse
+    assert some_worse
+
+
+def test_the_verdict_hides_no_small_change_and_states_its_threshold():
+    fifo = summary(avg_jct_s=7200.0, p95_jct_s=100.0)
+    tiresias = summary(avg_jct_s=3600.0, p95_jct_s=104.0)  # 4% worse: named (a 5% threshold once hid it)
+    sentence, some_worse = headline("tiresias", tiresias, fifo, "fifo")
+    assert sentence == ("tiresias cuts average JCT 2x against fifo, but 1 metric is worse by 0.5% or more: "
+                        "p95 JCT 0.03 h against 0.03 h (1.04x).")
+    assert some_worse
+    within, some_worse = headline("a", summary(avg_jct_s=3600.0, p95_jct_s=100.4), fifo, "fifo")  # 0.4%: same
+    assert within == "a cuts average JCT 2x against fifo, and no metric is worse by 0.5% or more." and not some_worse
     slower, _ = headline("x", summary(avg_jct_s=9000.0, p95_slowdown=2.0), fifo, "fifo")
-    assert slower == "x raises average JCT 1.25x against fifo, and p95 slowdown is 2x worse."
-    level, _ = headline("y", summary(avg_jct_s=7210.0, worst_user_slowdown=1.06), fifo, "fifo")
-    assert level == "y leaves average JCT as fifo has it (2.00 h), and worst user slowdown is 1.06x worse."
+    assert slower == ("x raises average JCT 1.25x against fifo, and 1 other metric is worse by 0.5% or more: "
+                      "p95 slowdown 2.00 against 1.00 (2x).")
+    alone, some_worse = headline("z", summary(avg_jct_s=9000.0), fifo, "fifo")
+    assert alone == "z raises average JCT 1.25x against fifo, and no other metric is worse by 0.5% or more." and some_worse
+    level, _ = headline("y", summary(avg_jct_s=7210.0, worst_user_slowdown=1.006), fifo, "fifo")
+    assert level == ("y leaves average JCT as fifo has it (2.00 h), and 1 metric is worse by 0.5% or more: "
+                     "worst user slowdown 1.01 against 1.00 (1.006x).")
+
+
+def test_the_verdict_names_utilisation_makespan_slowdown_and_fairness_and_lists_them_apart():
+    base = summary(avg_jct_s=7200.0, gpu_utilization=0.664, makespan_s=3600.0 * 300, avg_slowdown=59.7,
+                   user_jain_index=0.5, max_wait_s=3600.0, worst_user_slowdown=10.0, preemptions=0,
+                   avg_jct_light_s=3600.0)
+    worse = summary(avg_jct_s=3600.0, gpu_utilization=0.579, makespan_s=3600.0 * 321, avg_slowdown=208.6,
+                    user_jain_index=0.4, max_wait_s=7200.0, worst_user_slowdown=12.0, preemptions=482,
+                    avg_jct_light_s=5400.0)
+    sentence, _ = headline("dike", worse, base, "multifactor")
+    assert sentence == (
+        "dike cuts average JCT 2x against multifactor, but 8 metrics are worse by 0.5% or more: "
+        "longest wait 2.00 h against 1.00 h (2x); makespan 321.00 h against 300.00 h (1.07x); "
+        "useful GPU utilisation 57.9% against 66.4%; average slowdown 208.60 against 59.70 (3.5x); "
+        "user Jain index 0.400 against 0.500; worst user slowdown 12.00 against 10.00 (1.2x); "
+        "preemptions 482 against 0; and average JCT, light jobs 1.50 h against 1.00 h (1.5x)."
+    )
+
+
+def named_in(sentence: str, item) -> bool:  # noqa: ANN001
+    """Whether the verdict names this metric as worse: average JCT in its opening, any other by its
+    name and both values."""
+    if item.metric.key == "avg_jct_s":
+        return " raises average JCT" in sentence
+    return f"{item.metric.name} {item.metric.text(item.value)} against {item.metric.text(item.base)}" in sentence
+
+
+def test_on_constructed_summaries_the_verdict_names_exactly_what_the_table_marks_worse():
+    """2,000 random summaries, many values near the baseline's, some 0: every row the table marks
+    worse is named in the verdict, and no other."""
+    rng = np.random.default_rng(54)
+    near = (0.99, 0.995, 0.996, 1.0, 1.004, 1.005, 1.006, 1.01, 1.04, 1.2, 0.0)
+    for _ in range(2000):
+        base = summary(**{m.key: float(rng.uniform(0.1, 100.0)) for m in METRICS if m.key != "jobs"})
+        other = summary(**{key: base[key] * float(rng.choice(near)) for key in base if key not in ("jobs", "worst_user")})
+        rows = comparison({"base": base, "other": other}, "base")
+        sentence, some_worse = headline("other", other, base, "base")
+        marked = {row.label for row in rows if row.cells[1].verdict == "worse"}
+        named = {item.metric.label for item in compared(other, base) if named_in(sentence, item)}
+        assert named == marked, sentence
+        assert some_worse == bool(marked)
 
 
 def test_comparison_rows_mark_the_best_value_and_leave_the_baseline_without_a_change():
@@ -246,3 +296,58 @@ def test_user_labels_are_plain_text_cut_to_a_readable_length(trace):
     users = next(plot for plot in plots if plot.title == "Per-user slowdown")
     assert base64.b64decode(users.data_uri.split(",", 1)[1]).startswith(b"<?xml")
     assert "Mean slowdown of the 3 users" in users.caption
+
+
+def _report_marks_and_verdicts(html_text: str) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """From a rendered report: per policy, the labels of the rows its cell marks worse, and its verdict."""
+    table = re.search(r'<table id="comparison">(.*?)</table>', html_text, re.S).group(1)
+    head, body = table.split("</thead>")
+    names = [html.unescape(n) for n in re.findall(r'</span>([^<]*)</th>', head)]
+    marked: dict[str, set[str]] = {name: set() for name in names}
+    for row in re.findall(r"<tr>(.*?)</tr>", body, re.S):
+        label = html.unescape(re.match(r"<td>([^<]*)</td>", row).group(1))
+        classes = re.findall(r'<td class="([^"]*)"><span class="value">', row)
+        assert len(classes) == len(names)
+        for name, cls in zip(names, classes):
+            if "worse" in cls.split():
+                marked[name].add(label)
+    block = re.search(r'<div class="headline" id="headline">(.*?)</div>', html_text, re.S).group(1)
+    sentences = [html.unescape(s) for s in re.findall(r"<p[^>]*>(.*?)</p>", block, re.S)]
+    verdicts = {name: next(s for s in sentences if s.startswith(f"{name} ")) for name in names if any(
+        s.startswith(f"{name} ") for s in sentences)}
+    return marked, verdicts
+
+
+@pytest.fixture(scope="module")
+def real_replays(trace, tmp_path_factory) -> list[tuple[Path, str]]:
+    """Two real replays through the CLI, each (its folder, what it printed): the bundled sample with
+    no job preemptible (multifactor and fifo), and the small trace with every job preemptible."""
+    runs = []
+    for folder, policies, preemptible in ((REPO / "examples" / "sample", "multifactor,fifo", "none"),
+                                          (trace, "fifo,tiresias,dike", "all")):
+        out = tmp_path_factory.mktemp("real") / "out"
+        result = in_process.dike_slurm(
+            "replay", str(folder / "sacct.txt"), "--slurm-conf", str(folder / "slurm.conf"), "-p", policies,
+            "--preemptible", preemptible, "--out", str(out), cwd=REPO, env={"PATH": "/usr/bin:/bin", "COLUMNS": "100"})
+        assert result.returncode == 0, result.stderr
+        runs.append((out, result.stdout))
+    return runs
+
+
+def test_on_real_replays_the_verdict_names_every_metric_the_report_marks_worse(real_replays):
+    """The report page's red cells against its verdicts, and the console's verdict lines against the
+    page's: every row marked worse is named (with both values, as summary.json has them), no other."""
+    checked = 0
+    for out, stdout in real_replays:
+        page = (out / "report.html").read_text(encoding="utf-8")
+        marked, verdicts = _report_marks_and_verdicts(page)
+        summaries = json.loads((out / "summary.json").read_text(encoding="utf-8"))["policies"]
+        baseline = next(name for name in marked if name not in verdicts)
+        assert set(verdicts) == set(marked) - {baseline}
+        for name, sentence in verdicts.items():
+            assert sentence in stdout.splitlines()  # the console says what the page says, on one line
+            named = {item.metric.label for item in compared(summaries[name], summaries[baseline])
+                     if named_in(sentence, item)}
+            assert named == marked[name], (name, sentence)
+            checked += len(marked[name])
+    assert checked >= 5  # the replays do make metrics worse: the check is not empty
