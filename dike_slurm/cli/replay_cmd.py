@@ -241,6 +241,7 @@ def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRu
         user_jobs[job.user] = user_jobs.get(job.user, 0) + 1
     penalties = sorted(swept or ())
     html = render_report(
+        case=replay_input.case,
         input_section=input_section,
         settings=extra["settings"],
         runs=[(run.name, run.metrics) for run in main_runs],
@@ -362,7 +363,7 @@ def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, setting
     dump = replay_input.dump.resolve()
     spec = Spec(
         name="tune",
-        inputs=(SweepInput(dump.parent.name if dump.stem == "sacct" else dump.stem, str(dump),
+        inputs=(SweepInput(replay_input.case, str(dump),
                            str(slurm_conf.resolve()), str(topology.resolve()) if topology else None),),
         variants=tuple(SweepVariant(t.label, t.policy, dict(t.params_override or {})) for t in tasks),
         penalties=(settings.comm_penalty,),

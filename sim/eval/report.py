@@ -125,6 +125,24 @@ def parameter_table(params: Mapping[str, PolicyParams]) -> tuple[list[str], list
     return ["parameter", *dumps], rows
 
 
+def preemption_text(choice: float | str, preemptible_jobs: int, jobs: int) -> str:
+    """The preemption setting in words, for the title: "no job preemptible", "every job
+    preemptible", "a share of 0.5 preemptible (1,107 of 2,229 jobs)", "preemptible by the engine's
+    opt-in rule (0 of 2,229 jobs)"."""
+    if choice == "live":
+        return f"preemptible by the engine's opt-in rule ({preemptible_jobs:,} of {jobs:,} jobs)"
+    if choice == 0:
+        return "no job preemptible"
+    if choice == 1:
+        return "every job preemptible"
+    return f"a share of {choice:g} preemptible ({preemptible_jobs:,} of {jobs:,} jobs)"
+
+
+def report_title(case: str, dump: str, preemption: str) -> str:
+    """The page's title: the case, its file and the preemption setting."""
+    return f"Replay of {case} ({dump}): {preemption}"
+
+
 def describe_source(source: Mapping) -> str:
     """summary.json's `config` in words: the file and who named it, or the defaults, then the variables."""
     where = {"file": "(--config)", "env": "($DIKE_CONFIG)"}
@@ -134,6 +152,7 @@ def describe_source(source: Mapping) -> str:
 
 def render_report(
     *,
+    case: str,
     input_section: dict,
     settings: dict,
     runs: Sequence[tuple[str, PolicyMetrics]],
@@ -146,7 +165,8 @@ def render_report(
 ) -> str:
     """The whole report page; every number is computed before the template renders.
 
-    `config` gives the policy parameters and thresholds, `config_source` where it came from
+    `case` names the dump (ReplayInput.case); `settings` holds `preemptible` (the choice) and
+    `preemptible_jobs`, which the title states with the case. `config` gives the policy parameters and thresholds, `config_source` where it came from
     (summary.json's `config`: kind, path, variables); without them the settings say they were not
     passed.
     """
@@ -170,7 +190,9 @@ def render_report(
     ]
     config_path = config_source["path"] if config_source is not None else None
     template = template_environment().get_template("report.html.j2")
+    preemption = preemption_text(settings["preemptible"], settings["preemptible_jobs"], input_section["jobs_replayed"])
     return template.render(
+        title=report_title(case, input_section["dump"], preemption),
         input=input_section,
         settings=settings,
         baseline=baseline,

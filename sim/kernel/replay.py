@@ -24,7 +24,7 @@ from dike_slurm.sim.kernel.cluster import SimCluster
 from dike_slurm.sim.kernel.metrics import MetricsCollector, PolicyMetrics, summarise
 from dike_slurm.sim.kernel.records import SimSettings, SimStats, Timeline
 from dike_slurm.sim.kernel.simulator import Simulator
-from dike_slurm.sim.kernel.trace import TraceBuild, build_trace
+from dike_slurm.sim.kernel.trace import TraceBuild, build_trace, case_name
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
@@ -54,6 +54,10 @@ class ReplayInput:
     conf: ClusterConf
     topology: Topology
     has_comment: bool = False  # the dump has the jobs' Comment: the engine's opt-in tag can be seen
+
+    @property
+    def case(self) -> str:
+        return case_name(self.dump)
 
     def input_summary(self) -> dict:
         """The `input` section of summary.json."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dike_slurm.domain.model import Node, constraint_gpu_types, may_use_gpus
 from dike_slurm.slurm.accounting import AccountingRecord
@@ -18,6 +19,12 @@ EXCLUDED_ZERO_RUN = "ran 0 seconds"
 EXCLUDED_TOO_BIG = "larger than any node set of its partition"
 EXCLUDED_NO_GPU_TYPE = "asks for GPU types no node of its partition has"
 NOTE_TYPES_IGNORED = "GPU type asked for on a cluster without GPU types: any GPU serves"
+
+
+def case_name(dump: Path) -> str:
+    """What a dump is called: its folder's name for a case folder's sacct.txt
+    (examples/corpus/philly-b436b2-s3/sacct.txt -> philly-b436b2-s3), else the file's stem."""
+    return dump.resolve().parent.name if dump.stem == "sacct" else dump.stem
 
 
 @dataclass(frozen=True, slots=True)

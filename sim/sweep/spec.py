@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dike_slurm.errors import InputError, RegistryError
 from dike_slurm.parsing.toml_file import read_toml_file
+from dike_slurm.sim.kernel.trace import case_name
 
 if TYPE_CHECKING:
     from dike_slurm.registry import Registry
@@ -292,8 +293,7 @@ def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
             paths[key] = _path(base, raw[key])
             if not paths[key].is_file():
                 raise _fail(source, f"{where}.{key}", f"no such file: {paths[key]}")
-        default = paths["path"].parent.name if paths["path"].stem == "sacct" else paths["path"].stem
-        name = raw.get("name", default)
+        name = raw.get("name", case_name(paths["path"]))
         if not isinstance(name, str) or not name:
             raise _fail(source, f"{where}.name", "expected a non-empty text")
         topology = paths.get("topology")

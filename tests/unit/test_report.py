@@ -17,7 +17,15 @@ import in_process
 from dike_slurm.config import load_config
 from dike_slurm.policies import dike as dike_module
 from dike_slurm.sim.kernel.replay import load_input, run_policy, sim_settings
-from dike_slurm.sim.eval.report import derived_thresholds, describe_source, render_report, thresholds_at, thresholds_used
+from dike_slurm.sim.kernel.trace import case_name
+from dike_slurm.sim.eval.report import (
+    derived_thresholds,
+    describe_source,
+    preemption_text,
+    render_report,
+    thresholds_at,
+    thresholds_used,
+)
 from dike_slurm.sim.eval.report_compare import METRICS, comparison, compare, compared, headline
 from dike_slurm.sim.eval.report_plots import (
     LEVEL_RAMP,
@@ -245,8 +253,10 @@ def test_the_page_has_the_headline_ratios_parameters_thresholds_and_configuratio
     settings = sim_settings(config, replay_input.conf, preemptible=1.0)  # so that the policies differ from fifo
     runs = [(name, run_policy(name, replay_input, config, settings).metrics) for name in ("fifo", "tiresias", "dike")]
     html = render_report(
+        case=replay_input.case,
         input_section=replay_input.input_summary(),
-        settings={"history_window_days": settings.history_window_s / 86400.0, "seed": settings.seed},
+        settings={"history_window_days": settings.history_window_s / 86400.0, "seed": settings.seed,
+                  "preemptible": settings.preemptible_choice, "preemptible_jobs": len(replay_input.trace.jobs)},
         runs=runs, user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={"fifo": 1.0},
         config=config, config_source={"kind": "file", "path": str(config_file), "variables": ["DIKE_REPLAY__SEED"]},
     )
@@ -270,9 +280,11 @@ def test_without_the_configuration_the_page_says_the_parameters_were_not_passed(
     replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
     metrics = run_policy("fifo", replay_input, config, sim_settings(config, replay_input.conf)).metrics
     html = render_report(
-        input_section=replay_input.input_summary(), settings={"history_window_days": 30.0}, runs=[("fifo", metrics)],
+        case=replay_input.case, input_section=replay_input.input_summary(),
+        settings={"history_window_days": 30.0, "preemptible": "live", "preemptible_jobs": 0}, runs=[("fifo", metrics)],
         user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={},
     )
+    assert f"<h1>Replay of {trace.name} (sacct.txt): preemptible by the engine&#39;s opt-in rule (0 of " in html
     assert "The replay did not pass the policies' parameters to the report." in html
     assert "The replay did not say where its configuration came from." in html
     assert 'id="headline"' not in html  # one policy: nothing to compare with
@@ -351,3 +363,14 @@ def test_on_real_replays_the_verdict_names_every_metric_the_report_marks_worse(r
             assert named == marked[name], (name, sentence)
             checked += len(marked[name])
     assert checked >= 5  # the replays do make metrics worse: the check is not empty
+
+
+def test_report_titles_name_the_case_and_the_preemption_setting(real_replays, trace):
+    titles = [re.search(r"<h1>(.*?)</h1>", (out / "report.html").read_text(encoding="utf-8")).group(1)
+              for out, _ in real_replays]
+    assert titles == ["Replay of sample (sacct.txt): no job preemptible",
+                      f"Replay of {trace.name} (sacct.txt): every job preemptible"]
+    assert preemption_text(0.5, 1107, 2229) == "a share of 0.5 preemptible (1,107 of 2,229 jobs)"
+    assert preemption_text("live", 3, 2229) == "preemptible by the engine's opt-in rule (3 of 2,229 jobs)"
+    assert case_name(Path("examples/corpus/philly-b436b2-s3/sacct.txt")) == "philly-b436b2-s3"
+    assert case_name(Path("/var/tmp/lab-dump.txt")) == "lab-dump"
