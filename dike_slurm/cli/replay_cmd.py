@@ -67,6 +67,9 @@ def _print_input(replay_input: ReplayInput) -> None:
     _print_reasons("skipped rows", summary["skipped_rows"])
     _print_reasons("jobs not replayed", summary["jobs_not_replayed"])
     _print_reasons("adjusted", summary["adjustments"])
+    unfinished = replay_input.trace.unfinished.sentence()
+    if unfinished:
+        console.print(f"  {unfinished}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_reasons(title: str, reasons: dict[str, int]) -> None:
@@ -210,7 +213,8 @@ def replay_command(
     main_runs, sweep_runs = runs[: len(names)], runs[len(names) :]
     penalty_table = _penalty_table(settings.comm_penalty, names, main_runs, sweep, sweep_runs)
     swept = penalty_table if sweep else None
-    extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count}, "config": source.as_dict()}
+    extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count}, "config": source.as_dict(),
+             "unfinished_at_dump_end": replay_input.trace.unfinished.as_dict()}
     if swept:
         extra["comm_penalty_sweep"] = {
             f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
@@ -220,6 +224,8 @@ def replay_command(
     console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
     for line in verdict_lines(main_runs):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if caveat := replay_input.trace.unfinished.caveat():
+        console.print(caveat, highlight=False, markup=False, soft_wrap=True)
     if swept:
         console.print(_sweep_table(swept, names))
     timing = ", ".join(f"{run.name} {run.wall_s:.1f}s" for run in runs)
@@ -243,6 +249,7 @@ def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRu
     html = render_report(
         case=replay_input.case,
         input_section=input_section,
+        unfinished=replay_input.trace.unfinished.sentence(),
         settings=extra["settings"],
         runs=[(run.name, run.metrics) for run in main_runs],
         user_jobs=user_jobs,

@@ -154,6 +154,7 @@ def render_report(
     *,
     case: str,
     input_section: dict,
+    unfinished: str,
     settings: dict,
     runs: Sequence[tuple[str, PolicyMetrics]],
     user_jobs: dict[str, int],
@@ -166,7 +167,8 @@ def render_report(
     """The whole report page; every number is computed before the template renders.
 
     `case` names the dump (ReplayInput.case); `settings` holds `preemptible` (the choice) and
-    `preemptible_jobs`, which the title states with the case. `config` gives the policy parameters and thresholds, `config_source` where it came from
+    `preemptible_jobs`, which the title states with the case. `unfinished`: what the replay did with
+    the jobs that had not ended when the dump was taken ("" when all had). `config` gives the policy parameters and thresholds, `config_source` where it came from
     (summary.json's `config`: kind, path, variables); without them the settings say they were not
     passed.
     """
@@ -194,6 +196,7 @@ def render_report(
     return template.render(
         title=report_title(case, input_section["dump"], preemption),
         input=input_section,
+        unfinished=unfinished,
         settings=settings,
         baseline=baseline,
         colours=policy_colours(names),

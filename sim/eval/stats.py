@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from dike_slurm.domain.model import JobState
 from dike_slurm.slurm.accounting import AccountingRecord, ReadResult
 from dike_slurm.policies.common import quantile
 from dike_slurm.sim.kernel.metrics import SIZE_BUCKETS, size_label
@@ -39,11 +40,11 @@ def trace_stats(read: ReadResult, total_gpus: int | None = None) -> dict:
         if last.array_job_id is not None:
             array_tasks += 1
         started = [r for r in job_runs if r.start is not None]
+        if len(started) > 1 or any(r.state is JobState.REQUEUED for r in job_runs):
+            requeued += 1  # several runs, or a REQUEUED state (pending again; a dump without --duplicates)
         if not started:
             never_started += 1
             continue
-        if len(started) > 1:
-            requeued += 1
         gpus = started[-1].gpus
         if gpus <= 0:
             cpu_only += 1

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dike_slurm.domain.model import Node, constraint_gpu_types, may_use_gpus
+from dike_slurm.domain.model import JobState, Node, constraint_gpu_types, may_use_gpus
+from dike_slurm.parsing.durations import format_duration, format_timestamp
 from dike_slurm.slurm.accounting import AccountingRecord
 from dike_slurm.slurm.slurm_conf import ClusterConf, Partition
 
@@ -61,13 +62,81 @@ class TraceJob:
 
 
 @dataclass(frozen=True)
+class Unfinished:
+    """The GPU jobs that had not ended when the dump was taken (a dump taken while jobs run), by
+    what the replay does with each. `dump_end` is the dump's last time (a submit, start or end):
+    the waits so far are measured to it, so they are at least what they were."""
+
+    dump_end: float | None = None
+    pending_waits_s: tuple[float, ...] = ()  # never started, pending at the end: left out; wait so far
+    running_waits_s: tuple[float, ...] = ()  # running at the end: left out; wait before it started
+    pending_again: int = 0  # ran, was requeued, pending again: replayed with the run time it had
+
+    @property
+    def left_out(self) -> int:
+        return len(self.pending_waits_s) + len(self.running_waits_s)
+
+    def as_dict(self) -> dict:
+        """summary.json's `unfinished_at_dump_end`."""
+        return {
+            "dump_end": format_timestamp(self.dump_end) if self.dump_end is not None else None,
+            "pending_left_out": len(self.pending_waits_s),
+            "pending_wait_so_far_s": _mean_max(self.pending_waits_s),
+            "running_left_out": len(self.running_waits_s),
+            "running_wait_s": _mean_max(self.running_waits_s),
+            "pending_again_replayed": self.pending_again,
+        }
+
+    def sentence(self) -> str:
+        """What the replay did with them, in one sentence ("" when every job had ended)."""
+        if not self.left_out and not self.pending_again:
+            return ""
+        parts = []
+        if self.pending_waits_s:
+            parts.append(f"{_jobs(len(self.pending_waits_s))} still pending (waited {_waits(self.pending_waits_s)} so far)")
+        if self.running_waits_s:
+            parts.append(f"{_jobs(len(self.running_waits_s))} running (waited {_waits(self.running_waits_s)} before starting)")
+        text = f"The dump was taken while jobs ran (its last time: {format_timestamp(self.dump_end)})"  # type: ignore[arg-type]
+        if parts:
+            text += (f": {' and '.join(parts)} at its end {'is' if self.left_out == 1 else 'are'} left out of the "
+                     "replay, whose waits and JCTs therefore do not include them")
+        if self.pending_again:
+            text += (f"{';' if parts else ':'} {_jobs(self.pending_again)} requeued and pending again "
+                     f"{'is' if self.pending_again == 1 else 'are'} replayed with the run time {'it' if self.pending_again == 1 else 'they'} had")
+        return text + "."
+
+    def caveat(self) -> str:
+        """A line under the verdict when jobs are left out ("" when none is)."""
+        if not self.left_out:
+            return ""
+        return (f"These figures leave out the {_jobs(self.left_out)} still pending or running when the dump was "
+                "taken (see its input above).")
+
+
+def _jobs(count: int) -> str:
+    return f"{count:,} GPU job{'' if count == 1 else 's'}"
+
+
+def _waits(waits: tuple[float, ...]) -> str:
+    if len(waits) == 1:
+        return format_duration(round(waits[0]))
+    return f"{format_duration(round(sum(waits) / len(waits)))} on average, the longest {format_duration(round(max(waits)))}"
+
+
+def _mean_max(values: tuple[float, ...]) -> dict[str, float] | None:
+    return {"mean": sum(values) / len(values), "max": max(values)} if values else None
+
+
+@dataclass(frozen=True)
 class TraceBuild:
-    """The replayable jobs (sorted by submit time, then id) and what was left out, by reason."""
+    """The replayable jobs (sorted by submit time, then id), what was left out, by reason, and the
+    jobs that had not ended when the dump was taken."""
 
     jobs: tuple[TraceJob, ...]
     records: int
     excluded: dict[str, int]
     notes: dict[str, int]  # replayed, but adjusted (e.g. unknown partition mapped to the default)
+    unfinished: Unfinished = field(default_factory=Unfinished)
 
 
 def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> TraceBuild:
@@ -85,6 +154,7 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
     excluded: Counter[str] = Counter()
     notes: Counter[str] = Counter()
     jobs: list[TraceJob] = []
+    unfinished: list[tuple[list[AccountingRecord], TraceJob | str]] = []
     for job_id, job_runs in runs.items():
         job_runs.sort(key=lambda r: (r.submit or 0.0, r.start or 0.0))
         job = _trace_job(job_id, job_runs, room, notes)
@@ -92,8 +162,39 @@ def build_trace(records: Iterable[AccountingRecord], conf: ClusterConf) -> Trace
             excluded[job] += 1
         else:
             jobs.append(job)
+        if _had_not_ended(job_runs):
+            unfinished.append((job_runs, job))
     jobs.sort(key=lambda j: (j.submit, j.job_id))
-    return TraceBuild(tuple(jobs), count, dict(sorted(excluded.items())), dict(sorted(notes.items())))
+    return TraceBuild(tuple(jobs), count, dict(sorted(excluded.items())), dict(sorted(notes.items())),
+                      _unfinished(unfinished, _last_time(runs.values())) if unfinished else Unfinished())
+
+
+def _had_not_ended(job_runs: list[AccountingRecord]) -> bool:
+    """A GPU job still pending, running or suspended at the dump's end, or requeued and not run
+    since (sacct says REQUEUED for a job pending again after a requeue)."""
+    return job_runs[-1].gpus > 0 and (
+        any(r.state.is_active for r in job_runs) or job_runs[-1].state is JobState.REQUEUED)
+
+
+def _last_time(runs: Iterable[list[AccountingRecord]]) -> float:
+    """The dump's last time: its latest submit, start or end."""
+    return max(t for job_runs in runs for r in job_runs for t in (r.submit, r.start, r.end) if t is not None)
+
+
+def _unfinished(jobs: list[tuple[list[AccountingRecord], TraceJob | str]], dump_end: float) -> Unfinished:
+    """The unfinished jobs by what the replay did with them: the pending and running ones are left
+    out (their EXCLUDED_ reason), a job requeued and pending again is replayed with its runs so far."""
+    pending, running, again = [], [], 0
+    for job_runs, job in jobs:
+        submit = job_runs[0].submit
+        if job == EXCLUDED_NEVER_STARTED:
+            pending.append(dump_end - submit if submit is not None else 0.0)
+        elif job == EXCLUDED_STILL_RUNNING:
+            start = next(r.start for r in job_runs if r.start is not None)
+            running.append(start - submit if submit is not None else 0.0)  # type: ignore[operator]
+        elif isinstance(job, TraceJob):
+            again += 1
+    return Unfinished(dump_end, tuple(pending), tuple(running), again)
 
 
 @dataclass

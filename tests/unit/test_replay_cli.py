@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import html
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -60,7 +62,7 @@ def test_replay_writes_summary_jobs_and_report(replay_out):
     out, result = replay_out
     assert {p.name for p in out.iterdir()} == {"summary.json", "jobs-fifo.csv", "jobs-dike.csv", "report.html"}
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"input", "policies", "settings", "comm_penalty_sweep", "config"}
+    assert set(summary) == {"input", "policies", "settings", "comm_penalty_sweep", "config", "unfinished_at_dump_end"}
     assert list(summary["policies"]) == ["fifo", "dike"]
     for metrics in summary["policies"].values():
         assert REQUIRED_METRICS <= set(metrics) and list(metrics) == list(METRIC_KEYS)
@@ -240,3 +242,73 @@ def test_the_progress_bar_shows_jobs_per_second_and_time_left_at_a_terminal_and_
         shown[terminal] = out.getvalue()
     assert "jobs/s" in shown[True] and "left" in shown[True] and "dike" in shown[True]
     assert shown[False] == ""
+
+
+LIVE_HEADER = "JobID|JobIDRaw|User|Partition|State|Submit|Start|End|ElapsedRaw|Timelimit|NNodes|NCPUS|ReqTRES|AllocTRES"
+LIVE_ROWS = (  # taken at 10:20 while jobs ran; each job's story in the comment
+    "1|1|ann|gpu|COMPLETED|2026-01-05T10:00:00|2026-01-05T10:00:00|2026-01-05T10:05:00|300|01:00:00|1|8|gres/gpu=1|gres/gpu=1",
+    # 2 ran two minutes, was requeued and is pending again (--duplicates: both records)
+    "2|2|bob|gpu|REQUEUED|2026-01-05T10:00:00|2026-01-05T10:01:00|2026-01-05T10:03:00|120|01:00:00|1|8|gres/gpu=2|gres/gpu=2",
+    "2|2|bob|gpu|PENDING|2026-01-05T10:03:00|Unknown|Unknown|0|01:00:00|1|8|gres/gpu=2|",
+    # 3: the same without --duplicates: one record, REQUEUED
+    "3|3|bob|gpu|REQUEUED|2026-01-05T10:00:00|2026-01-05T10:02:00|2026-01-05T10:04:00|120|01:00:00|1|8|gres/gpu=1|gres/gpu=1",
+    "4|4|cat|gpu|PENDING|2026-01-05T10:05:00|Unknown|Unknown|0|01:00:00|1|8|gres/gpu=8|",  # waited 15 min so far
+    "5|5|cat|gpu|PENDING|2026-01-05T10:13:00|Unknown|Unknown|0|01:00:00|1|8|gres/gpu=4|",  # waited 7 min so far
+    "6|6|dan|gpu|RUNNING|2026-01-05T10:06:00|2026-01-05T10:16:00|Unknown|240|01:00:00|1|8|gres/gpu=4|gres/gpu=4",
+    "7|7|dan|gpu|CANCELLED by 0|2026-01-05T10:00:00|2026-01-05T10:02:00|2026-01-05T10:02:00|0|01:00:00|1|8|gres/gpu=1|",
+    "8|8|ann|gpu|COMPLETED|2026-01-05T10:10:00|2026-01-05T10:10:00|2026-01-05T10:20:00|600|01:00:00|1|8|gres/gpu=1|gres/gpu=1",
+)
+
+
+@pytest.fixture()
+def live_dump(tmp_path) -> Path:
+    folder = tmp_path / "lab-live"
+    folder.mkdir()
+    (folder / "sacct.txt").write_text("\n".join((LIVE_HEADER, *LIVE_ROWS)) + "\n", encoding="utf-8")
+    (folder / "slurm.conf").write_text("NodeName=n[1-2] Gres=gpu:8 CPUs=64\nPartitionName=gpu Nodes=ALL Default=YES\n",
+                                       encoding="utf-8")
+    return folder
+
+
+def test_a_dump_taken_while_jobs_ran_says_which_jobs_it_left_out_and_what_they_waited(live_dump, tmp_path):
+    """The two pending jobs and the running one are left out and said so, with their waits, on
+    screen, in summary.json and on the report; the two requeued, pending again, are replayed."""
+    out = tmp_path / "out"
+    result = dike_slurm("replay", str(live_dump / "sacct.txt"), "--slurm-conf", str(live_dump / "slurm.conf"),
+                        "-p", "fifo", "--out", str(out))
+    sentence = ("The dump was taken while jobs ran (its last time: 2026-01-05T10:20:00): 2 GPU jobs still pending "
+                "(waited 00:11:00 on average, the longest 00:15:00 so far) and 1 GPU job running (waited 00:10:00 "
+                "before starting) at its end are left out of the replay, whose waits and JCTs therefore do not "
+                "include them; 2 GPU jobs requeued and pending again are replayed with the run time they had.")
+    lines = result.stdout.splitlines()
+    assert f"  {sentence}" in lines
+    assert ("These figures leave out the 3 GPU jobs still pending or running when the dump was taken "
+            "(see its input above).") in lines
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["input"]["jobs_replayed"] == 4  # 1, 2, 3 and 8
+    assert summary["input"]["jobs_not_replayed"] == {"never started (pending or cancelled before start)": 3,
+                                                     "still running at the end of the dump": 1}
+    assert summary["unfinished_at_dump_end"] == {
+        "dump_end": "2026-01-05T10:20:00", "pending_left_out": 2, "pending_wait_so_far_s": {"mean": 660.0, "max": 900.0},
+        "running_left_out": 1, "running_wait_s": {"mean": 600.0, "max": 600.0}, "pending_again_replayed": 2,
+    }
+    page = (out / "report.html").read_text(encoding="utf-8")
+    shown = html.escape(sentence, quote=True)
+    assert f'<p id="unfinished">{shown}</p>' in page and f'<p class="note" id="unfinished-note"><strong>{shown}</strong></p>' in page
+
+
+def test_a_finished_dump_says_every_job_had_ended(replay_out):
+    out, result = replay_out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unfinished_at_dump_end"]["pending_left_out"] == 0 == summary["unfinished_at_dump_end"]["running_left_out"]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert '<p id="unfinished">Every GPU job of the dump had ended when it was taken.</p>' in page
+    assert "unfinished-note" not in page and "These figures leave out" not in result.stdout
+
+
+def test_trace_stats_counts_requeues_from_the_states_it_prints(live_dump):
+    stats = json.loads(dike_slurm("trace", "stats", str(live_dump / "sacct.txt"), "--json").stdout)
+    assert stats["final_states"]["REQUEUED"] == 1  # job 3; job 2's last record is PENDING
+    assert stats["requeued_jobs"] == 2  # job 2 (two records) and job 3 (REQUEUED, its only record)
+    table = dike_slurm("trace", "stats", str(live_dump / "sacct.txt")).stdout
+    assert re.search(r"requeued jobs\s+│\s+2\s", table) and "REQUEUED: 1" in table

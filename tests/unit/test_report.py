@@ -254,7 +254,7 @@ def test_the_page_has_the_headline_ratios_parameters_thresholds_and_configuratio
     runs = [(name, run_policy(name, replay_input, config, settings).metrics) for name in ("fifo", "tiresias", "dike")]
     html = render_report(
         case=replay_input.case,
-        input_section=replay_input.input_summary(),
+        input_section=replay_input.input_summary(), unfinished="",
         settings={"history_window_days": settings.history_window_s / 86400.0, "seed": settings.seed,
                   "preemptible": settings.preemptible_choice, "preemptible_jobs": len(replay_input.trace.jobs)},
         runs=runs, user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={"fifo": 1.0},
@@ -280,7 +280,7 @@ def test_without_the_configuration_the_page_says_the_parameters_were_not_passed(
     replay_input = load_input(trace / "sacct.txt", trace / "slurm.conf", None)
     metrics = run_policy("fifo", replay_input, config, sim_settings(config, replay_input.conf)).metrics
     html = render_report(
-        case=replay_input.case, input_section=replay_input.input_summary(),
+        case=replay_input.case, input_section=replay_input.input_summary(), unfinished="",
         settings={"history_window_days": 30.0, "preemptible": "live", "preemptible_jobs": 0}, runs=[("fifo", metrics)],
         user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={},
     )
