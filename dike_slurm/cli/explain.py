@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from dike_slurm.domain.fields import JobField
 from dike_slurm.domain.model import JobState
 
 if TYPE_CHECKING:
@@ -40,10 +41,12 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     if found is not None:
         job_id = found.job.job_id
         memory = engine.store.job(job_id)
+        left_to_site = JobField.SITE_FACTOR in found.hands_off
         document |= {"status": "active", "job": job_row(found, field, memory, plan.expected.get(job_id)) | {
             "run_count": found.job.run_count,
             "forgiven_gpu_hours": round(found.job.attained_at_promotion_gpu_s / 3600, 3),
-            "left_to_user": found.hands_off_reason or None,
+            "left_to_user": (found.hands_off_reason or None) if not left_to_site else None,
+            "left_to_site": found.hands_off_reason if left_to_site else None,
             "next_writes": [", ".join(f"{k.value}={_value(v)}" for k, v in w.update.values) or "(release)"
                             for w in found.writes],
             "write_reasons": [w.reason for w in found.writes],
@@ -271,17 +274,27 @@ def _write_lines(document: dict[str, Any]) -> list[str]:
             "far only once the jobs ahead start, and the engine orders it as soon as it comes within the window.",
         ]
     else:
-        lines = [f"  {job['priority_field']}: now {job['priority_now']}, "
-                 f"planned {planned if planned is not None else 'nothing (a running job keeps its value)'}"]
+        lines = [f"  {job['priority_field']}: now {job['priority_now']}, planned {_planned_text(job)}"]
     lines.append(f"  constraint now: {job['placement_now']}; wanted: {job['placement_planned'] or 'none'}")
     if job["left_to_user"]:
         lines.append(f"  left to the user: {job['left_to_user']}")
+    if job["left_to_site"]:
+        lines.append(f"  left to the site: {job['left_to_site']}")
     for change, reason in zip(job["next_writes"], job["write_reasons"]):
         lines.append(f"  next cycle writes: {change} ({reason})")
-    if job["managed"] and not job["next_writes"] and not job["beyond_head_window"]:
+    if job["managed"] and not job["next_writes"] and not job["beyond_head_window"] and planned is not None:
         lines.append(f"  next cycle writes nothing: Slurm's value is within engine.priority_tolerance "
                      f"({job['tolerance']:.0%} of the span) of the planned one, close enough to keep the order")
     return lines
+
+
+def _planned_text(job: dict[str, Any]) -> str:
+    """The value the engine plans for the job's priority field, or why none."""
+    if job["priority_planned"] is not None:
+        return str(job["priority_planned"])
+    if job["left_to_site"]:
+        return "nothing (left to the site, below)"
+    return "nothing (a running job keeps its value)"
 
 
 def _record_lines(document: dict[str, Any]) -> list[str]:
@@ -294,6 +307,9 @@ def _record_lines(document: dict[str, Any]) -> list[str]:
             if entry["action"] == "preemption":  # an outcome, not a write: landed, wasted or gone, and why
                 lines += [f"  {entry['time']} preemption for it {entry['change']}: {entry['message']}",
                           f"      {entry['reason']}"]
+                continue
+            if entry["action"] == "left-alone":  # not a write: a value found someone else's, kept
+                lines.append(f"  {entry['time']} left alone: {entry['change']}: {entry['message']}")
                 continue
             outcome = "ok" if entry["ok"] else f"FAILED: {entry['message']}"
             lines += [f"  {entry['time']} {entry['action']}: {entry['change']} [{outcome}]",

@@ -58,8 +58,8 @@ def job_row(job_plan: JobPlan, field_name: str, memory: JobMemory | None,
     pending = job.state is JobState.PENDING
     # A running job's priority is rewritten only when its level changes: otherwise nothing is planned.
     planned = job_plan.value_wanted if pending or _strategy_writes(job_plan, field_name) else None
-    if job_plan.outside_window or not job_plan.managed:
-        planned = None  # beyond the head window (the value is handed back) or exempt: nothing new is written
+    if job_plan.outside_window or not job_plan.managed or any(f.value == field_name for f in job_plan.hands_off):
+        planned = None  # beyond the head window (the value is handed back), exempt, or left to the site
     return {
         "job": job.display_id,
         "job_id": job.job_id,

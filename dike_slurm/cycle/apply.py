@@ -4,7 +4,9 @@ Every write, requeue and signal has its audit row (built by the cycle's `Journal
 "unconfirmed" before Slurm is called, then completed with the result (and, for a write, the field
 the engine now owns, in the same transaction), so a crash at any point leaves the attempt in the
 audit. The circuit breakers, the cycle deadline and the preemption grace signal are enforced
-here; afterwards the cycle's levels, promotions and runs are remembered.
+here; afterwards the cycle's levels, promotions and runs are remembered, and a field found someone
+else's (a user's change, a SiteFactor the site set) is audited `left-alone` once, in the transaction
+that remembers it and lets go of it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dike_slurm.domain.decisions import Requeue, service_forgiven
 from dike_slurm.domain.freed_rooms import WASTED, FreedRoom, requeues_by_outcome
 from dike_slurm.domain.model import Job
 from dike_slurm.parsing.durations import format_timestamp
-from dike_slurm.cycle.plan import CyclePlan, PlannedWrite
+from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
 from dike_slurm.cycle.field_values import describe_value
 from dike_slurm.cycle.reconcile import STRATEGY_FIELD
 from dike_slurm.cycle.requeue_guard import requeue_groups
@@ -82,6 +84,7 @@ class CycleReport:
     breaker_latched: bool = False  # the circuit breaker is latched after this cycle
     write_seconds: float = 0.0  # the writes, requeues and the memory of the cycle
     stopped: Stop | None = None  # why the cycle stopped writing (None: it did not)
+    left_alone: int = 0  # jobs with a field this cycle found someone else's (audited left-alone)
 
 
 def field_changes(write: PlannedWrite) -> list[tuple[JobField, object, object]]:
@@ -203,7 +206,8 @@ class Applier:
         self._batches(plan, journal, tally, stopping, started)
         self._requeues(plan, journal, tally, stopping, started)
         requeued = {r.job_id for r, o in tally.requeued if o.ok}
-        self._remember(plan, self._memories(plan, tally.succeeded, requeued), journal, _rooms(plan, tally.requeued))
+        memories, left_alone = self._memories(plan, tally.succeeded, requeued)
+        self._remember(plan, memories, journal, _rooms(plan, tally.requeued), left_alone)
         seconds = self.clock() - started
         write_calls = self.backend.calls - calls_before
         report = CycleReport(
@@ -212,7 +216,7 @@ class Applier:
             write_calls=write_calls, notes=tuple(tally.notes), denied=stopping.denied,
             preemption_totals=self.store.preemption_totals(), budget_held=tally.budget_held, signals=tally.signals,
             paused=stopping.stop is Stop.PAUSED, breaker_latched=self.store.breaker() is not None,
-            write_seconds=time.perf_counter() - phase_started, stopped=stopping.stop,
+            write_seconds=time.perf_counter() - phase_started, stopped=stopping.stop, left_alone=len(left_alone),
         )
         with self.store.transaction():
             self.store.record_cycle(_summary(report))
@@ -411,15 +415,22 @@ class Applier:
             # after a requeue), so the engine keeps them too and puts them back once it is pending
             self.store.release(write.job_id, [f for f in write.update.fields if f.is_placement])
 
-    def _memories(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]], requeued: set[int]) -> list[JobMemory]:
-        """Each managed job's memory that changed or whose last_seen is LAST_SEEN_EVERY_S old."""
+    def _memories(self, plan: CyclePlan, succeeded: set[tuple[int, JobField]],
+                  requeued: set[int]) -> tuple[list[JobMemory], list[tuple[JobPlan, tuple[JobField, ...]]]]:
+        """Each managed job's memory that changed or whose last_seen is LAST_SEEN_EVERY_S old; the
+        jobs with fields found someone else's this cycle, with those fields."""
         memory = self.store.jobs()
         memories = []
+        left_alone = []
         for job_plan in plan.jobs:
             if not job_plan.managed:
                 continue
             job = job_plan.job
             old = memory.get(job.job_id)
+            if job_plan.hands_off:
+                new = tuple(f for f in job_plan.hands_off if old is None or f not in old.hands_off)
+                if new:
+                    left_alone.append((job_plan, new))
             written_level = old.written_level if old else None
             if (job.job_id, self.strategy_field) in succeeded:
                 written_level = job_plan.level
@@ -441,18 +452,21 @@ class Applier:
                 continue  # what most jobs of a quiet cycle come to
             memories.append(replace(old, last_seen=plan.time, **changes) if old
                             else JobMemory(job.job_id, plan.time, **changes))
-        return memories
+        return memories, left_alone
 
     def _remember(self, plan: CyclePlan, memories: list[JobMemory], journal: Journal,
-                  rooms: Mapping[int, FreedRoom]) -> None:
+                  rooms: Mapping[int, FreedRoom], left_alone: Sequence[tuple[JobPlan, tuple[JobField, ...]]]) -> None:
         """The jobs' memories, the runs, the preemptions followed (`rooms`: those made this cycle)
-        and those settled, audited."""
+        and those settled, audited; the fields found someone else's, audited left-alone."""
         lookback_start = self.config.accounting.window_start(plan.time)
         with self.store.transaction():
             self.store.remember(memories)
-            for job_plan in plan.jobs:  # a user took these over: the engine no longer owns them
+            for job_plan in plan.jobs:  # a user (or the site) took these over: the engine no longer owns them
                 if job_plan.hands_off:
                     self.store.release(job_plan.job.job_id, job_plan.hands_off)
+            for job_plan, fields in left_alone:
+                journal.add(job_plan.job.job_id, "left-alone", _left_alone_text(job_plan, fields, self.strategy_field),
+                            "(none)", "none", True, job_plan.hands_off_reason, job_plan.reason)
             self.store.add_runs(plan.new_runs)
             if plan.accounting_ok:
                 self.store.set_last_sync(plan.time)
@@ -474,6 +488,12 @@ class Applier:
             self.store.prune_runs(lookback_start, [p.job.job_id for p in plan.jobs])
             # last_seen may lag the truth by LAST_SEEN_EVERY_S: never forget a job sooner than FORGET_AFTER_S
             self.store.forget_jobs(plan.time - FORGET_AFTER_S - LAST_SEEN_EVERY_S)
+
+
+def _left_alone_text(job_plan: JobPlan, fields: Sequence[JobField], strategy: JobField) -> str:
+    """What a left-alone row keeps: `SiteFactor 880000 kept`, `Switches, Features kept`."""
+    return ", ".join(f"{f.value} {job_plan.value_now}" if f is strategy and job_plan.value_now is not None
+                     else f.value for f in fields) + " kept"
 
 
 def _rooms(plan: CyclePlan, requeued: Sequence[tuple[Requeue, WriteOutcome]]) -> dict[int, FreedRoom]:

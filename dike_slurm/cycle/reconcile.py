@@ -5,8 +5,9 @@ contexts are updated and kept for the next cycle (the result is the same without
 values that differ from what Slurm already holds (or, where Slurm does not show a value, from
 what the engine remembers writing) become writes; values within the tolerance are kept unless
 that would put pending jobs out of the policy's order; pending jobs beyond the head window
-(dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a user took over
-are left alone; then the guardrails (mass-rewrite breaker, writes per cycle).
+(dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a user took over,
+and a SiteFactor someone else set (`site_changes`), are left alone; then the guardrails
+(mass-rewrite breaker, writes per cycle).
 """
 from __future__ import annotations
 
@@ -183,6 +184,7 @@ def diff(inputs: DiffInputs, kept: DiffMemory | None = None) -> tuple[list[JobPl
     contexts, carried = _contexts(inputs, key, ranked, known, last)
     keep_policy_order(policy_chain(contexts, ranked, key), key)
     plans = _plans(inputs, contexts, key, {p.job_id: i for i, p in enumerate(ranked)})
+    notes.extend(f"job {c.job.display_id}: {c.hands_off_reason}" for c in contexts.values() if _newly_left(c))
     if kept is not None:
         kept.contexts, kept.carried = contexts, carried
     return plans, notes
@@ -245,10 +247,11 @@ def _job_side(job: Job, decision: SetPriority | None, owned: Mapping[JobField, O
     exempt = exemptions.kind(job, admin_comment)
     hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
     hands_off_reason = remembered.hands_off_reason if remembered else ""
-    changed = None if exempt else user_changes(job, owned, hands_off)
-    if changed:
-        hands_off = {*hands_off, *changed[0]}
-        hands_off_reason = changed[1]
+    if not exempt:
+        for changed in (user_changes(job, owned, hands_off), site_changes(key, site_factor, owned, hands_off)):
+            if changed:
+                hands_off = {*hands_off, *changed[0]}
+                hands_off_reason = changed[1]
     return _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off, hands_off_reason,
                        False, site_factor, exemptions.admin_tag in admin_comment)
 
@@ -362,6 +365,33 @@ def _planned_write(job_id: int, update: JobUpdate, undo: JobUpdate, originals: t
         "job_id": job_id, "update": update, "undo": undo, "originals": originals, "restores": restores,
         "reason": reason, "rank": rank, "before": before, "kind": kind,
     })
+
+
+def _newly_left(context: _JobContext) -> bool:
+    """A field this cycle found someone else's: hands off now, and not in the job's memory."""
+    if not context.hands_off or context.exempt:
+        return False
+    before = context.remembered.hands_off if context.remembered is not None else ()
+    return any(f not in before for f in context.hands_off)
+
+
+def site_changes(
+    key: JobField, site_factor: int | None, owned: Mapping[JobField, OwnedField], already: Collection[JobField]
+) -> tuple[set[JobField], str] | None:
+    """A SiteFactor someone else set (an admin's `scontrol update`), where Slurm shows it (sprio):
+    not the value the engine wrote, or non-zero on a job whose SiteFactor the engine does not own."""
+    if key is not JobField.SITE_FACTOR or site_factor is None or key in already:
+        return None
+    mine = owned.get(key)
+    if mine is None:
+        if not site_factor:
+            return None
+        return {key}, (f"SiteFactor {site_factor} was set outside the engine, which never wrote this job's "
+                       f"SiteFactor: left to the site (with the job's AdminComment)")
+    if site_factor == int(mine.written):  # type: ignore[arg-type]
+        return None
+    return {key}, (f"SiteFactor changed to {site_factor} after the engine set {mine.written}: left to the site "
+                   f"(with the job's AdminComment)")
 
 
 def user_changes(

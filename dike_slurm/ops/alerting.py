@@ -119,7 +119,8 @@ _PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
      (("sum by (partition) (dike_slurm_pending_jobs)", "{{partition}}"),)),
     ("Managed jobs per level", "timeseries", "short", (("dike_slurm_jobs", "level {{level}}"),)),
     ("Jobs the engine leaves alone", "timeseries", "short", (
-        ("dike_slurm_jobs_exempt", "exempt: {{reason}}"),)),
+        ("dike_slurm_jobs_exempt", "exempt: {{reason}}"), ("dike_slurm_jobs_left_alone", "left to the {{reason}}"),
+        ("increase(dike_slurm_left_alone_total[1h])", "found in the last hour"))),
     ("Writes per cycle", "timeseries", "short", (
         ("dike_slurm_writes_planned", "planned"), ("dike_slurm_changes_written", "written"),
         ("dike_slurm_writes_skipped", "skipped"), ("dike_slurm_writes_held_back", "held back: {{reason}}"))),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dike_slurm.domain.freed_rooms import GONE, LANDED, WASTED, requeues_by_outcome
+from dike_slurm.domain.fields import JobField
 from dike_slurm.domain.model import EXEMPT_KINDS, JobState
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class MetricsWatch:
     signals: int = 0
     write_errors: int = 0
     gpu_hours_lost: float = 0.0
+    left_alone: int = 0
     held_since: dict[int, float] = field(default_factory=dict)  # job id -> cycle time its write was first held
 
     def cycled(self, report: CycleReport) -> None:
@@ -54,6 +56,7 @@ class MetricsWatch:
         self.signals += report.signals
         self.write_errors += report.errors
         self.gpu_hours_lost += requeue_gpu_hours_lost(report)
+        self.left_alone += report.left_alone
         held = held_job_ids(report)
         now = report.plan.time
         self.held_since = {job_id: self.held_since.get(job_id, now) for job_id in held}
@@ -132,6 +135,8 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("jobs", "managed active jobs per queue level", ("level",)),
     ("jobs_exempt", "active jobs in scope the engine never writes, by why: the site lists their qos, partition or "
      "account, the admin tag is in their admin_comment, or the user's tag in their comment", ("reason",)),
+    ("jobs_left_alone", "managed active jobs with a field the engine leaves to someone else: site (a SiteFactor "
+     "set outside the engine), user (a constraint or Nice the user changed)", ("reason",)),
     ("pending_jobs", "managed pending jobs per queue level and partition (a job of several "
      "partitions counts in each)", ("level", "partition")),
     ("pending_wait_seconds", "wait of the managed pending jobs per level since their submit or last "
@@ -154,6 +159,8 @@ def _counters(watch: MetricsWatch) -> tuple[tuple[str, str, float], ...]:
          watch.write_errors),
         ("requeue_gpu_hours_lost", "GPU-hours of the current runs of the jobs requeued since the process "
          "started (an upper bound: as if none checkpointed)", watch.gpu_hours_lost),
+        ("left_alone", "jobs found with a field someone else set (audited left-alone) since the engine process "
+         "started", watch.left_alone),
     )
 
 
@@ -218,6 +225,8 @@ def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
     per_list: dict[tuple[int, str], int] = {}
     outside = 0
     exempt = dict.fromkeys(EXEMPT_KINDS, 0)
+    left_to_site = left_to_user = 0
+    site_factor = JobField.SITE_FACTOR
     now, pending_state = plan.time, JobState.PENDING
     for job_plan in plan.jobs:
         level = job_plan.level
@@ -226,6 +235,9 @@ def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
                 exempt[job_plan.exempt] += 1
             continue
         by_level[level] = by_level.get(level, 0) + 1
+        if job_plan.hands_off:
+            left_to_site += site_factor in job_plan.hands_off
+            left_to_user += any(f is not site_factor for f in job_plan.hands_off)
         job = job_plan.job
         if job.state is pending_state:
             since = job.pending_since if job.pending_since is not None else job.submit_time
@@ -240,6 +252,8 @@ def _set_jobs(gauges: dict[str, Gauge], plan: CyclePlan) -> None:
     gauges["pending_jobs_beyond_head_window"].set(outside)
     for kind, count in exempt.items():
         gauges["jobs_exempt"].labels(reason=kind).set(count)
+    gauges["jobs_left_alone"].labels(reason="site").set(left_to_site)
+    gauges["jobs_left_alone"].labels(reason="user").set(left_to_user)
     for level in sorted(by_level):
         gauges["jobs"].labels(level=str(level)).set(by_level[level])
     for (level, partition), count in sorted(per_partition.items()):

@@ -102,7 +102,11 @@ def test_audit_from_values_are_what_slurm_held_and_audit_lists_them(slurm_stubs)
     assert dike("run", "--once", "--apply", config=slurm_stubs).returncode == 0
     entries = as_json("audit", "--job", "63", config=slurm_stubs)["entries"]
     updates = [e["change"] for e in entries if e["action"] == "update"]
-    assert updates[0].startswith("SiteFactor 0 -> ") and updates[1].startswith("SiteFactor 395805 -> ")
+    # the engine's write from what Slurm held; then the site's value is kept, and the audit says so
+    assert len(updates) == 1 and updates[0].startswith("SiteFactor 0 -> ")
+    kept = [e for e in entries if e["action"] == "left-alone"]
+    assert [(e["change"], e["ok"], e["command"]) for e in kept] == [("SiteFactor 395805 kept", True, "(none)")]
+    assert kept[0]["message"].startswith("SiteFactor changed to 395805 after the engine set ")
     assert all(e["job_id"] == 63 for e in entries)
     assert as_json("audit", "--since", "2000-01-01", config=slurm_stubs)["entries"]
     assert as_json("audit", "--since", "1d", config=slurm_stubs)["entries"]  # an age

@@ -97,6 +97,10 @@ def reference_diff(
         if changed:
             hands_off |= changed[0]
             hands_off_reason = changed[1]
+        changed = None if exempt else reference_site_changes(key, cluster.site_factors.get(job.job_id), owned, hands_off)
+        if changed:
+            hands_off |= changed[0]
+            hands_off_reason = changed[1]
         outside = inside is not None and job.state is JobState.PENDING and job.job_id not in inside
         needed = (
             not exempt and not outside
@@ -143,7 +147,27 @@ def reference_diff(
                     hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else (),
                     hands_off_reason=context.hands_off_reason, **common)
         )
+    for context in contexts:  # a field found someone else's this cycle
+        before = set(context.remembered.hands_off) if context.remembered else set()
+        if not context.exempt and set(context.hands_off) - before:
+            notes.append(f"job {context.job.display_id}: {context.hands_off_reason}")
     return plans, notes
+
+
+def reference_site_changes(key: JobField, shown: int | None, owned: Mapping[JobField, OwnedField],
+                           already: set[JobField]) -> tuple[set[JobField], str] | None:
+    """A SiteFactor Slurm shows that the engine did not write: non-zero and not the engine's, or not
+    the value the engine wrote."""
+    if key is not JobField.SITE_FACTOR or shown is None or key in already:
+        return None
+    mine = owned.get(key)
+    if mine is None and shown != 0:
+        return {key}, (f"SiteFactor {shown} was set outside the engine, which never wrote this job's SiteFactor: "
+                       "left to the site (with the job's AdminComment)")
+    if mine is not None and shown != mine.written:
+        return {key}, (f"SiteFactor changed to {shown} after the engine set {mine.written}: left to the site "
+                       "(with the job's AdminComment)")
+    return None
 
 
 def reference_exemption(job: Job, admin_comment: str, config: Config) -> str:
@@ -607,13 +631,17 @@ def test_a_kept_plan_is_made_again_when_the_order_walk_or_the_admin_comment_asks
     config = Config.model_validate({"engine": {"priority_span": 100, "priority_tolerance": 0.5}})
     jobs = tuple(Job(job_id=i, user="u", state=JobState.PENDING, submit_time=0.0) for i in (1, 2, 3))
     site_factors = {1: 110, 2: 60, 3: 34}  # wanted (ceiling 3): 67 for score 2, 34 for 1, 100 for 3
-    owned = {3: {JobField.ADMIN_COMMENT: OwnedField(3, JobField.ADMIN_COMMENT, "", admin_comment_text(0, 0.0, False), 0.0)}}
+    # values the engine wrote at level 0 in some earlier cycle (a value someone else set is left alone)
+    owned = {i: {JobField.SITE_FACTOR: OwnedField(i, JobField.SITE_FACTOR, 0, value, 0.0)}
+             for i, value in site_factors.items()}
+    owned[3][JobField.ADMIN_COMMENT] = OwnedField(3, JobField.ADMIN_COMMENT, "", admin_comment_text(0, 0.0, False), 0.0)
+    written = {i: JobMemory(i, 0.0, written_level=0) for i in site_factors}
 
     def cycle(score_2: float, comment_3: str):
         priorities = (SetPriority(1, 0, 2.0, "one"), SetPriority(2, 0, score_2, "two"), SetPriority(3, 0, 1.0, "three"))
         level_0 = admin_comment_text(0, 0.0, False)
         cluster = ClusterState(0.0, jobs, (), Topology(), site_factors, {1: level_0, 2: level_0, 3: comment_3})
-        return Snapshot(time=0.0, jobs=jobs, nodes=()), Decisions(priorities), cluster, {}, owned, config, 3.0
+        return Snapshot(time=0.0, jobs=jobs, nodes=()), Decisions(priorities), cluster, written, owned, config, 3.0
 
     memory = reconcile.DiffMemory()
     quiet = cycle(1.0, admin_comment_text(0, 0.0, False))

@@ -25,6 +25,16 @@ def cluster(*jobs, records=(), alloc=None, admin_comments=None) -> FakeBackend:
     return FakeBackend(jobs, nodes(alloc), TOPOLOGY, time=NOW, records=records, admin_comments=admin_comments)
 
 
+def stale(cfg, backend: FakeBackend, values: dict[int, int]) -> None:
+    """SiteFactors the engine wrote in some earlier cycle, which Slurm still holds (a value someone
+    else set is left alone: test_site_values.py)."""
+    store = StateStore(cfg.engine.state_db)
+    with store.transaction():
+        for job_id, value in values.items():
+            store.record_write(job_id, JobField.SITE_FACTOR, 0, value, NOW - 600)
+    backend.site_factors.update(values)
+
+
 def test_first_cycle_writes_site_factor_and_comment_second_cycle_writes_nothing(tmp_path):
     backend = cluster(pending(1, "alice"), pending(2, "bob", gpus=2))
     cfg = config(tmp_path)
@@ -389,7 +399,7 @@ def test_values_within_the_tolerance_never_leave_jobs_out_of_the_policy_order(tm
     engine(cfg, backend).cycle(apply=True)
     # only what the order needs: carol's 0 (never written) is already the lowest
     assert backend.site_factors[1] > backend.site_factors[2] > backend.site_factors.get(3, 0) == 0
-    backend.site_factors[1], backend.site_factors[2] = 5, 900_000  # stale values, swapped
+    stale(cfg, backend, {1: 5, 2: 900_000})  # stale values, swapped
     backend.applied.clear()
     report = engine(cfg, backend).cycle(apply=True)
     assert [u.job_id for u in backend.applied] == [1]  # one write restores the order
@@ -428,7 +438,7 @@ def test_stale_values_inside_the_tolerance_are_rewritten_until_they_follow_the_p
     span = max(wanted.values()) - min(wanted.values())
     assert 0 < span < cfg.engine.priority_tolerance * cfg.engine.priority_span
     by_rank = sorted(wanted, key=lambda j: -wanted[j])
-    backend.site_factors.update({job: wanted[other] for job, other in zip(by_rank, reversed(by_rank))})
+    stale(cfg, backend, {job: wanted[other] for job, other in zip(by_rank, reversed(by_rank))})
     plan = engine(cfg, backend).plan()
     held = {}
     for job_plan in plan.jobs:

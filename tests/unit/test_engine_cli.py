@@ -1,8 +1,8 @@
 """The engine's commands as an admin types them, against stand-in Slurm commands (no cluster).
 
 A folder of tiny scripts named squeue, sinfo, sprio, sacct, scontrol and sacctmgr answers with
-canned Slurm 22.05 output and logs every argv; `slurm.bin_dir` points the engine at it. The site's
-priority settings (read when the engine starts) are the lab's recorded ones (tests/fixtures/slurm-22.05).
+canned Slurm 22.05 output (sprio with the SiteFactor last written) and logs every argv;
+`slurm.bin_dir` points the engine at it. The site's priority settings (read when the engine starts) are the lab's recorded ones (tests/fixtures/slurm-22.05).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ FIXTURES_22 = REPO / "tests" / "fixtures" / "slurm-22.05"
 
 STUB = """#!/bin/sh
 echo "$0 $*" >> {log}
+if [ "$(basename "$0") $1" = "scontrol update" ]; then  # sprio shows a SiteFactor written, as Slurm's does
+  written=$(echo "$*" | sed -n 's/.*JobId=\\([0-9]*\\) .*SiteFactor=\\(-*[0-9]*\\).*/\\1|\\2/p')
+  if [ -n "$written" ]; then sed -i "s/^${{written%|*}}|[^|]*|/$written|/" {dir}/sprio.txt; fi
+fi
 case "$(basename "$0") $1" in
   "squeue --json") cat {dir}/squeue.json ;;
   "squeue -a") echo "squeue: error: Invalid job format specification: stub" >&2 ;;  # the lean read falls back to JSON

@@ -47,9 +47,10 @@ def test_error_breaker_latches_until_an_operator_resets_it(tmp_path):
 def test_mass_rewrite_breaker_latches(tmp_path):
     jobs = [pending(i, "alice") for i in range(1, 31)]
     backend = cluster(*jobs)
-    cfg = config(tmp_path, engine={"breaker_min_jobs": 20})
-    engine(cfg, backend).cycle(apply=True)
-    backend.site_factors = {i: 1 for i in backend.site_factors}  # someone reset every value
+    engine(config(tmp_path, engine={"breaker_min_jobs": 20}), backend).cycle(apply=True)
+    # a wrong configuration would move every value at once (a value someone else set is left alone:
+    # test_site_values.py)
+    cfg = config(tmp_path, engine={"breaker_min_jobs": 20, "priority_span": 500_000})
     stopped = engine(cfg, backend).cycle(apply=True)
     assert stopped.plan.writes == () and any("circuit breaker" in n for n in stopped.plan.notes)
     # the breaker is a typed guard outcome carried with its text, not found by the text's prefix
