@@ -242,9 +242,6 @@ def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRu
 
     input_section = replay_input.input_summary()
     write_summary(out_dir / "summary.json", input_section, main_runs, extra)
-    user_jobs: dict[str, int] = {}
-    for job in replay_input.trace.jobs:
-        user_jobs[job.user] = user_jobs.get(job.user, 0) + 1
     penalties = sorted(swept or ())
     html = render_report(
         case=replay_input.case,
@@ -252,14 +249,22 @@ def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRu
         unfinished=replay_input.trace.unfinished.sentence(),
         settings=extra["settings"],
         runs=[(run.name, run.metrics) for run in main_runs],
-        user_jobs=user_jobs,
+        user_jobs=_user_jobs(replay_input),
         penalty_headers=["policy"] + [f"penalty {p:g}" for p in penalties] if swept else [],
         penalty_rows=[[name] + [_avg_jct_h(swept[p][name]) for p in penalties] for name in names] if swept else [],
         timings={run.name: run.wall_s for run in runs},
-        config=config,
+        params={name: config.policy_params(name) for name in names},
         config_source=extra["config"],
     )
     (out_dir / "report.html").write_text(html, encoding="utf-8")
+
+
+def _user_jobs(replay_input: ReplayInput) -> dict[str, int]:
+    """Jobs replayed per user."""
+    counts: dict[str, int] = {}
+    for job in replay_input.trace.jobs:
+        counts[job.user] = counts.get(job.user, 0) + 1
+    return counts
 
 
 def _sweep_table(swept: dict[float, dict[str, PolicyRun]], names: list[str]) -> Table:
@@ -297,17 +302,28 @@ def tune_command(
     quantiles: list[str] = typer.Option([], "--quantiles", metavar="Q,Q", help="a candidate, e.g. 0.5,0.75 (repeat; default: four sets)"),
     baseline: list[str] = typer.Option(["fifo"], "--baseline", metavar="NAME", help="policies replayed for comparison (repeat, or a,b)"),
     comm_penalty: float | None = typer.Option(None, "--comm-penalty", min=0, help="slow-down per extra leaf switch of a heavy job"),
+    preemptible: str | None = typer.Option(
+        None, "--preemptible",
+        help="which jobs may be preempted: live (the engine's opt-in rule, the default of [replay] preemptible), "
+        "all, none, or a share such as 0.5 drawn per job; the thresholds matter only where Dike preempts",
+    ),
     workers: int | None = typer.Option(None, "--workers", help="replays run in parallel"),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="DIR", help="also write summary.json (every replay, the candidates, the answer) and report.html",
+    ),
     sweep_out: Path | None = typer.Option(
         None, "--sweep-out", metavar="DIR",
         help="write the replays as a sweep folder instead (run it with `sweep local DIR` or `sweep submit DIR`, then `sweep merge DIR`)",
     ),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
-    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, run_tasks, sim_settings
-    from dike_slurm.sim.eval.tune import candidate_quantiles, propose
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings
+    from dike_slurm.sim.eval.tune import CONFIGURED, Candidate, answer, candidate_quantiles, propose
 
-    config, _ = _config(config_path, {})
+    if out is not None and sweep_out is not None:
+        raise InputError("give --out (run the replays now and write their results) or --sweep-out (write them to run later), not both")
+    preemptible_share = parse_preemptible(preemptible) if preemptible is not None else None
+    config, source = _config(config_path, {})
     dike = config.policy_params("dike")
     levels = dike.levels  # type: ignore[attr-defined]
     candidates = [tuple(_parse_floats(text, "--quantiles")) for text in quantiles] or candidate_quantiles(levels)
@@ -316,54 +332,82 @@ def tune_command(
             raise ConfigError(f"--quantiles {candidate}: need {levels - 1} ascending values in (0, 1) for {levels} levels")
     replay_input = load_input(dump, slurm_conf, topology)
     _print_input(replay_input)
-    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, source=str(slurm_conf))
+    settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, preemptible=preemptible_share,
+                            source=str(slurm_conf))
+    preemptible_count, preemptible_line = preemptible_jobs(replay_input, settings)
+    console.print(preemptible_line, highlight=False, markup=False)
     proposals = [propose(replay_input.trace.jobs, candidate) for candidate in candidates]
     baselines = _check_policies(baseline) if baseline else []
     tasks = [ReplayTask(name, name, settings.comm_penalty) for name in baselines]
-    tasks.append(ReplayTask("dike (configured)", "dike", settings.comm_penalty))
+    tasks.append(ReplayTask(CONFIGURED, "dike", settings.comm_penalty))
     tasks += [
         ReplayTask(p.label, "dike", settings.comm_penalty, params_override={"thresholds_gpuh": list(p.thresholds_gpuh)})
         for p in proposals
     ]
     if sweep_out is not None:
-        _tune_sweep(sweep_out, tasks, proposals, config, settings, replay_input, slurm_conf, topology)
+        known = {"preemptible_jobs": preemptible_count, "jobs": len(replay_input.trace.jobs),
+                 "preemption": dike.preemption}  # type: ignore[attr-defined]
+        _tune_sweep(sweep_out, tasks, proposals, known, config, settings, replay_input, slurm_conf, topology)
         return
+    out_dir = _out_dir(out) if out is not None else None
     progress = LazyProgress([t.label for t in tasks], len(replay_input.trace.jobs), err_console)
     try:
         runs = run_tasks(tasks, replay_input, config, settings, workers=_workers(workers), on_progress=progress)
     finally:
         progress.close()
-    table = _comparison_table(runs, "Dike thresholds by replay")
-    console.print(table)
+    console.print(_comparison_table(runs, "Dike thresholds by replay"))
     threshold_table = Table(title="proposed thresholds (GPU-hours)")
     threshold_table.add_column("candidate")
     threshold_table.add_column("thresholds_gpuh", justify="right")
     for proposal in proposals:
         threshold_table.add_row(proposal.label, ", ".join(f"{t:g}" for t in proposal.thresholds_gpuh))
     console.print(threshold_table)
-    candidate_runs = runs[len(baselines) + 1 :]
-    best_index = min(range(len(proposals)), key=lambda i: (candidate_runs[i].metrics.summary["avg_jct_s"], i))
-    best, best_run = proposals[best_index], candidate_runs[best_index]
     configured = runs[len(baselines)]
-    gain = configured.metrics.summary["avg_jct_s"] / best_run.metrics.summary["avg_jct_s"] if best_run.metrics.summary["avg_jct_s"] else 1.0
-    if not dike.preemption:  # type: ignore[attr-defined]
-        console.print(
-            "note: with preemption off a waiting job has attained no service unless it was requeued, so "
-            "the thresholds rank running jobs only; compare them with [policies.dike] preemption = true.",
-            highlight=False,
-            markup=False,
-        )
-    console.print(
-        f"best average JCT: {best.label} ({gain:.2f}x the configured Dike); to use it:\n"
-        f"[policies.dike]\nthresholds_gpuh = [{', '.join(f'{t:g}' for t in best.thresholds_gpuh)}]",
-        highlight=False,
-        markup=False,
+    result = answer(
+        configured.metrics.summary,
+        [Candidate(p.label, p.thresholds_gpuh, run.metrics.summary) for p, run in zip(proposals, runs[len(baselines) + 1 :])],
+        preemptible_jobs=preemptible_count, jobs=len(replay_input.trace.jobs),
+        preemption_on=dike.preemption,  # type: ignore[attr-defined]
     )
+    for line in result.lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if out_dir is not None:
+        tune = {"candidates": [{"label": p.label, "quantiles": list(p.quantiles), "thresholds_gpuh": list(p.thresholds_gpuh)}
+                               for p in proposals], **result.as_dict()}
+        extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count},
+                 "config": source.as_dict(), "unfinished_at_dump_end": replay_input.trace.unfinished.as_dict(), "tune": tune}
+        _write_tune_outputs(out_dir, replay_input, runs, tasks, extra, config)
+        console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.html'}", highlight=False)
 
 
-def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, settings: SimSettings,
+def _write_tune_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRun], tasks: list,
+                        extra: dict, config: Config) -> None:
+    """tune --out: summary.json (every replay, the candidates, the answer) and report.html."""
+    from dike_slurm.sim.eval.report import render_report
+    from dike_slurm.sim.kernel.replay import policy_params, write_summary
+
+    input_section = replay_input.input_summary()
+    write_summary(out_dir / "summary.json", input_section, runs, extra)
+    html = render_report(
+        case=replay_input.case,
+        input_section=input_section,
+        unfinished=replay_input.trace.unfinished.sentence(),
+        settings=extra["settings"],
+        runs=[(run.name, run.metrics) for run in runs],
+        user_jobs=_user_jobs(replay_input),
+        penalty_headers=[],
+        penalty_rows=[],
+        timings={run.name: run.wall_s for run in runs},
+        params={task.label: policy_params(config, task.policy, task.params_override) for task in tasks},
+        config_source=extra["config"],
+    )
+    (out_dir / "report.html").write_text(html, encoding="utf-8")
+
+
+def _tune_sweep(out: Path, tasks: list, proposals: list, known: dict, config: Config, settings: SimSettings,
                 replay_input: ReplayInput, slurm_conf: Path, topology: Path | None) -> None:
-    """tune as a preset sweep: the same replays, one cell each, for `sweep local` or `sweep submit`."""
+    """tune as a preset sweep: the same replays, one cell each, for `sweep local` or `sweep submit`;
+    `known` (preemptible_jobs, jobs, preemption) lets the merge say why candidates do not differ."""
     from dike_slurm.sim.sweep.plan import write_plan
     from dike_slurm.sim.sweep.spec import Spec, SweepInput, SweepVariant
 
@@ -379,11 +423,11 @@ def _tune_sweep(out: Path, tasks: list, proposals: list, config: Config, setting
         config=config.model_dump(mode="json"),
         source=f"dike-slurm tune {dump}",
         preset={"kind": "tune", "candidates": [{"label": p.label, "thresholds_gpuh": list(p.thresholds_gpuh)}
-                                               for p in proposals]},
+                                               for p in proposals], **known},
     )
     plan = write_plan(spec, out)
     console.print(
         f"wrote sweep {plan.name}: {plan.cells} cells in {plan.out}; run them with `dike-slurm sweep local {plan.out} -j N` "
-        f"or `dike-slurm sweep submit {plan.out}`, then `dike-slurm sweep merge {plan.out}` prints the best thresholds",
+        f"or `dike-slurm sweep submit {plan.out}`, then `dike-slurm sweep merge {plan.out}` prints tune's answer",
         highlight=False, markup=False, soft_wrap=True,
     )

@@ -233,7 +233,6 @@ def merge_command(
                 third = cell["error"] if "error" in cell else ("yes (killed?)" if cell["started"] else "no")
                 table.add_row(str(cell["id"]), cell["label"], third, cell["log"])
             console.print(table, markup=False, highlight=False)
-    if document.get("tune", {}).get("best"):
-        thresholds = ", ".join(f"{t:g}" for t in document["tune"]["thresholds_gpuh"])
-        _print(f"best average JCT: {document['tune']['best']}; to use it:\n[policies.dike]\nthresholds_gpuh = [{thresholds}]")
+    if "tune" in document:
+        _print(document["tune"]["answer"])
     _print(f"wrote {files['json']}, {files['csv']} and {files['report']}")

@@ -12,7 +12,6 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from dike_slurm.config import Config
 from dike_slurm.domain.model import Snapshot
 from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.dike import DikeParams, thresholds_gpu_s
@@ -161,14 +160,15 @@ def render_report(
     penalty_rows: list[list[str]],
     penalty_headers: list[str],
     timings: dict[str, float],
-    config: Config | None = None,
+    params: Mapping[str, PolicyParams] | None = None,
     config_source: Mapping | None = None,
 ) -> str:
     """The whole report page; every number is computed before the template renders.
 
     `case` names the dump (ReplayInput.case); `settings` holds `preemptible` (the choice) and
     `preemptible_jobs`, which the title states with the case. `unfinished`: what the replay did with
-    the jobs that had not ended when the dump was taken ("" when all had). `config` gives the policy parameters and thresholds, `config_source` where it came from
+    the jobs that had not ended when the dump was taken ("" when all had). `params` (a policy's or a
+    tune candidate's, by name) gives the parameters and thresholds, `config_source` where it came from
     (summary.json's `config`: kind, path, variables); without them the settings say they were not
     passed.
     """
@@ -182,7 +182,6 @@ def render_report(
         [user, str(user_jobs[user])] + [f"{metrics.user_slowdown.get(user, 0.0):.2f}" for _, metrics in runs]
         for user in users
     ]
-    params = {name: config.policy_params(name) for name in names} if config is not None else None
     parameter_headers, parameter_rows = parameter_table(params) if params is not None else ([], [])
     thresholds = [
         row

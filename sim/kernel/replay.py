@@ -18,6 +18,7 @@ from dike_slurm.domain.head_window import window_size
 from dike_slurm.domain.model import Topology
 from dike_slurm.slurm.slurm_conf import ClusterConf, load_cluster
 from dike_slurm.parsing.slurm_options import DEFAULT_BF_MAX_JOB_TEST, option_int, scheduler_depth, scheduler_parameters
+from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.dike import DikeParams
 from dike_slurm.registry import default_registry
 from dike_slurm.sim.kernel.cluster import SimCluster
@@ -197,6 +198,12 @@ class ReplayTask:
     params_override: dict | None = None
 
 
+def policy_params(config: Config, name: str, override: dict | None = None) -> PolicyParams:
+    """The parameters a replay runs policy `name` with: the configuration's, then `override`."""
+    params = config.policy_params(name)
+    return params.model_validate({**params.model_dump(), **override}) if override else params
+
+
 def run_policy(
     name: str,
     replay_input: ReplayInput,
@@ -210,9 +217,7 @@ def run_policy(
     """Replay the trace under one policy (the same registry object the live engine runs)."""
     registry = default_registry()
     policy = registry.create(name)
-    params = config.policy_params(name)
-    if params_override:
-        params = params.model_validate({**params.model_dump(), **params_override})
+    params = policy_params(config, name, params_override)
     trace = replay_input.trace.jobs
     span = trace[-1].submit - trace[0].submit
     timeline = Timeline(origin=trace[0].submit, width=max(settings.interval_s, span / TIMELINE_BINS, 1.0))

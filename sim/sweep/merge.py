@@ -112,14 +112,17 @@ def _best(rows: list[dict]) -> list[dict]:
 
 
 def _tune_pick(preset: dict, rows: list[dict]) -> dict:
-    """tune's answer: the candidate thresholds with the best average JCT."""
-    candidates = {c["label"]: c["thresholds_gpuh"] for c in preset.get("candidates", [])}
-    scored = [(r["metrics"]["avg_jct_s"], index, r["label"]) for index, r in enumerate(rows)
-              if r["label"] in candidates and "metrics" in r and r["metrics"].get("avg_jct_s") is not None]
-    if not scored:
-        return {"best": None}
-    _, _, label = min(scored)
-    return {"best": label, "thresholds_gpuh": candidates[label]}
+    """tune's answer (sim/eval/tune.answer, as `tune` gives it): the candidate thresholds with the
+    best average JCT against the configured Dike, or none, and why."""
+    from dike_slurm.sim.eval.tune import CONFIGURED, Candidate, answer
+
+    measured = {r["label"]: r["metrics"] for r in rows if "metrics" in r and r["metrics"].get("avg_jct_s") is not None}
+    candidates = [Candidate(c["label"], tuple(c["thresholds_gpuh"]), measured[c["label"]])
+                  for c in preset.get("candidates", []) if c["label"] in measured]
+    if not candidates or CONFIGURED not in measured:
+        return {"best": None, "thresholds_gpuh": None, "answer": "tune: the configured Dike or every candidate has no result"}
+    return answer(measured[CONFIGURED], candidates, preemptible_jobs=preset.get("preemptible_jobs"),
+                  jobs=preset.get("jobs"), preemption_on=preset.get("preemption")).as_dict()
 
 
 def write_merge(out: Path, document: dict) -> dict[str, Path]:
@@ -207,8 +210,7 @@ def report_markdown(document: dict) -> str:
         for cell in document["missing"]:
             lines.append(f"| {cell['id']} | {cell['label']} | {'yes (killed?)' if cell['started'] else 'no'} | {cell['log']} |")
         lines.append("")
-    if "tune" in document and document["tune"].get("best"):
-        thresholds = ", ".join(f"{t:g}" for t in document["tune"]["thresholds_gpuh"])
-        lines += ["## tune", "", f"Best average JCT: {document['tune']['best']}; to use it:", "", "```toml",
-                  "[policies.dike]", f"thresholds_gpuh = [{thresholds}]", "```", ""]
+    if "tune" in document:
+        first, *toml = document["tune"]["answer"].splitlines()  # a recommendation ends with its TOML lines
+        lines += ["## tune", "", first, ""] + (["```toml", *toml, "```", ""] if toml else [])
     return "\n".join(lines)

@@ -106,13 +106,73 @@ def test_trace_stats(small_trace):
     assert "gpu hours" in table and "skipped rows" in table
 
 
-def test_tune_proposes_thresholds(small_trace):
+def test_tune_proposes_thresholds_that_beat_the_configured_ones(small_trace, tmp_path):
+    """Every job preemptible and configured thresholds far above every job's service (200 and 2,000
+    GPU-hours): the median and 75th percentile cut average JCT, and tune says to use them."""
+    config = tmp_path / "site.toml"
+    config.write_text("[policies.dike]\nthresholds_gpuh = [200, 2000]\n", encoding="utf-8")
+    result = dike_slurm(
+        "tune", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"), "--config", str(config),
+        "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--preemptible", "all",
+    )
+    assert "preemptible: 268 of 268 jobs (100%), a share of 1 drawn per job (seed 0)" in result.stdout.splitlines()
+    assert "dike q=0.9,0.99" in result.stdout and "dike (configured)" in result.stdout
+    assert re.search(r"^best average JCT: dike q=0\.5,0\.75 \(1\.\d\dx the configured Dike\); to use it:\n"
+                     r"\[policies\.dike\]\nthresholds_gpuh = \[[\d.]+, [\d.]+\]$", result.stdout, re.M)
+
+
+def test_tune_says_when_the_candidates_are_identical_and_why_and_recommends_nothing(small_trace, tmp_path):
+    """The trace tags no job for the engine's opt-in rule: no job is preemptible, so every Dike run
+    gives the same figures; tune says so and why, on screen and in --out's summary.json and report."""
+    out = tmp_path / "tune"
     result = dike_slurm(
         "tune", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"),
-        "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99",
+        "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--out", str(out),
     )
-    assert "[policies.dike]" in result.stdout and "thresholds_gpuh = [" in result.stdout
-    assert "dike q=0.5,0.75" in result.stdout and "dike (configured)" in result.stdout
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("preemptible: 0 of 268 jobs (0%) by the engine's opt-in rule") for line in lines)
+    answer = (
+        "no candidate changes anything: the 2 candidates and the configured Dike all give identical figures. No job was "
+        "preemptible (0 of 268 jobs), so no job is requeued and every waiting job has attained no service: all wait at "
+        "level 0 whatever the thresholds, which then only order running jobs that nothing preempts. Nothing to "
+        "recommend: replay with --preemptible all, or the share of jobs that would opt in, to see what the thresholds "
+        "do once jobs may be preempted."
+    )
+    assert answer in lines
+    assert "[policies.dike]" not in result.stdout and "best average JCT" not in result.stdout
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert list(summary["policies"]) == ["fifo", "dike (configured)", "dike q=0.5,0.75", "dike q=0.9,0.99"]
+    dike_runs = [summary["policies"][name] for name in list(summary["policies"])[1:]]
+    assert all(run == dike_runs[0] for run in dike_runs)  # what the answer says, in the figures themselves
+    assert summary["tune"]["best"] is None and summary["tune"]["answer"] == answer
+    assert [c["label"] for c in summary["tune"]["candidates"]] == ["dike q=0.5,0.75", "dike q=0.9,0.99"]
+    assert summary["settings"]["preemptible"] == "live" and summary["settings"]["preemptible_jobs"] == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "<h1>Replay of " in page and "preemptible by the engine&#39;s opt-in rule (0 of 268 jobs)</h1>" in page
+    assert "<td>thresholds_gpuh</td><td>unset</td><td>[0.5272, 2.0003]</td>" in page  # each candidate's own
+
+
+def test_tune_answers_from_the_figures_and_names_why_they_do_not_differ():
+    from dike_slurm.sim.eval.tune import Candidate, answer
+
+    def run(avg_jct_s: float, preemptions: int = 0) -> dict:
+        return {"jobs": 10, "avg_jct_s": avg_jct_s, "preemptions": preemptions, "worst_user": "ann"}
+
+    same = [Candidate("dike q=0.5,0.75", (1.0, 2.0), run(3600.0)), Candidate("dike q=0.9,0.99", (5.0, 50.0), run(3600.0))]
+    off = answer(run(3600.0), same, preemptible_jobs=10, jobs=10, preemption_on=False)
+    assert off.best is None and "[policies.dike] preemption is off, so no job is requeued" in off.lines[0]
+    assert off.lines[0].endswith("Nothing to recommend: compare them with [policies.dike] preemption = true.")
+    preempting = answer(run(3600.0, 4), [Candidate("a", (1.0, 2.0), run(3600.0, 4))], preemptible_jobs=10, jobs=10)
+    assert preempting.lines == ("no candidate changes anything: the candidate and the configured Dike give identical "
+                                "figures. The thresholds changed no decision on this trace. Nothing to recommend.",)
+    small = answer(run(3600.0), [Candidate("a", (1.0, 2.0), run(3590.0))])  # 0.28% better: the report's "same"
+    assert small.best is None and small.lines == (
+        "no candidate cuts average JCT by 0.5% or more against the configured Dike (the best, a, gives 0.997 h against "
+        "1.000 h): keep the configured thresholds.",)
+    better = answer(run(3600.0), [Candidate("a", (1.0, 2.0), run(3400.0)), Candidate("b", (0.5, 1.0), run(3000.0))])
+    assert better.best.label == "b" and better.lines == (
+        "best average JCT: b (1.20x the configured Dike); to use it:", "[policies.dike]", "thresholds_gpuh = [0.5, 1]")
+    assert better.as_dict() == {"best": "b", "thresholds_gpuh": [0.5, 1.0], "answer": "\n".join(better.lines)}
 
 
 @pytest.mark.parametrize(
@@ -131,6 +191,8 @@ def test_tune_proposes_thresholds(small_trace):
         (["tune", "examples/sample/sacct.txt", "--slurm-conf", "examples/sample/slurm.conf", "--quantiles", "0.9,0.5"],
          "need 2 ascending values"),
         (["trace", "stats", "{bad_dump}"], "bad.txt:1: sacct header lacks"),
+        (["tune", "examples/sample/sacct.txt", "--slurm-conf", "examples/sample/slurm.conf", "--out", "{tmp}",
+          "--sweep-out", "{tmp}"], "give --out (run the replays now and write their results) or --sweep-out"),
     ],
 )
 def test_bad_input_gives_one_line_and_no_traceback(args, message, tmp_path):

@@ -258,7 +258,7 @@ def test_the_page_has_the_headline_ratios_parameters_thresholds_and_configuratio
         settings={"history_window_days": settings.history_window_s / 86400.0, "seed": settings.seed,
                   "preemptible": settings.preemptible_choice, "preemptible_jobs": len(replay_input.trace.jobs)},
         runs=runs, user_jobs=user_jobs(replay_input), penalty_rows=[], penalty_headers=[], timings={"fifo": 1.0},
-        config=config, config_source={"kind": "file", "path": str(config_file), "variables": ["DIKE_REPLAY__SEED"]},
+        params={name: config.policy_params(name) for name, _ in runs}, config_source={"kind": "file", "path": str(config_file), "variables": ["DIKE_REPLAY__SEED"]},
     )
     headline_block = re.search(r'<div class="headline" id="headline">(.*?)</div>', html, re.S).group(1)
     assert headline_block.count("<p") == 2 and "tiresias" in headline_block and "dike" in headline_block

@@ -421,15 +421,40 @@ def test_plan_again_resumes_and_status_reads_the_files(tmp_path, tiny):
 # ------------------------------------------------------------------------------ tune as a preset sweep
 
 
-def test_tune_sweep_out_finds_what_tune_finds(tmp_path, tiny):
-    args = ["tune", str(tiny / "sacct.txt"), "--slurm-conf", str(tiny / "slurm.conf"),
-            "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--workers", "1"]
-    direct = dike_slurm(*args).stdout
+@pytest.fixture(scope="module")
+def thresholds_matter(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A trace and tune options under which a candidate beats the configured Dike: every job
+    preemptible, configured thresholds (200 and 2,000 GPU-hours) above every job's service."""
+    folder = tmp_path_factory.mktemp("matter")
+    dike_slurm("trace", "generate", "--out", str(folder), "--jobs", "300", "--nodes", "8", "--seed", "3", "--load", "0.8")
+    (folder / "site.toml").write_text("[policies.dike]\nthresholds_gpuh = [200, 2000]\n", encoding="utf-8")
+    return folder, ["--preemptible", "all", "--config", str(folder / "site.toml")]
+
+
+def _tune_answer(lines: list[str]) -> list[str]:
+    """tune's answer: from its first line to the end of `lines`."""
+    first = next(i for i, line in enumerate(lines) if line.startswith(("best average JCT: ", "no candidate ")))
+    return lines[first:]
+
+
+@pytest.mark.parametrize("case", ["no job preemptible", "thresholds matter"])
+def test_tune_sweep_out_gives_the_answer_tune_gives(case, tmp_path, tiny, request):
+    """The same answer, line for line, from tune and from its sweep's merge: on the tiny trace with no
+    job preemptible, that the candidates change nothing and why; else the thresholds to use."""
+    folder, options = (tiny, []) if case == "no job preemptible" else request.getfixturevalue("thresholds_matter")
+    args = ["tune", str(folder / "sacct.txt"), "--slurm-conf", str(folder / "slurm.conf"),
+            "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--workers", "1", *options]
+    answer = _tune_answer(dike_slurm(*args).stdout.splitlines())
     out = tmp_path / "tune"
     written = dike_slurm(*args, "--sweep-out", str(out)).stdout
     assert "wrote sweep tune: 4 cells" in written and "[policies.dike]" not in written
     dike_slurm("sweep", "local", str(out), "-j", "2")
-    merged = dike_slurm("sweep", "merge", str(out)).stdout
-    tail = direct[direct.index("best average JCT: "):].split(" (")[0]
-    assert tail in merged  # the same candidate
-    assert direct.splitlines()[-1] == merged.splitlines()[merged.splitlines().index("[policies.dike]") + 1]
+    merged = dike_slurm("sweep", "merge", str(out)).stdout.splitlines()
+    assert merged[-1 - len(answer):-1] == answer
+    if case == "no job preemptible":
+        assert answer == [answer[0]] and answer[0].startswith("no candidate changes anything: the 2 candidates and")
+        assert "No job was preemptible (0 of 108 jobs)" in answer[0]
+    else:
+        assert answer[0].startswith("best average JCT: dike q=0.5,0.75 (") and answer[1] == "[policies.dike]"
+    report = (out / "merge" / "report.md").read_text(encoding="utf-8")
+    assert f"## tune\n\n{answer[0]}\n" in report
