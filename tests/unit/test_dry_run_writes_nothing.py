@@ -9,7 +9,9 @@ succeed without a traceback and leave every file exactly as it was.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -71,6 +73,13 @@ def test_a_dry_cycle_and_the_read_only_commands_write_nothing(world_readable):
     applied = run(config, "run", "--once", "--apply", as_nobody=False)
     assert applied.returncode == 0, applied.stderr
     assert (engine / "state" / "state.sqlite").exists() and (engine / "metrics" / "dike.prom").exists()
+    # a job arrives: the dry runs below have a write to plan (the stub sprio shows what the cycle wrote)
+    queue = config.parent / "cluster" / "squeue.json"
+    document = json.loads(queue.read_text())
+    arrived = copy.deepcopy(next(job for job in document["jobs"] if job["job_id"] == 63))
+    arrived.update(job_id=64, array_task_id=4)
+    document["jobs"].append(arrived)
+    queue.write_text(json.dumps(document))
     for path in [engine, *engine.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     before = snapshot(engine)
