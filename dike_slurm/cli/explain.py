@@ -47,6 +47,7 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "forgiven_gpu_hours": round(found.job.attained_at_promotion_gpu_s / 3600, 3),
             "left_to_user": (found.hands_off_reason or None) if not left_to_site else None,
             "left_to_site": found.hands_off_reason if left_to_site else None,
+            "unused_by_slurm": found.priority_unused,
             "next_writes": [", ".join(f"{k.value}={_value(v)}" for k, v in w.update.values) or "(release)"
                             for w in found.writes],
             "write_reasons": [w.reason for w in found.writes],
@@ -294,7 +295,11 @@ def _planned_text(job: dict[str, Any]) -> str:
         return str(job["priority_planned"])
     if job["left_to_site"]:
         return "nothing (left to the site, below)"
-    return "nothing (a running job keeps its value)"
+    if job["unused_by_slurm"]:
+        return (f"nothing: Slurm reads a started job's {job['priority_field']} only once it is pending again, and "
+                "the engine may not requeue this one (it did not opt in to preemption, or the policy does not "
+                f"preempt), so neither its {job['priority_field']} nor its AdminComment is written")
+    return "nothing (a running job the engine may requeue keeps its value until its level changes)"
 
 
 def _record_lines(document: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from dike_slurm.policies.base import Policy
 from dike_slurm.cycle.plan import CyclePlan, JobPlan, PlannedWrite
 from dike_slurm.cycle.reconcile import NOTHING_OWNED, STRATEGY_FIELD, is_exempt
 from dike_slurm.registry import default_registry
-from dike_slurm.cycle.requeue_guard import guard_requeues, requeue_limits
+from dike_slurm.cycle.requeue_guard import RequeueLimits, guard_requeues, requeue_limits
 from dike_slurm.cycle.revert import RevertPlan, revert, revert_plan
 from dike_slurm.domain.service_prior import Prediction, ServicePrior
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve, tier_gap
@@ -189,13 +189,14 @@ class Engine:
         node_types = self.node_types = {node.name: node.gpu_types for node in cluster.nodes if node.gpu_types}
         runs = merge_runs(self.store.runs(), new_runs, current_runs(active_in_scope, self.site_priority, node_types))
         snapshot = self._snapshot(cluster, active_in_scope, runs, memory, owned, rooms)
-        decisions, requeue_notes = self._decide(snapshot, cluster.admin_comments)
+        limits = requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle)
+        decisions, requeue_notes = self._decide(snapshot, cluster.admin_comments, limits)
         decided = time.perf_counter()
         window = self.head_window()
         plans, notes = reconcile.diff(reconcile.DiffInputs(
             snapshot=snapshot, decisions=decisions, cluster=cluster, memory=memory, owned=owned, config=self.config,
             declared_ceiling=self.policy.score_ceiling(self.params), span=span.span, reserve=span.reserve,
-            window=window,
+            window=window, preempts=limits.preempts,
         ), self.memory.diff)
         writes, held_back, guards = reconcile.guardrails(plans, owned, self.config)
         prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
@@ -260,7 +261,8 @@ class Engine:
             ),
         )
 
-    def _decide(self, snapshot: Snapshot, admin_comments: Mapping[int, str]) -> tuple[Decisions, list[str]]:
+    def _decide(self, snapshot: Snapshot, admin_comments: Mapping[int, str],
+                limits: RequeueLimits) -> tuple[Decisions, list[str]]:
         """The policy's decisions, its requeues through the requeue guard (never of an exempt job); the
         guard's notes."""
         decisions = self.policy.decide(snapshot, self.params, random.Random(self.config.engine.seed))
@@ -269,7 +271,7 @@ class Engine:
             {j.job_id: j for j in snapshot.jobs if j.state is JobState.RUNNING
              and not is_exempt(j, self.config, admin_comments.get(j.job_id, ""))},
             snapshot.time,
-            requeue_limits(self.policy, self.params, self.config.engine.max_requeues_per_cycle),
+            limits,
         )
 
     def _judge_prior(self, expected: Mapping[int, Prediction], active: Collection[Job], runs: Collection[Run],

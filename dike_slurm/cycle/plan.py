@@ -68,6 +68,9 @@ class JobPlan:
     hands_off_reason: str = ""
     outside_window: bool = False  # pending beyond the head window: Slurm's own factors order it
     exempt: str = ""  # why the engine never writes it (domain.model.EXEMPT_KINDS), "" when it may
+    # not pending, and the engine may not requeue it (not opted in, or no preemption): Slurm reads
+    # neither its priority nor the AdminComment written with it, so neither is written
+    priority_unused: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ No I/O, and nothing outside the cycle is changed but the `DiffMemory` handed to 
 contexts are updated and kept for the next cycle (the result is the same without one). Only
 values that differ from what Slurm already holds (or, where Slurm does not show a value, from
 what the engine remembers writing) become writes; values within the tolerance are kept unless
-that would put pending jobs out of the policy's order; pending jobs beyond the head window
+that would put pending jobs out of the policy's order; a job that is not pending gets a priority
+write only when the engine may requeue it (`preempts` and the job opted in: Slurm reads a running
+job's priority only once it is pending again); pending jobs beyond the head window
 (dike_slurm/domain/head_window.py) only get back what the engine wrote; fields a user took over,
 and a SiteFactor someone else set (`site_changes`), are left alone; then the guardrails
 (mass-rewrite breaker, writes per cycle).
@@ -69,6 +71,7 @@ class _JobContext:
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
     admin_tagged: bool = False  # the admin's exempt tag in its AdminComment when worked out
     outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
+    unused: bool = False  # not pending, and the engine may not requeue it: Slurm reads none of its priority
     basis: tuple = ()  # the reuse key of the PlanInputs `plan` was made from
     plan: JobPlan | None = None
 
@@ -90,6 +93,7 @@ class PlanInputs(NamedTuple):
     placement: Placement | None  # what a SetPlacement asks
     write_comment: bool  # engine.admin_comment
     outside: bool  # pending beyond the head window
+    unused: bool  # not pending, and the engine may not requeue it: no priority write
     reason: str  # the priority decision's reason
     placement_decision: SetPlacement | ClearPlacement | None  # with its own reason
 
@@ -148,7 +152,9 @@ class DiffInputs:
     is a fraction of it. `reserve`: the top values kept for `decisions.protected` (the engine's
     `slurm_priority.protection_reserve` of the site's model). `window`: the pending jobs per partition
     the engine orders (head_window.head_window, the policy's first ones); a pending job beyond it gets
-    no write but its strategy field put back to its original; 0: every job is ordered.
+    no write but its strategy field put back to its original; 0: every job is ordered. `preempts`: the
+    engine may requeue running jobs (RequeueLimits.preempts); a job not pending gets a priority write
+    only when it is running, opted in (`Job.requeueable`) and the engine preempts.
     """
 
     snapshot: Snapshot
@@ -161,6 +167,7 @@ class DiffInputs:
     span: int | None = None
     reserve: int = 0
     window: int = 0
+    preempts: bool = True
 
 
 def diff(inputs: DiffInputs, kept: DiffMemory | None = None) -> tuple[list[JobPlan], list[str]]:
@@ -203,6 +210,7 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
     protected = frozenset(decisions.protected)
     priorities = {p.job_id: p for p in decisions.priorities}
     window = inputs.window
+    preempts, pending, running = inputs.preempts, JobState.PENDING, JobState.RUNNING
     inside = policy_window(ranked, priorities, known, inputs.snapshot.time, window) if window else None
     owned_all, memory, site_factors, admin_comments = inputs.owned, inputs.memory, cluster.site_factors, cluster.admin_comments
     admin_tag = exemptions.admin_tag
@@ -232,8 +240,10 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
             if negate:
                 wanted = -wanted
         context.wanted = wanted
-        context.outside = inside is not None and job.state is JobState.PENDING and job_id not in inside
-        context.needed = not context.exempt and not context.outside and priority_needed(
+        state = job.state
+        context.outside = inside is not None and state is pending and job_id not in inside
+        context.unused = state is not pending and not (preempts and state is running and job.requeueable)
+        context.needed = not context.exempt and not context.outside and not context.unused and priority_needed(
             key, job, decision, wanted, context.value_now, tolerance, owned, remembered, context.hands_off)
         contexts[job_id] = context
     return contexts, carried
@@ -278,7 +288,8 @@ def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobFiel
             wanted=context.wanted, level=level, promoted=promoted, needed=context.needed,
             admin_comment=admin_comments.get(job_id, ""),
             placement=placement_decision.placement if isinstance(placement_decision, SetPlacement) else None,
-            write_comment=write_comment, outside=context.outside, reason=reason, placement_decision=placement_decision,
+            write_comment=write_comment, outside=context.outside, unused=context.unused, reason=reason,
+            placement_decision=placement_decision,
         )
         basis = plan_inputs.reuse_key()
         plan = context.plan
@@ -290,7 +301,7 @@ def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobFiel
                 job=plan.job, managed=plan.managed, note=plan.note, level=level, reason=reason, promoted=promoted,
                 value_now=plan.value_now, value_wanted=plan.value_wanted, placement_wanted=plan.placement_wanted,
                 writes=(), hands_off=plan.hands_off, hands_off_reason=plan.hands_off_reason,
-                outside_window=plan.outside_window, exempt=plan.exempt,
+                outside_window=plan.outside_window, exempt=plan.exempt, priority_unused=plan.priority_unused,
             )
         context.plan = plan
         plans.append(plan)
@@ -334,7 +345,8 @@ def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: 
     return _job_plan(job=job, managed=True, note=context.hands_off_reason, level=level, reason=reason,
                      promoted=promoted, value_now=context.value_now, value_wanted=inputs.wanted,
                      placement_wanted=inputs.placement, writes=writes, hands_off=hands_off,
-                     hands_off_reason=context.hands_off_reason, outside_window=outside)
+                     hands_off_reason=context.hands_off_reason, outside_window=outside,
+                     priority_unused=inputs.unused)
 
 
 # A JobPlan, a PlannedWrite and a JobUpdate filled in one step: their frozen __init__ sets one
@@ -343,12 +355,12 @@ def _plan_one(context: _JobContext, inputs: PlanInputs, key: JobField, cluster: 
 def _job_plan(*, job: Job, managed: bool, note: str, level: int | None, reason: str, promoted: bool,
               value_now: int | None, value_wanted: int | None, placement_wanted: Placement | None,
               writes: tuple[PlannedWrite, ...], hands_off: tuple[JobField, ...], hands_off_reason: str,
-              outside_window: bool, exempt: str = "") -> JobPlan:
+              outside_window: bool, exempt: str = "", priority_unused: bool = False) -> JobPlan:
     return frozen_record(JobPlan, {
         "job": job, "managed": managed, "note": note, "level": level, "reason": reason, "promoted": promoted,
         "value_now": value_now, "value_wanted": value_wanted, "placement_wanted": placement_wanted,
         "writes": writes, "hands_off": hands_off, "hands_off_reason": hands_off_reason,
-        "outside_window": outside_window, "exempt": exempt,
+        "outside_window": outside_window, "exempt": exempt, "priority_unused": priority_unused,
     })
 
 
@@ -499,7 +511,7 @@ def priority_write(
 ) -> PlannedWrite | None:
     """The strategy field `key` (when needed) and the AdminComment of one job, in one update."""
     job, owned, wanted = context.job, context.owned, inputs.wanted
-    if wanted is None or inputs.level is None or key in context.hands_off:
+    if wanted is None or inputs.level is None or key in context.hands_off or inputs.unused:
         return None
     strategy = inputs.needed and context.value_now != wanted
     comment_now = inputs.admin_comment

@@ -26,6 +26,7 @@ class RequeueLimits:
 
     min_run_s: float  # the policy's declared shortest preemptible run (Policy.requeue_min_run_s)
     max_per_cycle: int  # engine.max_requeues_per_cycle
+    preempts: bool = True  # any requeue may pass: the policy preempts (a minimum run) and max_per_cycle > 0
 
 
 def requeue_groups(requeues) -> list[list[Requeue]]:
@@ -43,10 +44,9 @@ def requeue_limits(policy: Policy, params: PolicyParams, max_per_cycle: int) -> 
     A replay-only policy (an oracle: `Policy.live` is False) has no live engine whose rate limit
     the replay should mirror; as an upper bound it is held only to its own parameters.
     """
-    return RequeueLimits(
-        min_run_s=policy.requeue_min_run_s(params) or 0.0,
-        max_per_cycle=max_per_cycle if policy.live else UNLIMITED,
-    )
+    min_run_s = policy.requeue_min_run_s(params)
+    limit = max_per_cycle if policy.live else UNLIMITED
+    return RequeueLimits(min_run_s=min_run_s or 0.0, max_per_cycle=limit, preempts=min_run_s is not None and limit > 0)
 
 
 def _refusal(requeue: Requeue, job: Job | None, now: float, limits: RequeueLimits) -> str | None:

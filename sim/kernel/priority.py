@@ -9,6 +9,8 @@ decayed with the site's PriorityDecayHalfLife, recalculated with the order at ev
 configuration: mapped onto [1, span - reserve] against the policy's ceiling (a protected job: span), left alone within the
 tolerance unless the level changed, and rewritten where the tolerance would break the policy's
 order (priority_scale.priority_value, score_ceiling and reconcile.keep_policy_order: the engine's own functions);
+a running job gets a write only when the engine may requeue it (it opted in and the policy preempts:
+reconcile.diff's rule), since Slurm reads its value only once it is pending again;
 beyond the head window a value is handed back (dike_slurm/domain/head_window.py). `within_budget` keeps
 the writes the engine's guardrails and write budget let through in one cycle; `cycle_writes` is
 the whole of one cycle: the priority writes and the constraints (placements) the engine would write.
@@ -28,7 +30,7 @@ from dike_slurm.domain.model import NO_PLACEMENT, Job, JobState, Placement
 from dike_slurm.cycle.priority_scale import score_ceiling, wanted_value
 from dike_slurm.cycle.reconcile import STRATEGY_FIELD, keep_policy_order
 from dike_slurm.domain.slurm_priority import PriorityInputs, PriorityWeights, SlurmPriorityModel, fairshare_factors
-from dike_slurm.sim.kernel.job import PENDING, SimJob
+from dike_slurm.sim.kernel.job import PENDING, RUNNING, SimJob
 from dike_slurm.sim.kernel.records import SimSettings
 from dike_slurm.sim.kernel.usage import DecayedUsage
 
@@ -136,11 +138,13 @@ def within_budget(writes: list[SimWrite], limit: int | None) -> list[SimWrite]:
 
 def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_ceiling: float | None,
                   settings: SimSettings, views: Mapping[int, Job], inside: frozenset[int] | None,
-                  ranked: list[SetPriority], rank: Mapping[int, int]) -> list[SimWrite]:
+                  ranked: list[SetPriority], rank: Mapping[int, int], preempts: bool) -> list[SimWrite]:
     """The priority writes the live engine would make for decisions taken on `views` (reconcile.diff
     with the same settings; user changes aside), not yet landed: a job is pending or running as the
     engine saw it. `inside`: the head window (None: none); a pending job beyond it has its value
-    handed back. `ranked` and `rank`: Decisions.ranked() and each job's place in it."""
+    handed back. `ranked` and `rank`: Decisions.ranked() and each job's place in it. `preempts`: the
+    engine may requeue running jobs (RequeueLimits.preempts); a running job it may not requeue gets
+    no write."""
     key = STRATEGY_FIELD[settings.priority_strategy]
     span = settings.priority_span
     tolerance = settings.priority_tolerance * span
@@ -157,6 +161,9 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
             continue
         seen_pending = pending[decision.job_id] = (
             view.state is JobState.PENDING if view is not None else job.state == PENDING)
+        if not seen_pending and not (preempts and _requeueable(job, view, settings)):
+            writes.pop(decision.job_id, None)  # Slurm reads none of its values until it is pending again
+            continue
         if inside is not None and seen_pending and decision.job_id not in inside:
             if job.owned:
                 released.append(SimWrite(rank.get(decision.job_id, unranked), decision.job_id, "priority",
@@ -192,6 +199,13 @@ def engine_writes(decisions: Decisions, jobs: Mapping[int, SimJob], declared_cei
     return released + landing
 
 
+def _requeueable(job: SimJob, view: Job | None, settings: SimSettings) -> bool:
+    """Running, and opted in to preemption, as the engine saw the job (its view)."""
+    if view is not None:
+        return view.state is JobState.RUNNING and view.requeueable
+    return job.state == RUNNING and settings.requeueable and job.preemptible
+
+
 def _land(write: _Write, job: SimJob, comments: bool) -> None:
     if write.needed:
         job.written, job.written_level, job.owned = write.wanted, write.decision.level, True
@@ -207,16 +221,16 @@ def _release(job: SimJob) -> None:
 
 def cycle_writes(decisions: Decisions, jobs: Mapping[int, SimJob], engine_placed: set[int],
                  declared_ceiling: float | None, settings: SimSettings, views: Mapping[int, Job],
-                 decided_at: float) -> tuple[list[SimWrite], set[int], int, int]:
+                 decided_at: float, preempts: bool) -> tuple[list[SimWrite], set[int], int, int]:
     """The writes the live engine would land for decisions made on the views of `decided_at`
     (inside the head window, within the guardrails' cap and the write budget, first jobs first):
     the priority writes, the jobs whose constraint it would not write this cycle, and how many
-    counted writes land and are held back."""
+    counted writes land and are held back. `preempts`: as engine_writes'."""
     ranked = decisions.ranked()
     rank = {decision.job_id: index for index, decision in enumerate(ranked)}
     latest = {decision.job_id: decision for decision in decisions.priorities}
     inside = policy_window(ranked, latest, views, decided_at, settings.head_window)
-    writes = engine_writes(decisions, jobs, declared_ceiling, settings, views, inside, ranked, rank)
+    writes = engine_writes(decisions, jobs, declared_ceiling, settings, views, inside, ranked, rank, preempts)
     unranked, held = len(rank), set()
     for job_id, placement in wanted_placements(decisions, engine_placed).items():
         job = jobs.get(job_id)

@@ -521,7 +521,8 @@ class Simulator:
         held: set[int] = set()  # jobs whose constraints the engine does not write this cycle
         if written is None:
             landing, held, landed, held_back = cycle_writes(
-                decisions, self.active, self.engine_placed, self.declared_ceiling, self.settings, views, decided_at)
+                decisions, self.active, self.engine_placed, self.declared_ceiling, self.settings, views, decided_at,
+                self.requeue_limits.preempts)
             self.stats.engine_writes += landed
             self.stats.writes_held += held_back
             for write in landing:

@@ -86,7 +86,9 @@ def test_explain_finds_exactly_the_job_asked_for(slurm_stubs):  # noqa: F811
                                 "ahead_at_a_better_level": 0, "ahead_at_its_level": 0}
     assert "where it stands: first of 1 pending in partition gpu in the engine's order: no job ahead of it" in text
     assert task["would_change"][0].startswith("a running job ending: it needs 2 GPU(s) on 1 node(s), and 1 job(s) run")
-    assert "what would change it:" in text and "    - no preemption" in text
+    # job 53 runs at level 2 and opted in (the stubs' engine.preemptible_partitions): it may be preempted
+    assert "what would change it:" in text and ("    - a preemption: 1 running job(s) of a worse level in its "
+                                                "partition may be requeued for it") in text
     queue = json.loads(json.dumps(SQUEUE_JSON))
     queue["jobs"] = [j for j in queue["jobs"] if j["job_id"] != 53]  # job 53 finished
     (slurm_stubs.parent / "squeue.json").write_text(json.dumps(queue))

@@ -66,7 +66,8 @@ def reference_diff(
     """Each in-scope job's plan (with its writes, before the guardrails) and notes on the decisions.
 
     `declared_ceiling` is the policy's own score bound (`Policy.score_ceiling`), None if unbounded.
-    The head window is `engine.head_window` jobs per partition (unset or 0: none).
+    The head window is `engine.head_window` jobs per partition (unset or 0: none). The engine
+    preempts when `engine.max_requeues_per_cycle` is above 0 (`preempts`).
     """
     engine = config.engine
     key = STRATEGY_FIELD[engine.priority_strategy]
@@ -102,12 +103,15 @@ def reference_diff(
             hands_off |= changed[0]
             hands_off_reason = changed[1]
         outside = inside is not None and job.state is JobState.PENDING and job.job_id not in inside
+        # Slurm reads a started job's priority only once it is pending again: written only if the engine may requeue it
+        unused = job.state is not JobState.PENDING and not (
+            preempts(config) and job.state is JobState.RUNNING and job.requeueable)
         needed = (
-            not exempt and not outside
+            not exempt and not outside and not unused
             and priority_needed(key, job, decision, wanted, value_now, tolerance, owned, remembered, hands_off)
         )
         contexts.append(_JobContext(job, decision, owned, remembered, value_now, wanted, exempt, hands_off,
-                                    hands_off_reason, needed, outside=outside))
+                                    hands_off_reason, needed, outside=outside, unused=unused))
     reference_keep_policy_order(contexts, key)
     plans = []
     for context in contexts:
@@ -125,9 +129,10 @@ def reference_diff(
             ),
             outside_window=context.outside,
         )
+        unused = dict(priority_unused=context.unused)
         if context.exempt:
             plans.append(JobPlan(managed=False, note=reference_exempt_note(context.exempt, job, config),
-                                 writes=(), exempt=context.exempt, **common))
+                                 writes=(), exempt=context.exempt, **common))  # priority_unused: False
             continue
         writes = []
         if context.outside:
@@ -145,7 +150,7 @@ def reference_diff(
         plans.append(
             JobPlan(managed=True, note=context.hands_off_reason, writes=tuple(writes),
                     hands_off=tuple(sorted(context.hands_off, key=lambda f: f.value)) if context.hands_off else (),
-                    hands_off_reason=context.hands_off_reason, **common)
+                    hands_off_reason=context.hands_off_reason, **common, **unused)
         )
     for context in contexts:  # a field found someone else's this cycle
         before = set(context.remembered.hands_off) if context.remembered else set()
@@ -168,6 +173,11 @@ def reference_site_changes(key: JobField, shown: int | None, owned: Mapping[JobF
         return {key}, (f"SiteFactor changed to {shown} after the engine set {mine.written}: left to the site "
                        "(with the job's AdminComment)")
     return None
+
+
+def preempts(config: Config) -> bool:
+    """The engine may requeue running jobs: these tests' policies preempt unless the rate limit is 0."""
+    return config.engine.max_requeues_per_cycle > 0
 
 
 def reference_exemption(job: Job, admin_comment: str, config: Config) -> str:
@@ -280,7 +290,7 @@ def reference_priority_write(
 ) -> PlannedWrite | None:
     """The strategy field `key` (when needed) and the AdminComment of one job, in one update."""
     job, decision, owned = context.job, context.decision, context.owned
-    if decision is None or context.wanted is None or key in context.hands_off:
+    if decision is None or context.wanted is None or key in context.hands_off or context.unused:
         return None
     values: dict[JobField, FieldValue] = {}
     originals: dict[JobField, FieldValue] = {}
@@ -463,6 +473,7 @@ def cycles(draw):
         "breaker_min_jobs": draw(st.sampled_from([0, 1000])),
         "breaker_change_fraction": draw(st.sampled_from([0.5, 1.0])),
         "head_window": draw(st.sampled_from([None, 0, 1, 2, 5])),
+        "max_requeues_per_cycle": draw(st.sampled_from([0, 2])),
     }, "scope": draw(st.sampled_from([{}, {"exempt_qos": ["low"]}, {"exempt_partitions": ["b"]},
                                        {"exempt_accounts": ["x"], "exempt_admin_tag": "hands off"}]))})
     ids = draw(st.lists(st.integers(1, 60), unique=True, max_size=25))
@@ -477,7 +488,7 @@ def cycles(draw):
             partition=draw(st.sampled_from(["a", "a", "b", "a,b"])),
             qos=draw(st.sampled_from(["normal", "normal", "low"])), account=draw(st.sampled_from(["a", "a", "x"])),
             slurm_reason=draw(st.sampled_from(["", "", "", "Priority", "Dependency", "JobHeldUser"])),
-            eligible_time=draw(st.sampled_from([None, 0.0, 0.0, 60.0])),
+            eligible_time=draw(st.sampled_from([None, 0.0, 0.0, 60.0])), requeueable=draw(st.booleans()),
         ))
         fields = draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=4))
         if fields:
@@ -518,7 +529,7 @@ def cycles(draw):
 
 def diff_inputs(snapshot, decisions, cluster, memory, owned, config, ceiling, window=0) -> reconcile.DiffInputs:
     return reconcile.DiffInputs(snapshot=snapshot, decisions=decisions, cluster=cluster, memory=memory, owned=owned,
-                                config=config, declared_ceiling=ceiling, window=window)
+                                config=config, declared_ceiling=ceiling, window=window, preempts=preempts(config))
 
 
 def engine_diff(*cycle, kept=None):
@@ -559,7 +570,8 @@ def next_cycle(draw, cycle):
                 continue  # the job left the queue
             job = replace(job, state=draw(st.sampled_from([JobState.PENDING, JobState.RUNNING])),
                           placement=draw(PLACEMENTS), nice=draw(st.integers(-100, 5)),
-                          comment=draw(st.sampled_from(["", "dike:exempt"])), attained_gpu_s=draw(st.sampled_from([0.0, 3600.0])))
+                          comment=draw(st.sampled_from(["", "dike:exempt"])), attained_gpu_s=draw(st.sampled_from([0.0, 3600.0])),
+                          requeueable=draw(st.booleans()))
         jobs.append(job)
     owned = {
         job_id: fields if kept() else dict(fields) if draw(st.booleans()) else {

@@ -316,7 +316,8 @@ def test_the_write_budget_writes_the_head_of_the_queue_and_leaves_the_tail_for_t
 
 def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_factor_falls(tmp_path):
     cfg = config(tmp_path)
-    backend = cluster(running(1, gpus=8, ran=60), alloc={"n1": 8})
+    # the engine may requeue it (it opted in, Dike preempts): its value matters once it is pending again
+    backend = cluster(running(1, gpus=8, ran=60, requeueable=True, comment="dike:preemptible"), alloc={"n1": 8})
     engine(cfg, backend).cycle(apply=True)
     # level 0: its comment says so, its priority (which matters only if requeued) is left alone
     assert [u.fields for u in backend.applied] == [(JobField.ADMIN_COMMENT,)]
@@ -329,6 +330,33 @@ def test_a_running_job_that_crosses_a_threshold_drops_a_level_and_its_site_facto
     engine(cfg, backend).cycle(apply=True)
     assert backend.admin_comments[1].startswith("dike:level=2,")
     assert backend.site_factors[1] < first
+
+
+@pytest.mark.parametrize("job, settings", [
+    ({}, {}),  # not opted in to preemption
+    ({"requeueable": True, "comment": "dike:preemptible"}, {"policies": {"dike": {
+        "thresholds_gpuh": [1.0, 8.0], "steer_light_jobs": False, "preemption": False}}}),  # the policy never preempts
+    ({"requeueable": True, "comment": "dike:preemptible"}, {"engine": {"max_requeues_per_cycle": 0}}),
+])
+def test_a_running_job_the_engine_may_not_requeue_gets_no_write_and_explain_says_why(tmp_path, job, settings):
+    from dike_slurm.cli.explain import explain, explain_lines
+
+    cfg = config(tmp_path, **settings)
+    backend = cluster(running(1, gpus=8, ran=60, **job), pending(2, "bob"), alloc={"n1": 8})
+    engine(cfg, backend).cycle(apply=True)
+    backend.time = NOW + 3 * 3600  # past both thresholds: level 2
+    report = engine(cfg, backend).cycle(apply=True)
+    plan = report.plan.job(1)
+    assert plan.level == 2 and plan.priority_unused and plan.writes == ()
+    assert all(u.job_id == 2 for u in backend.applied) and 1 not in backend.site_factors
+    assert backend.admin_comments.get(1, "") == ""
+    assert [e for e in StateStore(cfg.engine.state_db).audit_log(1)] == []  # the audit agrees: nothing written
+    document = explain(engine(cfg, backend, read_only=True), (1, None), "1")
+    assert document["job"]["unused_by_slurm"] is True and document["job"]["next_writes"] == []
+    text = "\n".join(explain_lines(document))
+    assert ("planned nothing: Slurm reads a started job's SiteFactor only once it is pending again, and the engine "
+            "may not requeue this one") in text
+    assert "next cycle writes" not in text and "audit (newest last)" not in text
 
 
 def test_attained_service_of_a_requeued_job_survives_a_restart(tmp_path):

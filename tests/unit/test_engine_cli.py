@@ -63,6 +63,7 @@ def slurm_stubs(tmp_path: Path) -> Path:
     config = tmp_path / "dike.toml"
     config.write_text(
         f'[engine]\nstate_db = "{tmp_path}/state/state.sqlite"\n'
+        'preemptible_partitions = ["gpu"]\n'  # running job 53 opted in: the engine may requeue it, so writes it
         f'[slurm]\nbin_dir = "{bin_dir}"\n'
         '[policies.dike]\nthresholds_gpuh = [0.02, 0.2]\n'
     )
