@@ -128,6 +128,13 @@ class DikeParams(PolicyParams):
             "median of every finished job, the job's GPUs kept; 0: always fully"
         ),
     )
+    prior_min_power: float = Field(
+        0.0, ge=-1, le=1,
+        description=(
+            "the prior moves no job while its measured power is at most this (0: while its history predicts "
+            "nothing); negative: whatever its power"
+        ),
+    )
     prior_weight: float = Field(
         2.0, ge=0, description="weight, beside fairness and wait, of how short the expected service is inside a level"
     )
@@ -231,9 +238,9 @@ class _PriorUse:
 def _prior_use(snapshot: Snapshot, params: DikeParams, thresholds: list[float]) -> _PriorUse:
     learned = snapshot.service_prior if params.service_prior else None
     prior = learned
-    if prior is not None and prior.jobs < params.min_history_jobs:
+    if prior is not None and (prior.jobs < params.min_history_jobs or prior.power <= params.prior_min_power):
         # too little evidence: a handful of finished jobs (one cancelled after a minute, on a
-        # new cluster) would be every other job's expected service
+        # new cluster) would be every other job's expected service; or a history that predicts nothing
         prior = None
     history = snapshot.completed_service_gpu_s
     weight = params.prior_weight if prior is not None and len(history) else 0.0

@@ -347,3 +347,56 @@ def test_a_user_who_names_long_jobs_like_short_ones_gains_no_more_than_one_who_n
     assert gain_over_no_information <= 1.005, gain_over_no_information
     cost_over_no_information = mislabel_others / alike_others
     assert cost_over_no_information <= 1.01, cost_over_no_information
+
+
+def _no_signal_trace(seed: int):
+    """Invented: 900 jobs of six users at about 90% load on 32 GPUs, whose run times (lognormal, 5 min
+    to a day) are drawn apart from their users, names and GPU counts: history predicts nothing."""
+    from dike_slurm.sim.kernel.trace import TraceJob
+
+    rng, jobs, now = random.Random(seed), [], 1_000_000.0
+    for i in range(900):
+        gpus = rng.choice([1, 2, 4, 8])
+        now += rng.expovariate(1 / 1000.0)
+        jobs.append(TraceJob(
+            job_id=1000 + i, display_id=str(1000 + i), user=f"u{rng.randrange(6)}", account="research",
+            partition="gpu", qos="normal", name=rng.choice(["train.sh", "eval.sh", "sweep.sh", "ft.sh"]), comment="",
+            submit=now, eligible_delay_s=0.0, duration_s=min(86400.0, math.exp(rng.gauss(math.log(3600.0), 1.2))),
+            time_limit_s=None, gpus=gpus, num_nodes=1, cpus=1,
+        ))
+    return jobs
+
+
+def test_where_history_predicts_nothing_the_prior_moves_nothing():
+    """At the defaults (prior_min_power = 0) the prior moves no job while its power is 0: on a trace
+    whose run times nothing predicts, its weight is 0 in every cycle (at most 0.05 asked) and every
+    job starts and ends as with `service_prior = false`, day one (no job preemptible). With
+    prior_min_power = -1 (the prior whatever its power) the starts differ."""
+    from dike_slurm.domain.model import Topology
+    from dike_slurm.registry import default_registry
+    from dike_slurm.sim.kernel.cluster import SimCluster
+    from dike_slurm.sim.kernel.records import SimSettings, Timeline
+    from dike_slurm.sim.kernel.simulator import Simulator
+    from dike_slurm.slurm.slurm_conf import parse_slurm_conf
+
+    jobs = _no_signal_trace(5)
+    runs = {}
+    for label, overrides in (("gated", {}), ("no prior", {"service_prior": False})):
+        policy, results, weights = default_registry().create("dike"), [], []
+        decide = policy.decide
+
+        def recording(snapshot, params, rng, decide=decide, weights=weights):
+            decisions = decide(snapshot, params, rng)
+            weights.append((decisions.prior.power, decisions.prior.weight) if decisions.prior else None)
+            return decisions
+
+        policy.decide = recording  # type: ignore[method-assign]
+        params = policy.Params(**overrides)
+        Simulator(jobs, SimCluster(parse_slurm_conf(FOUR_NODES), Topology()), policy, params,
+                  SimSettings(preemptible=0.0), Timeline(origin=jobs[0].submit, width=60.0), results.append).run()
+        runs[label] = (sorted((r.job_id, r.start, r.end) for r in results), weights)
+    (gated, weights), (plain, none_learned) = runs["gated"], runs["no prior"]
+    assert len(gated) == 900 and gated == plain
+    assert weights and all(w is not None and w[1] <= 0.05 for w in weights), max(w[1] for w in weights)
+    assert max(power for power, _ in weights) == 0.0  # nothing here for it to know
+    assert set(none_learned) == {None}
