@@ -34,8 +34,15 @@ def value(got: dict, name: str, **labels: str) -> float:
     return got[name, tuple(sorted(labels.items()))]
 
 
-def setup(tmp_path: Path, jobs, **engine_settings):
-    cfg = config(tmp_path, engine={"metrics_file": str(tmp_path / "m" / "dike.prom"), **engine_settings})
+# The prior in force whatever its power: the invented histories below have no spread (every job ran
+# an hour), so their power is 0 and at the default (prior_min_power 0) the prior would step aside.
+PRIOR_WHATEVER_ITS_POWER = {"policies": {"dike": {"thresholds_gpuh": [1.0, 8.0], "steer_light_jobs": False,
+                                                  "prior_min_power": -1.0}}}
+
+
+def setup(tmp_path: Path, jobs, sections: dict | None = None, **engine_settings):
+    cfg = config(tmp_path, engine={"metrics_file": str(tmp_path / "m" / "dike.prom"), **engine_settings},
+                 **(sections or {}))
     backend = FakeBackend(jobs, nodes({"n1": 8, "n2": 8, "n3": 8, "n4": 8}), TOPOLOGY)
     return cfg, backend, engine(cfg, backend)
 
@@ -146,7 +153,7 @@ def test_requeues_signals_and_the_gpu_hours_they_cost(tmp_path):
 def test_the_prior_is_judged_on_jobs_that_finished_since_the_last_cycle(tmp_path):
     history = [finished_run(100 + i, "alice", 1, NOW - 80_000 + i * 1000, NOW - 80_000 + i * 1000 + 3600)
                for i in range(50)]  # alice's 1-GPU jobs ran an hour each: the prior's minimum history
-    cfg, backend, eng = setup(tmp_path, [pending(1, name="")], )
+    cfg, backend, eng = setup(tmp_path, [pending(1, name="")], PRIOR_WHATEVER_ITS_POWER)
     backend.records = history
     report = run_cycle(eng, apply=True)
     assert report.plan.expected[1].gpu_s == pytest.approx(3600)
@@ -222,7 +229,7 @@ def test_exempt_jobs_are_counted_by_why(tmp_path):
 def test_a_job_that_left_without_a_final_run_in_accounting_is_dropped_unjudged(tmp_path):
     history = [finished_run(100 + i, "alice", 1, NOW - 80_000 + i * 1000, NOW - 80_000 + i * 1000 + 3600)
                for i in range(50)]  # the prior's minimum history (min_history_jobs)
-    cfg, backend, eng = setup(tmp_path, [pending(1)])
+    cfg, backend, eng = setup(tmp_path, [pending(1)], PRIOR_WHATEVER_ITS_POWER)
     backend.records = history
     assert 1 in run_cycle(eng, apply=True).plan.expected
     backend.jobs[1] = backend.jobs[1].with_changes(state=JobState.CANCELLED)  # cancelled while pending

@@ -353,12 +353,15 @@ def test_dike_cuts_a_run_expected_to_be_short_after_a_share_of_its_expected_run(
         state = replace(snapshot([pending(1, user="bob", gpus=8), victim], alloc=full), service_prior=prior)
         return dike.decide(state, params, RNG).requeues
 
-    # these invented histories are short (29 jobs, then 1): the prior may act on any history here
+    # these invented histories are short (29 jobs, then 1) and have no spread (power 0): the prior
+    # may act on any history here
     plain = FIXED.model_copy(update={"preemption": True, "min_runtime_s": 1800, "min_runtime_share": 0.0,
-                                     "min_history_jobs": 1})
+                                     "min_history_jobs": 1, "prior_min_power": -1.0})
     share = plain.model_copy(update={"min_runtime_share": 0.5})
     # at the default, 29 finished jobs are too little evidence: no prediction, so min_runtime_s
     assert not requeues(share.model_copy(update={"min_history_jobs": 50}), ran=610)
+    # at the default prior_min_power, a history of power 0 predicts nothing either
+    assert not requeues(share.model_copy(update={"prior_min_power": 0.0}), ran=610)
     assert not requeues(plain, ran=700) and requeues(plain, ran=1900)
     # expected 1200 s: cut after half of it, and the backoff still multiplies that
     assert not requeues(share, ran=590) and requeues(share, ran=610)
