@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -98,6 +99,18 @@ def change_text(write: PlannedWrite) -> str:
     return "; ".join(
         f"{key.value} {describe_value(old)} -> {describe_value(new)}" for key, old, new in field_changes(write)
     ) or "released " + ", ".join(f.value for f in write.restores)
+
+
+def unconfirmed_site_factor(entry: AuditEntry | None) -> tuple[int, int] | None:
+    """(SiteFactor before, SiteFactor sent) of an update whose outcome the engine never learned
+    (its scontrol killed, or the engine stopped before Slurm answered), from its change_text."""
+    if entry is None or entry.ok or not entry.message.startswith("unconfirmed"):
+        return None
+    match = _SITE_FACTOR_CHANGE.match(entry.change)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+_SITE_FACTOR_CHANGE = re.compile(rf"{JobField.SITE_FACTOR.value} (-?\d+) -> (-?\d+)(?:;|$)")  # change_text's first field
 
 
 def log_fields(write: PlannedWrite) -> dict[str, object]:
@@ -201,6 +214,10 @@ class Applier:
         calls_before = self.backend.calls
         journal = Journal(self.store, self.store.next_cycle(), plan.time, {p.job.job_id: p.job.user for p in plan.jobs})
         tally = Tally()
+        if plan.adopted:  # its own earlier writes, found in Slurm: owned from now on (before this cycle's)
+            with self.store.transaction():
+                for mine in plan.adopted:
+                    self.store.record_write(mine.job_id, mine.field, mine.original, mine.written, mine.written_at)
         stopping = self._gate(plan, journal, tally)
         phase_started = time.perf_counter()
         self._batches(plan, journal, tally, stopping, started)

@@ -12,10 +12,11 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from dike_slurm.cycle import reconcile
-from dike_slurm.cycle.apply import Applier, CycleReport
+from dike_slurm.cycle.apply import Applier, CycleReport, unconfirmed_site_factor
 from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
@@ -193,11 +194,18 @@ class Engine:
         decisions, requeue_notes = self._decide(snapshot, cluster.admin_comments, limits)
         decided = time.perf_counter()
         window = self.head_window()
-        plans, notes = reconcile.diff(reconcile.DiffInputs(
+        inputs = reconcile.DiffInputs(
             snapshot=snapshot, decisions=decisions, cluster=cluster, memory=memory, owned=owned, config=self.config,
             declared_ceiling=self.policy.score_ceiling(self.params), span=span.span, reserve=span.reserve,
             window=window, preempts=limits.preempts,
-        ), self.memory.diff)
+        )
+        plans, notes = reconcile.diff(inputs, self.memory.diff)
+        adopted = self._unconfirmed_writes(plans, memory, owned, cluster)
+        if adopted:  # the diff again, with those values the engine's
+            owned = {**owned, **{f.job_id: {**owned.get(f.job_id, NOTHING_OWNED), f.field: f} for f in adopted}}
+            plans, notes = reconcile.diff(replace(inputs, owned=owned), self.memory.diff)
+            notes += [f"job {f.job_id}: SiteFactor {f.written} in Slurm is the engine's own write, whose outcome it "
+                      "had not learned (audited unconfirmed): the engine owns it" for f in adopted]
         writes, held_back, guards = reconcile.guardrails(plans, owned, self.config)
         prior_judged = self._judge_prior(decisions.expected, cluster.jobs, runs, now)
         phase_seconds = {"read": read_s, "decide": decided - phase_started - read_s,
@@ -231,9 +239,30 @@ class Engine:
             expected=decisions.expected,
             prior=decisions.prior,
             window=window,
+            adopted=adopted,
             phase_seconds=phase_seconds,
             prior_judged=prior_judged,
         )
+
+    def _unconfirmed_writes(self, plans: list[JobPlan], memory: Mapping[int, JobMemory],
+                            owned: Mapping[int, Mapping[JobField, OwnedField]],
+                            cluster: ClusterState) -> tuple[OwnedField, ...]:
+        """The SiteFactors the diff just found someone else's that are the engine's own write of which
+        it never learned the outcome (its newest update of the job, audited unconfirmed, sent that value)."""
+        adopted = []
+        for job_plan in plans:
+            job_id = job_plan.job.job_id
+            remembered = memory.get(job_id)
+            if JobField.SITE_FACTOR not in job_plan.hands_off or (
+                    remembered is not None and JobField.SITE_FACTOR in remembered.hands_off):
+                continue
+            sent = unconfirmed_site_factor(self.store.last_update(job_id))
+            if sent is None or sent[1] != cluster.site_factors.get(job_id):
+                continue
+            mine = owned.get(job_id, NOTHING_OWNED).get(JobField.SITE_FACTOR)
+            adopted.append(OwnedField(job_id, JobField.SITE_FACTOR, mine.original if mine is not None else sent[0],
+                                      sent[1], cluster.time))
+        return tuple(adopted)
 
     def _snapshot(self, cluster: ClusterState, active_in_scope: list[Job], runs: list[Run],
                   memory: Mapping[int, JobMemory], owned: Mapping[int, Mapping[JobField, OwnedField]],

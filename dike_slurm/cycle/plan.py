@@ -13,7 +13,7 @@ from dike_slurm.domain.decisions import PriorInForce, Requeue
 from dike_slurm.domain.freed_rooms import FreedRoom, RoomOutcome
 from dike_slurm.domain.model import Job, Placement
 from dike_slurm.domain.service_prior import Prediction
-from dike_slurm.store.state import SiteSpan
+from dike_slurm.store.state import OwnedField, SiteSpan
 from dike_slurm.slurm.usage import Run
 
 
@@ -98,6 +98,8 @@ class CyclePlan:
     expected: Mapping[int, Prediction] = field(default_factory=dict)  # the policy's service prior, by job
     prior: PriorInForce | None = None  # the service prior as the cycle used it
     window: int = 0  # pending jobs per partition the engine orders (head_window); 0: every one
+    # SiteFactors the engine sent without learning the outcome and that Slurm holds: its own (an applied cycle owns them)
+    adopted: tuple[OwnedField, ...] = ()
     # seconds of each phase (read, decide, diff) of the plan; the metrics export them
     phase_seconds: Mapping[str, float] = field(default_factory=dict, compare=False)
     # (predicted, attained) GPU-seconds of the jobs that finished since the last cycle, their

@@ -70,6 +70,7 @@ class _JobContext:
     needed: bool
     site_factor: int | None = None  # what Slurm showed (cluster.site_factors) when worked out
     admin_tagged: bool = False  # the admin's exempt tag in its AdminComment when worked out
+    lost: bool = False  # the engine's SiteFactor and AdminComment both gone from Slurm (`lost_write`)
     outside: bool = False  # pending beyond the head window (the decision's side: set every cycle)
     unused: bool = False  # not pending, and the engine may not requeue it: Slurm reads none of its priority
     basis: tuple = ()  # the reuse key of the PlanInputs `plan` was made from
@@ -226,6 +227,7 @@ def _contexts(inputs: DiffInputs, key: JobField, ranked: list[SetPriority], know
         context = last.get(job_id)
         if (context is not None and context.job is job and context.site_factor == site_factor
                 and context.admin_tagged == (admin_tag in admin_comment)
+                and context.lost == lost_write(site_factor, owned, admin_comment)
                 and (context.owned is owned or context.owned == owned)
                 and (context.remembered is remembered or context.remembered == remembered)):
             # the job's side is last cycle's: Slurm's value, exempt, hands off (the Job carries
@@ -257,13 +259,14 @@ def _job_side(job: Job, decision: SetPriority | None, owned: Mapping[JobField, O
     exempt = exemptions.kind(job, admin_comment)
     hands_off: Collection[JobField] = remembered.hands_off if remembered else ()
     hands_off_reason = remembered.hands_off_reason if remembered else ""
+    lost = lost_write(site_factor, owned, admin_comment)
     if not exempt:
-        for changed in (user_changes(job, owned, hands_off), site_changes(key, site_factor, owned, hands_off)):
+        for changed in (user_changes(job, owned, hands_off), site_changes(key, site_factor, owned, hands_off, lost)):
             if changed:
                 hands_off = {*hands_off, *changed[0]}
                 hands_off_reason = changed[1]
     return _JobContext(job, decision, owned, remembered, value_now, None, exempt, hands_off, hands_off_reason,
-                       False, site_factor, exemptions.admin_tag in admin_comment)
+                       False, site_factor, exemptions.admin_tag in admin_comment, lost)
 
 
 def _plans(inputs: DiffInputs, contexts: Mapping[int, _JobContext], key: JobField,
@@ -387,12 +390,25 @@ def _newly_left(context: _JobContext) -> bool:
     return any(f not in before for f in context.hands_off)
 
 
+def lost_write(site_factor: int | None, owned: Mapping[JobField, OwnedField], admin_comment: str) -> bool:
+    """Slurm lost the engine's write (a controller killed before it saved its state): the SiteFactor
+    the engine wrote is back at its original, and the AdminComment the engine wrote is gone too (or
+    it owns none); an admin's change leaves the engine's AdminComment in place."""
+    mine = owned.get(JobField.SITE_FACTOR)
+    if mine is None or site_factor is None or site_factor != mine.original or site_factor == mine.written:
+        return False
+    comment = owned.get(JobField.ADMIN_COMMENT)
+    return comment is None or admin_comment != comment.written
+
+
 def site_changes(
-    key: JobField, site_factor: int | None, owned: Mapping[JobField, OwnedField], already: Collection[JobField]
+    key: JobField, site_factor: int | None, owned: Mapping[JobField, OwnedField], already: Collection[JobField],
+    lost: bool = False,
 ) -> tuple[set[JobField], str] | None:
     """A SiteFactor someone else set (an admin's `scontrol update`), where Slurm shows it (sprio):
-    not the value the engine wrote, or non-zero on a job whose SiteFactor the engine does not own."""
-    if key is not JobField.SITE_FACTOR or site_factor is None or key in already:
+    not the value the engine wrote, or non-zero on a job whose SiteFactor the engine does not own.
+    `lost` (lost_write): Slurm lost the engine's write, which the engine then writes again."""
+    if key is not JobField.SITE_FACTOR or site_factor is None or key in already or lost:
         return None
     mine = owned.get(key)
     if mine is None:

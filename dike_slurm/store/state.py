@@ -444,6 +444,12 @@ class StateStore:
         rows = self._db.execute(f"SELECT * FROM audit{clause} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_audit_entry(row) for row in reversed(rows)]
 
+    def last_update(self, job_id: int) -> AuditEntry | None:
+        """The newest `update` row of one job (its write, or its write-ahead row never completed)."""
+        row = self._db.execute("SELECT * FROM audit WHERE job_id = ? AND action = 'update' ORDER BY id DESC LIMIT 1",
+                               (job_id,)).fetchone()
+        return None if row is None else _audit_entry(row)
+
     def record_cycle(self, summary: CycleSummary) -> int:
         cursor = self._db.execute(
             "INSERT INTO cycles (started, seconds, policy, applied, jobs, managed, writes, errors, slurm_calls, note)"

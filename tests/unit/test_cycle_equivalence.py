@@ -98,7 +98,9 @@ def reference_diff(
         if changed:
             hands_off |= changed[0]
             hands_off_reason = changed[1]
-        changed = None if exempt else reference_site_changes(key, cluster.site_factors.get(job.job_id), owned, hands_off)
+        shown = cluster.site_factors.get(job.job_id)
+        changed = None if exempt else reference_site_changes(key, shown, owned, hands_off,
+                                                              cluster.admin_comments.get(job.job_id, ""))
         if changed:
             hands_off |= changed[0]
             hands_off_reason = changed[1]
@@ -160,12 +162,17 @@ def reference_diff(
 
 
 def reference_site_changes(key: JobField, shown: int | None, owned: Mapping[JobField, OwnedField],
-                           already: set[JobField]) -> tuple[set[JobField], str] | None:
+                           already: set[JobField], comment: str) -> tuple[set[JobField], str] | None:
     """A SiteFactor Slurm shows that the engine did not write: non-zero and not the engine's, or not
-    the value the engine wrote."""
+    the value the engine wrote, unless Slurm lost the engine's write (the SiteFactor back at its
+    original and the engine's AdminComment gone too)."""
     if key is not JobField.SITE_FACTOR or shown is None or key in already:
         return None
     mine = owned.get(key)
+    mine_comment = owned.get(JobField.ADMIN_COMMENT)
+    if mine is not None and shown == mine.original != mine.written and (
+            mine_comment is None or comment != mine_comment.written):
+        return None
     if mine is None and shown != 0:
         return {key}, (f"SiteFactor {shown} was set outside the engine, which never wrote this job's SiteFactor: "
                        "left to the site (with the job's AdminComment)")

@@ -142,3 +142,63 @@ def test_values_someone_else_set_on_every_job_are_all_kept_and_trip_no_breaker(t
     store = StateStore(cfg.engine.state_db)
     assert store.breaker() is None and not any(SITE in fields for fields in store.owned().values())
     assert sum(e.action == "left-alone" for e in store.audit_log()) == 30
+
+
+@pytest.mark.parametrize("in_slurm, left_alone", [(608590, False), (880000, True)])
+def test_the_engines_own_write_whose_outcome_it_never_learned_is_not_the_sites(tmp_path, in_slurm, left_alone):
+    """The engine stopped between sending SiteFactor=608590 and recording Slurm's answer (its audit
+    row stayed unconfirmed): Slurm holding 608590 is the engine's write; 880000 is someone else's."""
+    from dike_slurm.cycle.apply import UNCONFIRMED
+    from dike_slurm.store.state import AuditEntry
+
+    backend = cluster(pending(21, "alice"))
+    cfg = config(tmp_path)
+    store = StateStore(cfg.engine.state_db)
+    with store.transaction():
+        store.audit(AuditEntry(NOW - 60, 1, 21, "update", "SiteFactor 0 -> 608590; AdminComment '' -> "
+                               "'dike:level=0,attained=0.0gpuh'", "(sent)", "SiteFactor=0", False, UNCONFIRMED))
+    backend.site_factors[21] = in_slurm
+    report = engine(cfg, backend).cycle(apply=True)
+    owned = StateStore(cfg.engine.state_db).owned().get(21, {})
+    assert (report.plan.job(21).hands_off == (SITE,)) is left_alone and report.left_alone == int(left_alone)
+    if left_alone:
+        assert SITE not in owned and backend.site_factors[21] == 880000
+        return
+    assert [(f.original, f.written) for f in report.plan.adopted] == [(0, 608590)]
+    assert owned[SITE].original == 0 and owned[SITE].written == backend.site_factors[21]  # then its wanted value
+    assert any("SiteFactor 608590 in Slurm is the engine's own write" in n for n in report.plan.notes)
+    assert engine(cfg, backend).cycle(apply=True).plan.adopted == ()  # owned now: no second look
+    (undo,) = [dict(w.update.values) for w in engine(cfg, backend).revert_plan().writes if w.job_id == 21]
+    assert undo[SITE] == 0  # revert puts back the value before the engine's write
+
+
+COMMENT = "dike:level=0,attained=0.0gpuh"
+
+
+@pytest.mark.parametrize("shown, comment_owned, comment_shown, lost", [
+    (0, True, "", True),  # both of the engine's values gone: a controller that lost its state
+    (0, False, "", True),  # the engine owns no AdminComment: its value back at the original is taken as lost
+    (0, True, COMMENT, False),  # the engine's AdminComment still there: someone set SiteFactor 0
+    (5, True, "", False),  # a value that is not the original: someone else's
+    (608590, True, "", False),  # the engine's own value
+    (None, True, "", False),  # not shown
+])
+def test_a_write_slurm_lost_is_told_from_a_value_someone_set(shown, comment_owned, comment_shown, lost):
+    owned = owning(608590)
+    if comment_owned:
+        owned[JobField.ADMIN_COMMENT] = OwnedField(1, JobField.ADMIN_COMMENT, "", COMMENT, 0.0)
+    assert reconcile.lost_write(shown, owned, comment_shown) is lost
+    if lost:
+        assert site_changes(SITE, shown, owned, (), lost) is None
+
+
+def test_values_a_killed_controller_lost_are_written_again(tmp_path):
+    backend = cluster(pending(1, "alice"), pending(2, "bob"))
+    cfg = config(tmp_path)
+    engine(cfg, backend).cycle(apply=True)
+    written = dict(backend.site_factors)
+    backend.site_factors[1], backend.admin_comments[1] = 0, ""  # slurmctld SIGKILLed before it saved them
+    backend.applied.clear()
+    report = engine(cfg, backend).cycle(apply=True)
+    assert [u.job_id for u in backend.applied] == [1] and report.left_alone == 0
+    assert backend.site_factors == written and backend.admin_comments[1].startswith("dike:level=0,")
