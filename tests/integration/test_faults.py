@@ -159,7 +159,8 @@ def engine(slurm_lab: SlurmLab, tmp_path: Path) -> Engine:
 
 
 def fill_queue(lab: SlurmLab, pending: int = 6) -> list[int]:
-    """One job holding every GPU and `pending` one-GPU jobs behind it (the engine writes to each)."""
+    """One job holding every GPU and `pending` one-GPU jobs behind it (the engine writes to each of
+    these; the running blocker, which the engine may not requeue, gets nothing: `written`)."""
     jobs = [lab.sbatch("-N4", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")]
     lab.wait_for(lambda: lab.job_state(jobs[0]) == "RUNNING", 30, "blocker did not start")
     users = ("dikeuser1", "dikeuser2")
@@ -174,6 +175,13 @@ def wait_jobs_saved(lab: SlurmLab, after: float) -> None:
     assert match, f"no StateSaveLocation in {lab.slurm_conf}"
     saved = Path(match[1]) / "job_state"
     lab.wait_for(lambda: saved.exists() and saved.stat().st_mtime > after, 30, f"slurmctld to save {saved}")
+
+
+def written(lab: SlurmLab, jobs: list[int]) -> list[int]:
+    """fill_queue's jobs the engine writes: the pending ones (after checking the blocker got nothing:
+    it runs, and the engine may not requeue it)."""
+    assert admin_comment(lab, jobs[0]) == "", jobs[0]
+    return jobs[1:]
 
 
 def admin_comment(lab: SlurmLab, job_id: int) -> str:
@@ -210,7 +218,7 @@ def test_slurmctld_down_at_cycle_start_writes_nothing_and_resumes(slurm_lab: Slu
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recovered = time.monotonic() - t0
     assert set(jobs) <= set(slurm_lab.job_ids())  # no job lost across the controller restart
-    for job in jobs:
+    for job in written(slurm_lab, jobs):
         assert admin_comment(slurm_lab, job).startswith("dike:level="), job
     print(f"FIGURES ctld-down: failed cycle {failed_in:.1f}s, ctld restart {figures['restart_s']:.1f}s, "
           f"first cycle after {recovered:.1f}s")
@@ -297,7 +305,7 @@ def test_slurmctld_killed_mid_batch_audit_is_exact_and_next_cycle_converges(
     t0 = time.monotonic()
     proc = engine("run", "--once", "--apply")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for job in set(jobs) & set(slurm_lab.job_ids()):
+    for job in set(written(slurm_lab, jobs)) & set(slurm_lab.job_ids()):
         assert admin_comment(slurm_lab, job).startswith("dike:level="), job
     assert engine.integrity() == "ok"
     print(f"FIGURES ctld killed mid-batch: restart {restart:.1f}s, converging cycle {time.monotonic() - t0:.1f}s, "
@@ -453,8 +461,13 @@ def test_engine_sigkilled_mid_apply_leaves_a_consistent_truthful_store(
     proc = engine("run", "--once", "--apply")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert engine.integrity() == "ok"
-    for job in jobs:
+    for job in written(slurm_lab, jobs):
         assert admin_comment(slurm_lab, job).startswith("dike:level="), job
+    # ...the engine's own: it owns them now, none is left alone as another's
+    assert not [r for r in engine.audit() if r["action"] == "left-alone"], [dict(r) for r in engine.audit()]
+    with engine.db() as db:
+        owned = {r[0] for r in db.execute("SELECT job_id FROM owned WHERE field = 'SiteFactor'")}
+    assert owned >= {r["job_id"] for r in rows}
 
 
 # ---------------------------------------------------------------- (f) two engines
@@ -659,7 +672,7 @@ def test_state_file_system_full_or_read_only_mid_cycle_loses_nothing_and_recover
         recovered = time.monotonic() - t0
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert engine.integrity() == "ok"
-        for job in jobs:
+        for job in written(slurm_lab, jobs):
             assert admin_comment(slurm_lab, job).startswith("dike:level="), job
     print(f"FIGURES state fs {fault}: failing cycle {took:.1f}s ({line}), next cycle {recovered:.1f}s")
 
