@@ -22,6 +22,7 @@ from engine_fixtures import config as fixture_config
 from dike_slurm.cycle.apply import FIRST_BATCH, CycleReport
 from fakes import FakeBackend
 from dike_slurm.config import Config
+from dike_slurm.domain.fields import JobField
 from dike_slurm.errors import ConfigError, SlurmError
 from dike_slurm.cycle.plan import CyclePlan
 from dike_slurm.ops.service import RETRY_BASE_S, Service, Signals, retry_wait_s, run_cycle
@@ -398,7 +399,12 @@ def test_the_state_file_system_failing_mid_cycle_loses_nothing_and_the_next_cycl
     report = run_cycle(Engine(cfg, backend, store), apply=True)  # the next cycle, space or file system back
     assert report.errors == 0
     assert all(backend.admin_comments.get(j.job_id, "").startswith("dike:level=") for j in jobs)
-    # the unconfirmed writes reached Slurm: the next cycle finds their values there and has nothing
-    # to write, so those jobs' fields are not owned (docs/reliability.md, "Not done")
-    assert set(store.owned()) == {j.job_id for j in jobs} - {r.job_id for r in rows[4:]} and len(store.cycles()) == 1
+    # the unconfirmed writes reached Slurm: the next cycle finds their SiteFactors there, the values of
+    # the jobs' newest (unconfirmed) updates, and owns them (with the original from before); their
+    # AdminComments, also there, have nothing to write and stay not owned (docs/reliability.md, "Not done")
+    owned = store.owned()
+    assert set(owned) == {j.job_id for j in jobs} and len(store.cycles()) == 1
+    assert {r.job_id: set(owned[r.job_id]) for r in rows[4:]} == {r.job_id: {JobField.SITE_FACTOR} for r in rows[4:]}
+    assert all(owned[r.job_id][JobField.SITE_FACTOR].original == 0 for r in rows[4:])
+    assert report.plan.adopted and not any(p.hands_off for p in report.plan.jobs)
     store.close()
