@@ -121,8 +121,10 @@ def test_explain_and_queue_show_the_prediction_from_the_users_finished_jobs(slur
     """Issue 27: the service prior, live. dikeuser2 finishes three 1-GPU jobs of one name; their next
     job of that name waits, and `explain` and `queue` say what it is expected to use and from which jobs."""
     lab = slurm_lab
-    # three finished jobs are history enough here; a site's prior waits for min_history_jobs (50)
+    # three finished jobs are history enough here; a site's prior waits for min_history_jobs (50),
+    # and for a measurable power (prior_min_power): three runs of one name have none
     engine.env["DIKE_POLICIES__DIKE__MIN_HISTORY_JOBS"] = "3"
+    engine.env["DIKE_POLICIES__DIKE__PRIOR_MIN_POWER"] = "-1"
     name = f"warmup{os.getpid()}"  # a name no earlier test's finished jobs carry
     done = [lab.sbatch("--gres=gpu:1", f"--job-name={name}", "--wrap", "sleep 2", user="dikeuser2") for _ in range(3)]
 

@@ -121,8 +121,10 @@ def test_a_job_cancelled_after_a_short_run_on_a_new_cluster_does_not_move_other_
     # The wait term grows with the clock between the two cycles: without it, every value the
     # engine plans for a waiting job of a user with no usage is a function of its level, fair share
     # and expected service alone, so "the same" is exact, not within engine.priority_tolerance.
-    # min_history_jobs = 1: one finished job that really ran would be enough evidence
-    engine = LabEngine(lab, tmp_path, DIKE_POLICIES__DIKE__WAIT_WEIGHT="0", DIKE_POLICIES__DIKE__MIN_HISTORY_JOBS="1")
+    # min_history_jobs = 1: one finished job that really ran would be enough evidence; prior_min_power
+    # = -1: whatever its power (one job has none), so that only the evidence rule keeps the prior out
+    engine = LabEngine(lab, tmp_path, DIKE_POLICIES__DIKE__WAIT_WEIGHT="0", DIKE_POLICIES__DIKE__MIN_HISTORY_JOBS="1",
+                       DIKE_POLICIES__DIKE__PRIOR_MIN_POWER="-1")
     lab.wait_for(lambda: time.time() >= engine.since, 5, "the engine's accounting window to begin")
     blocker = lab.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
     short = lab.sbatch("-w", "n2", "--gres=gpu:8", "--wrap", "sleep 600", user="dikeuser1")
