@@ -326,10 +326,7 @@ def tune_command(
     config, source = _config(config_path, {})
     dike = config.policy_params("dike")
     levels = dike.levels  # type: ignore[attr-defined]
-    candidates = [tuple(_parse_floats(text, "--quantiles")) for text in quantiles] or candidate_quantiles(levels)
-    for candidate in candidates:
-        if len(candidate) != levels - 1 or any(not 0 < q < 1 for q in candidate) or list(candidate) != sorted(set(candidate)):
-            raise ConfigError(f"--quantiles {candidate}: need {levels - 1} ascending values in (0, 1) for {levels} levels")
+    candidates = _tune_candidates(quantiles, levels) or candidate_quantiles(levels)
     replay_input = load_input(dump, slurm_conf, topology)
     _print_input(replay_input)
     settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, preemptible=preemptible_share,
@@ -356,12 +353,7 @@ def tune_command(
     finally:
         progress.close()
     console.print(_comparison_table(runs, "Dike thresholds by replay"))
-    threshold_table = Table(title="proposed thresholds (GPU-hours)")
-    threshold_table.add_column("candidate")
-    threshold_table.add_column("thresholds_gpuh", justify="right")
-    for proposal in proposals:
-        threshold_table.add_row(proposal.label, ", ".join(f"{t:g}" for t in proposal.thresholds_gpuh))
-    console.print(threshold_table)
+    console.print(_threshold_table(proposals))
     configured = runs[len(baselines)]
     result = answer(
         configured.metrics.summary,
@@ -378,6 +370,24 @@ def tune_command(
                  "config": source.as_dict(), "unfinished_at_dump_end": replay_input.trace.unfinished.as_dict(), "tune": tune}
         _write_tune_outputs(out_dir, replay_input, runs, tasks, extra, config)
         console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.html'}", highlight=False)
+
+
+def _tune_candidates(quantiles: list[str], levels: int) -> list[tuple[float, ...]]:
+    """The --quantiles candidates, each checked against the number of levels."""
+    candidates = [tuple(_parse_floats(text, "--quantiles")) for text in quantiles]
+    for candidate in candidates:
+        if len(candidate) != levels - 1 or any(not 0 < q < 1 for q in candidate) or list(candidate) != sorted(set(candidate)):
+            raise ConfigError(f"--quantiles {candidate}: need {levels - 1} ascending values in (0, 1) for {levels} levels")
+    return candidates
+
+
+def _threshold_table(proposals: list) -> Table:
+    table = Table(title="proposed thresholds (GPU-hours)")
+    table.add_column("candidate")
+    table.add_column("thresholds_gpuh", justify="right")
+    for proposal in proposals:
+        table.add_row(proposal.label, ", ".join(f"{t:g}" for t in proposal.thresholds_gpuh))
+    return table
 
 
 def _write_tune_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRun], tasks: list,
