@@ -136,3 +136,21 @@ def test_the_core_keeps_few_modules_at_its_top():
     assert len(top) <= 8, top
     assert {path.name for path in CORE.iterdir() if (path / "__init__.py").is_file()} >= {
         "domain", "slurm", "store", "cycle", "ops", "cli"}
+
+
+LONGEST_FUNCTION = 80  # lines, decorators and signature included
+
+
+def long_functions(source: str) -> list[tuple[str, int]]:
+    """The functions of `source` longer than LONGEST_FUNCTION lines, with their lengths."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
+
+
+def test_no_function_in_the_core_the_policies_or_the_simulator_is_over_80_lines():
+    too_long = [(str(path.relative_to(CORE.parent)), name, lines)
+                for folder in (CORE, POLICIES, CORE.parent / "sim") for path in sorted(folder.rglob("*.py"))
+                for name, lines in long_functions(path.read_text(encoding="utf-8"))]
+    assert too_long == []
+    assert long_functions("def f():\n" + "    x = 1\n" * LONGEST_FUNCTION) == [("f", LONGEST_FUNCTION + 1)]
