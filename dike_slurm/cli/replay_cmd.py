@@ -220,7 +220,8 @@ def replay_command(
             f"{penalty:g}": {name: {key: run.metrics.summary[key] for key in SWEEP_METRICS} for name, run in by_policy.items()}
             for penalty, by_policy in swept.items()
         }
-    _write_outputs(out_dir, replay_input, runs, main_runs, extra, swept, names, config)
+    _write_outputs(out_dir, replay_input, runs, main_runs, extra, {name: config.policy_params(name) for name in names},
+                   swept)
     console.print(_comparison_table(main_runs, f"replay at comm penalty {settings.comm_penalty:g}"))
     for line in verdict_lines(main_runs):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -234,15 +235,16 @@ def replay_command(
 
 
 def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRun], main_runs: list[PolicyRun],
-                   extra: dict, swept: dict[float, dict[str, PolicyRun]] | None, names: list[str],
-                   config: Config) -> None:
-    """summary.json and report.html; `swept`: the penalty sweep's runs (None: no sweep)."""
+                   extra: dict, params: dict, swept: dict[float, dict[str, PolicyRun]] | None = None) -> None:
+    """summary.json and report.html of `main_runs` (`runs`: every replay, for the timings; `params`:
+    each run's policy parameters; `swept`: the penalty sweep's runs by penalty, None without one)."""
     from dike_slurm.sim.eval.report import render_report
     from dike_slurm.sim.kernel.replay import write_summary
 
     input_section = replay_input.input_summary()
     write_summary(out_dir / "summary.json", input_section, main_runs, extra)
     penalties = sorted(swept or ())
+    names = [run.name for run in main_runs]
     html = render_report(
         case=replay_input.case,
         input_section=input_section,
@@ -253,7 +255,7 @@ def _write_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRu
         penalty_headers=["policy"] + [f"penalty {p:g}" for p in penalties] if swept else [],
         penalty_rows=[[name] + [_avg_jct_h(swept[p][name]) for p in penalties] for name in names] if swept else [],
         timings={run.name: run.wall_s for run in runs},
-        params={name: config.policy_params(name) for name in names},
+        params=params,
         config_source=extra["config"],
     )
     (out_dir / "report.html").write_text(html, encoding="utf-8")
@@ -317,7 +319,7 @@ def tune_command(
     ),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
-    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings
+    from dike_slurm.sim.kernel.replay import ReplayTask, load_input, policy_params, preemptible_jobs, run_tasks, sim_settings
     from dike_slurm.sim.eval.tune import CONFIGURED, Candidate, answer, candidate_quantiles, propose
 
     if out is not None and sweep_out is not None:
@@ -368,7 +370,8 @@ def tune_command(
                                for p in proposals], **result.as_dict()}
         extra = {"settings": {**_settings_section(settings), "preemptible_jobs": preemptible_count},
                  "config": source.as_dict(), "unfinished_at_dump_end": replay_input.trace.unfinished.as_dict(), "tune": tune}
-        _write_tune_outputs(out_dir, replay_input, runs, tasks, extra, config)
+        params = {task.label: policy_params(config, task.policy, task.params_override) for task in tasks}
+        _write_outputs(out_dir, replay_input, runs, runs, extra, params)
         console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.html'}", highlight=False)
 
 
@@ -388,30 +391,6 @@ def _threshold_table(proposals: list) -> Table:
     for proposal in proposals:
         table.add_row(proposal.label, ", ".join(f"{t:g}" for t in proposal.thresholds_gpuh))
     return table
-
-
-def _write_tune_outputs(out_dir: Path, replay_input: ReplayInput, runs: list[PolicyRun], tasks: list,
-                        extra: dict, config: Config) -> None:
-    """tune --out: summary.json (every replay, the candidates, the answer) and report.html."""
-    from dike_slurm.sim.eval.report import render_report
-    from dike_slurm.sim.kernel.replay import policy_params, write_summary
-
-    input_section = replay_input.input_summary()
-    write_summary(out_dir / "summary.json", input_section, runs, extra)
-    html = render_report(
-        case=replay_input.case,
-        input_section=input_section,
-        unfinished=replay_input.trace.unfinished.sentence(),
-        settings=extra["settings"],
-        runs=[(run.name, run.metrics) for run in runs],
-        user_jobs=_user_jobs(replay_input),
-        penalty_headers=[],
-        penalty_rows=[],
-        timings={run.name: run.wall_s for run in runs},
-        params={task.label: policy_params(config, task.policy, task.params_override) for task in tasks},
-        config_source=extra["config"],
-    )
-    (out_dir / "report.html").write_text(html, encoding="utf-8")
 
 
 def _tune_sweep(out: Path, tasks: list, proposals: list, known: dict, config: Config, settings: SimSettings,
