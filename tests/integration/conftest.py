@@ -183,6 +183,18 @@ class SlurmLab:
             self.wait_for(lambda: not self.unended(left), 60, f"accounting to record the end of jobs {left}")
         self.submitted.clear()
 
+    def wait_indexed(self, job_ids: list[int], timeout: float = 60) -> None:
+        """Wait until slurmdbd holds a record of every job: slurmctld has its database index.
+
+        slurmctld asks slurmdbd for new jobs' indexes out of band (a thread that wakes every 5 s);
+        until it has one, and while a request is out (after a restart too, for every job still
+        without one), `scontrol update` of the job answers "try again in a bit" (job_mgr.c,
+        ESLURM_JOB_SETTING_DB_INX). A job whose record sacct lists was indexed by that request.
+        """
+        wanted = set(job_ids)
+        self.wait_for(lambda: wanted <= set(self.sacct_records("--allusers", "-j", ",".join(map(str, job_ids)))),
+                      timeout, f"slurmdbd to index jobs {sorted(wanted)}")
+
     def unended(self, job_ids: list[int]) -> list[int]:
         """Those of ``job_ids`` whose end sacct does not show yet: no record, or a run (an array
         task's, for an array) not ended."""
