@@ -246,16 +246,28 @@ def _describe(
     exc: ValidationError, prefix: str = "", source: str = "", env_names: Mapping[tuple[str, ...], str] | None = None
 ) -> str:
     """Every problem as `key: message`; a key set by a DIKE_* variable names the variable, not the file."""
-    from_file, from_env = [], []
+    return _joined(_problems(exc, prefix, env_names), source)
+
+
+def _problems(
+    exc: ValidationError, prefix: str = "", env_names: Mapping[tuple[str, ...], str] | None = None
+) -> list[str]:
+    """Each problem as `key: message`, or `environment variable DIKE_...: key: message` where a
+    DIKE_* variable set the key."""
+    problems = []
     for error in exc.errors():
         loc = tuple(prefix.split(".") if prefix else ()) + tuple(str(p) for p in error["loc"])
         key = ".".join(loc) or "(top level)"
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         variable = _variable_for(loc, env_names or {})
-        if variable is None:
-            from_file.append(f"{key}: {message}")
-        else:
-            from_env.append(f"environment variable {variable}: {key}: {message}")
+        problems.append(f"{key}: {message}" if variable is None else f"environment variable {variable}: {key}: {message}")
+    return problems
+
+
+def _joined(problems: list[str], source: str) -> str:
+    """One line: the file's problems after its name, then those of the environment."""
+    from_env = [p for p in problems if p.startswith("environment variable ")]
+    from_file = [p for p in problems if not p.startswith("environment variable ")]
     where = f"{source}: " if source and from_file else ""
     return "; ".join(([where + "; ".join(from_file)] if from_file else []) + from_env)
 
@@ -355,6 +367,23 @@ def load_config(
     return load_with_source(path, environ=environ, overrides=overrides, offline=offline)[0]
 
 
+def _named_policies(config: Config | None, data: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(key, policy name, its parameters) of engine.policy and of every [policies.NAME] table, each
+    name once; read from the raw data where the file did not validate, so that every problem is found."""
+    if config is not None:
+        engine_policy, tables = config.engine.policy, config.policies
+    else:
+        engine = data.get("engine") if isinstance(data.get("engine"), Mapping) else {}
+        engine_policy = engine.get("policy", EngineSettings.model_fields["policy"].default)
+        tables = data.get("policies") if isinstance(data.get("policies"), Mapping) else {}
+    named: dict[str, tuple[str, str, Any]] = {}
+    if isinstance(engine_policy, str):
+        named[engine_policy] = ("engine.policy", engine_policy, tables.get(engine_policy, {}))
+    for name, params in tables.items():
+        named.setdefault(str(name), (f"policies.{name}", str(name), params))
+    return list(named.values())
+
+
 def load_with_source(
     path: Path | None = None,
     *,
@@ -372,18 +401,23 @@ def load_with_source(
     data = _merge(data, environment_overrides(environ))
     data = _merge(data, overrides or {})
     source = str(origin.path) if origin.path is not None else "configuration"
+    problems: list[str] = []
+    config: Config | None = None
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source=source, env_names=env_names)) from None
-    for key, name in [("engine.policy", config.engine.policy)] + [(f"policies.{n}", n) for n in config.policies]:
+        problems += _problems(exc, env_names=env_names)
+    for key, name, params in _named_policies(config, data):
         try:
             params_model = default_registry().get(name).Params
         except RegistryError as exc:
             where = _variable_for(tuple(key.split(".")), env_names)
-            raise ConfigError(f"{key}: {exc}", source=f"environment variable {where}" if where else source) from None
+            problems.append(f"environment variable {where}: {key}: {exc}" if where else f"{key}: {exc}")
+            continue
         try:
-            params_model.model_validate(config.policies.get(name, {}))
+            params_model.model_validate(params)
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, prefix=f"policies.{name}", source=source, env_names=env_names)) from None
+            problems += _problems(exc, prefix=f"policies.{name}", env_names=env_names)
+    if problems or config is None:
+        raise ConfigError(_joined(problems, source), problems=problems, source_name=source)
     return config, origin

@@ -24,7 +24,14 @@ class InputError(DikeError):
 
 
 class ConfigError(InputError):
-    """Invalid configuration: names the key."""
+    """Invalid configuration: names the key. `problems`: each problem found (`key: message`), when
+    the configuration was checked whole; `source_name`: the file (or "configuration")."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 problems: list[str] | tuple[str, ...] = (), source_name: str = ""):
+        super().__init__(message, source=source, line=line)
+        self.problems = tuple(problems)
+        self.source_name = source_name
 
 
 class PolicyError(DikeError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -70,10 +72,55 @@ def open_engine(config: Config, *, writing: bool) -> Engine:
     return open_on_backend(config, store(config, writing=writing))
 
 
-def lock(config: Config):
-    from dike_slurm.store.lock import exclusive_lock
+# What to do when a running engine holds the lock and a command needs it (`lock(..., fix=...)`)
+STOP_THE_SERVICE = ("stop the service first (systemctl stop dike-slurm.service; a timer: systemctl stop "
+                    "dike-slurm.timer; cron: remove /etc/cron.d/dike-slurm)")
 
-    return exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock"))
+
+@contextmanager
+def lock(config: Config, *, fix: str = "") -> Iterator[None]:
+    """The engine's lock; held by another engine, the error says `fix`: what to do about it."""
+    from dike_slurm.errors import StateError
+    from dike_slurm.store.lock import LockHeld, exclusive_lock
+
+    held = ExitStack()
+    try:
+        held.enter_context(exclusive_lock(config.engine.lock_file or Path(f"{config.engine.state_db}.lock")))
+    except LockHeld as exc:
+        if not fix:
+            raise
+        raise StateError(f"{exc}: {fix}") from None
+    with held:
+        yield
+
+
+def require_writable_state(config: Config, source: ConfigSource, command: str) -> None:
+    """A command that writes the state file, run by a user who may not write it: one line that
+    names who may (root, or the file's owner: the service user), with the command to run as them."""
+    import getpass
+    import pwd
+
+    from dike_slurm.errors import StateError
+    from dike_slurm.ops.doctor import writable
+
+    path = config.engine.state_db
+    ok, why = writable(path)
+    if ok:
+        return
+    owner = ""
+    for candidate in (path, *path.parents):
+        try:
+            owner = pwd.getpwuid(candidate.stat().st_uid).pw_name
+            break
+        except KeyError:  # a uid without a name
+            break
+        except OSError:  # not there, or not reachable: its folder's owner
+            continue
+    again = f"dike-slurm {command}" + (f" --config {source.path}" if source.path is not None else "")
+    who = (f"run it as root or as the service user that owns it: sudo -u {owner} {again}" if owner and owner != "root"
+           else f"run it as root: sudo {again}")
+    raise StateError(f"{command} writes the state file {path}, which this user ({getpass.getuser()}) may not write "
+                     f"({why}): {who}")
 
 
 def state_file_text(config: Config) -> str:

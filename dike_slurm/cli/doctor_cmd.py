@@ -26,7 +26,7 @@ def doctor_command(
 
     config, source = load(config_path)
     say_source(source, as_json)
-    checks = gather(config, getpass.getuser())
+    checks = gather(config, getpass.getuser(), config_path=source.path)
     failed = [c.name for c in checks if c.verdict == FAIL]
     if as_json:
         emit_json("doctor", source, {"checks": [asdict(c) for c in checks], "failed": failed})

@@ -18,10 +18,12 @@ from dike_slurm.cli.group import app, console, err_console
 from dike_slurm.cli.common import (
     CONFIG_OPTION,
     JSON_OPTION,
+    STOP_THE_SERVICE,
     emit_json,
     load,
     lock,
     open_engine,
+    require_writable_state,
     safe as _safe,
     say_source,
     state_file_text,
@@ -183,7 +185,9 @@ def revert_command(
 
     config, source = load(config_path)
     say_source(source, as_json)
-    with lock(config) if apply else nullcontext():
+    if apply:
+        require_writable_state(config, source, "revert --apply")
+    with lock(config, fix=REVERT_FIX) if apply else nullcontext():
         engine = open_engine(config, writing=apply)
         with closing(engine.store):
             plan = engine.revert_plan(None if job is None else [job])
@@ -210,6 +214,12 @@ def revert_command(
             console.print(_safe(f"job {entry['job_id']}: {entry['field']}: {entry['why']}"), highlight=False)
     if apply and any(not o.ok and not o.job_gone for o in outcomes.values()):
         raise typer.Exit(1)
+
+
+# revert --apply while an engine runs: the service holds the lock for as long as it runs, paused or not
+REVERT_FIX = (f"revert --apply changes the jobs that engine manages: {STOP_THE_SERVICE}, then revert --apply. "
+              "To keep its changes and only stop its writes: dike-slurm pause (the service keeps running and holding "
+              "the lock; dike-slurm resume lets it write again)")
 
 
 def _latch_document(config: Config, what: str, reason: str | None, **more: object) -> dict:
@@ -239,7 +249,8 @@ def breaker_command(
         if reason is not None:
             raise typer.Exit(1)
         return
-    with lock(config):
+    require_writable_state(config, source, "breaker reset")
+    with lock(config, fix=f"breaker reset needs it: {STOP_THE_SERVICE}, reset, then start it again"):
         with closing(StateStore(config.engine.state_db, group=config.engine.state_group)) as store:
             reason = store.breaker()
             if reason is not None:
@@ -265,6 +276,7 @@ def _set_pause(config_path: Optional[Path], reason: str | None, as_json: bool) -
     config, source = load(config_path)
     say_source(source, as_json)
     command = "resume" if reason is None else "pause"
+    require_writable_state(config, source, command)
     with closing(StateStore(config.engine.state_db, group=config.engine.state_group)) as store:
         with store.transaction():
             before = store.paused()

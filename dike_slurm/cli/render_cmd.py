@@ -26,15 +26,20 @@ def render_command(
     """Deployment files from templates: systemd service, timer, cron line, slurm.conf lines, Prometheus
     alert rules (prometheus-rules) and a Grafana dashboard (grafana) over the engine's metrics.
 
-    The file names the configuration the deployed engine reads: --config, else $DIKE_CONFIG.
+    The file names the configuration the deployed engine reads: --config, else $DIKE_CONFIG. The
+    service and the cron line run this environment's dike-slurm: render them from a release installed
+    into a prefix of its own (make install PREFIX=/opt/dike-slurm). They apply the rules doctor and
+    config check apply: a FAIL is refused (every one named), a warning is said.
     """
-    from dike_slurm.ops.render import render
+    from dike_slurm.ops.render import render_checked
 
     config, source = load(config_path)
     if source.path is None:
         raise InputError("render needs the configuration file the deployed engine reads: --config FILE or $DIKE_CONFIG")
     err_console.print(safe(source.describe()), highlight=False)  # stdout is the file itself
-    text = render(kind, config, source.path.resolve(), user=user, oneshot=oneshot)
+    text, warnings = render_checked(kind, config, source.path.resolve(), user=user, oneshot=oneshot)
+    for check in warnings:  # the rules doctor and config check apply too (dike_slurm.ops.deploy_rules)
+        err_console.print(safe(f"warning: {check.name}: {check.found}. What to do: {check.advice}"), highlight=False)
     if out is None:
         sys.stdout.write(text)
         return

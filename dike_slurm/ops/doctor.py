@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dike_slurm.errors import DikeError
+from dike_slurm.ops.deploy_rules import deployment_checks
 from dike_slurm.ops.doctor_checks import FAIL, OK, Check, diagnose, scope_checks
 from dike_slurm.parsing.slurm_options import parse_show_config
 from dike_slurm.slurm.backends.commands import read_output
@@ -55,8 +56,10 @@ class _ClusterNames:
     slurmdbd_error: str = ""
 
 
-def gather(config: Config, user: str, runner: Runner = read_output) -> list[Check]:
-    """Ask Slurm (read-only) and check what it says, the scope's names and the engine's files."""
+def gather(config: Config, user: str, runner: Runner = read_output, config_path: Path | None = None) -> list[Check]:
+    """Ask Slurm (read-only) and check what it says, the scope's names, the engine's files and the
+    deployment's rules (dike_slurm.ops.deploy_rules, which `render` and `config check` apply too)."""
+
     slurm = _slurm(config, runner)
     version = slurm.ask("scontrol", "--version").strip()
     json_check = json_format_check(slurm.ask("squeue", "--json"))
@@ -79,7 +82,8 @@ def gather(config: Config, user: str, runner: Runner = read_output) -> list[Chec
         slurmdbd_error=names.slurmdbd_error, store_exposure=store_exposure(config.engine.state_db),
         **_engine_settings(config),
     )
-    return checks + scope_checks(config.scope, names.known, names.unknown_why) + path_checks(config, user)
+    return (checks + scope_checks(config.scope, names.known, names.unknown_why) + path_checks(config, user)
+            + deployment_checks(config, config_path))
 
 
 def _slurm(config: Config, runner: Runner) -> _Slurm:
@@ -167,7 +171,7 @@ def _engine_settings(config: Config) -> dict:
     )
 
 
-def _writable(path: Path) -> tuple[bool, str]:
+def writable(path: Path) -> tuple[bool, str]:
     """Whether this user can write `path` (and its folder, where files are replaced and journals
     kept), or create it: the nearest folder that exists must then be writable."""
     try:
@@ -216,7 +220,7 @@ def path_checks(config: Config, user: str) -> list[Check]:
         files.append(("engine.metrics_file", engine.metrics_file))
     checks = []
     for name, path in files:
-        ok, why = _writable(path)
+        ok, why = writable(path)
         checks.append(Check(name, f"{path}: {why} by {user}", OK if ok else FAIL,
                             "" if ok else f"install -d -o {user} -g {user} {path.parent} (as root), and run doctor as "
                                           f"the user the service runs as (sudo -u SERVICE_USER dike-slurm doctor)"))

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dike_slurm.ops.alerting import ALERTING_KINDS, grafana_dashboard, prometheus_rule_values
+from dike_slurm.ops.deploy_rules import (
+    INSTALL_COMMAND, PLAIN_PATH, WARN, deployment_checks, failures, lock_path, source_checkout, state_directory)
 from dike_slurm.errors import InputError
 
 if TYPE_CHECKING:  # jinja2, the parsers and the policies load when a file is rendered, not with the CLI
     from jinja2 import Environment
 
     from dike_slurm.config import Config
+    from dike_slurm.ops.doctor_checks import Check
     from dike_slurm.policies.base import Policy, PolicyParams
 
 RENDER_KINDS = ("systemd", "timer", "cron", "slurm-conf", *ALERTING_KINDS)
@@ -25,8 +28,6 @@ _TEMPLATE_OF = {
     "cron": "cron.j2",
     "slurm-conf": "slurm-conf.j2",
 }
-# Paths and names go into unit files and crontabs verbatim: no spaces, quotes, `%` or `$`.
-_PLAIN_PATH = re.compile(r"^[A-Za-z0-9_./+@:-]+$")
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 DEFAULT_SWITCH_WAIT_S = 300  # Slurm's own max_switch_wait
 
@@ -50,7 +51,7 @@ def _environment() -> Environment:
 
 def _plain(path: Path | str, what: str) -> str:
     text = str(path)
-    if not _PLAIN_PATH.match(text):
+    if not PLAIN_PATH.match(text):
         raise InputError(f"{what} {text!r} has characters a unit file or crontab would misread; use a plain path")
     return text
 
@@ -195,56 +196,63 @@ def console_script() -> Path:
     """The `dike-slurm` script of the environment this Python runs in (what pip installed)."""
     script = Path(sys.prefix) / "bin" / "dike-slurm"
     if not script.is_file():
-        raise InputError(f"no dike-slurm script in {sys.prefix}/bin: install the project (pip install) into the "
-                         "environment the service will run, and render from there")
+        raise InputError(f"no dike-slurm script in {sys.prefix}/bin: install a release into a prefix of its own "
+                         f"({INSTALL_COMMAND}) and render from there")
     return script
-
-
-def source_checkout() -> Path | None:
-    """The source tree this environment runs dike_slurm from (an editable install), None for an
-    installed release: a unit should run a release, not a working copy someone edits."""
-    package = Path(__file__).resolve().parent
-    if package.is_relative_to(Path(sys.prefix).resolve()):
-        return None
-    return package.parent
 
 
 def _folders(config: Config, user: str, lock_file: Path) -> dict[str, Any]:
     """What the unit opens for writing: the state folder (systemd's StateDirectory when it is a
     folder of /var/lib), the lock file's folder and the metrics file's own folder, and the commands
-    that prepare the folders systemd does not create."""
+    that prepare the folders systemd does not create. A state folder that also holds the metrics
+    file (allowed where the admin makes it: deploy_rules.metrics_placement) is made 0755, so that
+    node-exporter reads the metrics; the state file in it is 0600 whatever its folder."""
     state_folder = config.engine.state_db.parent
     metrics_file = config.engine.metrics_file
-    state_directory = str(state_folder.relative_to("/var/lib")) if state_folder.parent == Path("/var/lib") else ""
+    state_dir = state_directory(config)
+    metrics_folder = metrics_file.parent if metrics_file else None
     writable, prepare = [], []
-    for folder, what, mode in ((state_folder, "state_db folder", "0750"), (lock_file.parent, "lock_file folder", "0750"),
-                               (metrics_file.parent if metrics_file else None, "metrics_file folder", "0755")):
-        if folder is None or (folder == state_folder and state_directory):
+    for folder, what, mode in ((state_folder, "state_db folder", "0755" if metrics_folder == state_folder else "0750"),
+                               (lock_file.parent, "lock_file folder", "0750"),
+                               (metrics_folder, "metrics_file folder", "0755")):
+        if folder is None or (folder == state_folder and state_dir):
             continue
         path = _plain(folder, what)
         if path not in writable:
             writable.append(path)
             prepare.append(f"install -d -o {user} -g {user} -m {mode} {path}")
-    if metrics_file is not None and metrics_file.parent == state_folder:
-        raise InputError(f"engine.metrics_file {metrics_file} is in the state folder, which is private to the service: "
-                         "give the metrics a folder of their own, that node-exporter reads")
-    return {"state_directory": state_directory, "writable": writable, "prepare": prepare,
+    return {"state_directory": state_dir, "writable": writable, "prepare": prepare,
             "metrics_file": _plain(metrics_file, "metrics_file") if metrics_file else ""}
 
 
 def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm", oneshot: bool = False) -> str:
-    """The text of one deployment file for this configuration."""
+    """The text of one deployment file for this configuration (`render_checked` also gives the warnings)."""
+    return render_checked(kind, config, config_path, user=user, oneshot=oneshot)[0]
+
+
+def render_checked(kind: str, config: Config, config_path: Path, *, user: str = "dike-slurm",
+                   oneshot: bool = False) -> tuple[str, list[Check]]:
+    """The text of one deployment file, and the warnings of the deployment rules (deploy_rules,
+    which `doctor` and `config check` apply too) for the files that run the engine (systemd, cron).
+    Every FAIL of those rules is refused, all of them in one error."""
     if kind == "prometheus-rules":
         return _environment().get_template("prometheus-rules.yml.j2").render(
-            rules=prometheus_rule_values(config), interval_s=f"{config.engine.interval_s:g}", config_path=config_path)
+            rules=prometheus_rule_values(config), interval_s=f"{config.engine.interval_s:g}",
+            config_path=config_path), []
     if kind == "grafana":
-        return grafana_dashboard(config)
+        return grafana_dashboard(config), []
     if kind not in _TEMPLATE_OF:
         raise InputError(f"unknown render kind {kind!r} (known: {', '.join(RENDER_KINDS)})")
     if not _USER_NAME.match(user):
         raise InputError(f"not a plain user name: {user!r}")
-    state_db = config.engine.state_db
-    lock_file = config.engine.lock_file or Path(f"{state_db}.lock")
+    warnings: list[Check] = []
+    if kind in ("systemd", "cron"):  # they run the engine: the rules of its files and its install
+        checks = deployment_checks(config, config_path)
+        refused = failures(checks)
+        if refused:
+            raise InputError(f"render {kind}: {refused}")
+        warnings = [c for c in checks if c.verdict == WARN]
+    lock_file = lock_path(config)
     policy, params = _policy(config)
     prefix = policy.leaf_feature_prefix(params)
     interval_s = int(round(config.engine.interval_s))
@@ -263,9 +271,10 @@ def render(kind: str, config: Config, config_path: Path, *, user: str = "dike-sl
         "leaves": _leaves(config, prefix) if kind == "slurm-conf" else [],
         "feature_prefix": prefix,
         "priority": _priority(config) if kind == "slurm-conf" else {},
+        "warnings": [f"{c.name}: {c.found}. What to do: {c.advice}" for c in warnings],
     }
     if kind in ("systemd", "cron"):  # they run the engine: the installed script, and (a unit) its folders
         context["executable"] = _plain(console_script(), "console script")
     if kind == "systemd":
         context |= {"source_checkout": source_checkout() or "", **_folders(config, user, lock_file)}
-    return _environment().get_template(_TEMPLATE_OF[kind]).render(**context)
+    return _environment().get_template(_TEMPLATE_OF[kind]).render(**context), warnings

@@ -11,6 +11,14 @@ from pathlib import Path
 from dike_slurm.errors import StateError
 
 
+class LockHeld(StateError):
+    """Another engine (a running service, a cycle of the timer or cron) holds the lock."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        self.path, self.pid = path, pid
+        super().__init__(f"another dike-slurm engine holds {path}" + (f" (pid {pid})" if pid else ""))
+
+
 @contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an advisory lock so that two engines never write the same cluster at once."""
@@ -23,10 +31,7 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(handle)
-            raise StateError(
-                f"another dike-slurm engine holds {path}" + (f" (pid {holder})" if holder else "")
-            ) from None
+            raise LockHeld(path, _read_pid(handle)) from None
         # flock dies with its process: a lock file left by a dead engine is simply taken over.
         os.ftruncate(handle, 0)
         os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
