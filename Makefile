@@ -87,6 +87,14 @@ prometheus:
 	    echo "==== promtool or prometheus-node-exporter not found and not root with apt-get: the alert rule and scrape tests will be SKIPPED" >&2; \
 	fi
 
+# A release installed into a prefix of its own, as the systemd unit runs it (docs/deployment.md): a wheel
+# of this checkout in dist/, installed with its dependencies into a venv at PREFIX made with the system's
+# Python (/usr/bin/python3). Needs no .venv; as root for /opt. Then PREFIX/bin/dike-slurm render systemd.
+PREFIX ?= /opt/dike-slurm
+.PHONY: install
+install:
+	scripts/install-prefix $(PREFIX)
+
 # TMPDIR: a tmpfs where there is one with room (scripts/unit-tmpdir says why)
 unit: $(STAMP)
 	TMPDIR=$$(scripts/unit-tmpdir) $(BIN)/pytest -n 2 tests/unit
