@@ -34,7 +34,7 @@ def dike_slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def small_trace(tmp_path_factory) -> Path:
     """A small generated cluster and dump, with one user renamed to a hostile string."""
     folder = tmp_path_factory.mktemp("trace")
-    dike_slurm("trace", "generate", "--out", str(folder), "--jobs", "300", "--nodes", "8", "--seed", "3", "--load", "0.8")
+    dike_slurm("trace", "generate", "--out", str(folder), "--jobs", "150", "--nodes", "4", "--seed", "3", "--load", "0.8")
     dump = folder / "sacct.txt"
     lines = dump.read_text(encoding="utf-8").splitlines()
     header = lines[0].split("|")
@@ -100,7 +100,7 @@ def test_replay_is_deterministic(small_trace, replay_out, tmp_path):
 def test_trace_stats(small_trace):
     result = dike_slurm("trace", "stats", str(small_trace / "sacct.txt"), "--json")
     stats = json.loads(result.stdout)
-    assert stats["jobs"] == 300 and stats["gpu_jobs"] > 0 and stats["users"] > 1
+    assert stats["jobs"] == 150 and stats["gpu_jobs"] > 0 and stats["users"] > 1
     assert sum(stats["gpus_per_job"].values()) == stats["gpu_jobs"]
     table = dike_slurm("trace", "stats", str(SAMPLE / "sacct.txt")).stdout
     assert "gpu hours" in table and "skipped rows" in table
@@ -115,7 +115,7 @@ def test_tune_proposes_thresholds_that_beat_the_configured_ones(small_trace, tmp
         "tune", str(small_trace / "sacct.txt"), "--slurm-conf", str(small_trace / "slurm.conf"), "--config", str(config),
         "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--preemptible", "all",
     )
-    assert "preemptible: 268 of 268 jobs (100%), a share of 1 drawn per job (seed 0)" in result.stdout.splitlines()
+    assert "preemptible: 139 of 139 jobs (100%), a share of 1 drawn per job (seed 0)" in result.stdout.splitlines()
     assert "dike q=0.9,0.99" in result.stdout and "dike (configured)" in result.stdout
     assert re.search(r"^best average JCT: dike q=0\.5,0\.75 \(1\.\d\dx the configured Dike\); to use it:\n"
                      r"\[policies\.dike\]\nthresholds_gpuh = \[[\d.]+, [\d.]+\]$", result.stdout, re.M)
@@ -130,10 +130,10 @@ def test_tune_says_when_the_candidates_are_identical_and_why_and_recommends_noth
         "--quantiles", "0.5,0.75", "--quantiles", "0.9,0.99", "--out", str(out),
     )
     lines = result.stdout.splitlines()
-    assert any(line.startswith("preemptible: 0 of 268 jobs (0%) by the engine's opt-in rule") for line in lines)
+    assert any(line.startswith("preemptible: 0 of 139 jobs (0%) by the engine's opt-in rule") for line in lines)
     answer = (
         "no candidate changes anything: the 2 candidates and the configured Dike all give identical figures. No job was "
-        "preemptible (0 of 268 jobs), so no job is requeued and every waiting job has attained no service: all wait at "
+        "preemptible (0 of 139 jobs), so no job is requeued and every waiting job has attained no service: all wait at "
         "level 0 whatever the thresholds, which then only order running jobs that nothing preempts. Nothing to "
         "recommend: replay with --preemptible all, or the share of jobs that would opt in, to see what the thresholds "
         "do once jobs may be preempted."
@@ -148,8 +148,8 @@ def test_tune_says_when_the_candidates_are_identical_and_why_and_recommends_noth
     assert [c["label"] for c in summary["tune"]["candidates"]] == ["dike q=0.5,0.75", "dike q=0.9,0.99"]
     assert summary["settings"]["preemptible"] == "live" and summary["settings"]["preemptible_jobs"] == 0
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert "<h1>Replay of " in page and "preemptible by the engine&#39;s opt-in rule (0 of 268 jobs)</h1>" in page
-    assert "<td>thresholds_gpuh</td><td>unset</td><td>[0.5272, 2.0003]</td>" in page  # each candidate's own
+    assert "<h1>Replay of " in page and "preemptible by the engine&#39;s opt-in rule (0 of 139 jobs)</h1>" in page
+    assert "<td>thresholds_gpuh</td><td>unset</td><td>[0.345, 1.866]</td>" in page  # each candidate's own
 
 
 def test_tune_answers_from_the_figures_and_names_why_they_do_not_differ():
