@@ -20,9 +20,10 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 from dike_slurm.domain.decisions import Decisions, service_forgiven
 from dike_slurm.errors import DikeError
@@ -48,6 +49,16 @@ FINISH, SUBMIT, WAKE, LAND, CYCLE, BACKFILL, MAIN_PASS, BACKFILL_PASS, END_INSTA
 # has as many rounds (each round is at least one event of the instant), so it is handled last.
 INSTANT_ROUNDS = 1 << 40
 STUCK_AFTER_S = 7 * 86400.0  # jobs waiting this long on an idle cluster: the replay stops
+
+
+class Seated(NamedTuple):
+    """A job running when a simulation resumes from a live state (`Simulator.resume`): its node
+    indexes, the start it had, and when it is expected to end."""
+
+    job: SimJob
+    nodes: Sequence[int]
+    started: float
+    ends: float
 
 
 class SimulationStuck(DikeError):
@@ -252,6 +263,35 @@ class Simulator:
         for trace_job in self.trace:
             self._push(trace_job.submit, SUBMIT, SimJob.from_trace(trace_job, self.settings, self.cluster))
             return
+
+    def resume(self, at: float, running: Iterable[Seated], pending: Iterable[tuple[SimJob, Placement]]) -> None:
+        """Begin at `at` from a live cluster's state instead of an empty cluster (sim/forward.py: the
+        expected starts). Each running job holds its nodes from `at` and ends at its `ends`; its time
+        limit, which backfill plans by, counts from the start it really had. Each pending job, its
+        Slurm priority set by the caller, is queued at `at` with its placement. Before the first step."""
+        if self.now != -INFINITY:
+            raise DikeError("resume() comes before the simulation's first step")
+        self.now = at
+        for seated in running:
+            job, nodes = seated.job, list(seated.nodes)
+            self.active[job.trace.job_id] = job
+            self.slurm_order.join(job, at)
+            job.state = RUNNING
+            job.start = job.first_start = seated.started
+            job.nodes, job.leaves = nodes, self.cluster.leaves_spanned(nodes)
+            job.planned_end = job.limit_end(seated.started)
+            job.run_count += 1
+            self.scheduler.count_eligible(job)  # occupy() takes a starting job off the pending counts
+            self.scheduler.occupy(job)
+            self.views.dirty_nodes.update(nodes)
+            billed = job.trace.gpus * job.billing
+            self.usage.change_rate(job.trace.account if self.usage_by_account else job.trace.user, at, billed)
+            self.slurm_order.change_rate(job, at, billed)
+            job.finish_token = self._push(max(seated.ends, at), FINISH, job)
+        for job, placement in pending:
+            if not placement.is_empty:
+                self.scheduler.constrain(job, placement, at)
+            self._push(at, SUBMIT, job)
 
     # ------------------------------------------------------------------ job life
 
