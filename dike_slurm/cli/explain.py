@@ -38,6 +38,7 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     params = engine.params.model_dump(mode="json")
     document: dict[str, Any] = {"query": text, "policy": engine.policy.name, "policy_parameters": params,
                                 "view": "engine"}
+    document["expected_starts"], start = _expected_start(engine, plan, found.job if found is not None else outside)
     if found is not None:
         job_id = found.job.job_id
         memory = engine.store.job(job_id)
@@ -54,13 +55,13 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
             "head_window": plan.window or None,
             "tolerance": engine.config.engine.priority_tolerance,
             "billing": billing(engine, found.job),
-        }, "service_prior": prior_row(plan.prior)}
+        } | start, "service_prior": prior_row(plan.prior)}
         if found.job.state is JobState.PENDING and found.managed:
             document["standing"] = standing(plan, found)
             document["would_change"] = what_would_change(engine, plan, found)
     elif outside is not None:
         job_id = outside.job_id
-        document |= {"status": "outside-scope", "job": outside_row(outside, field)}
+        document |= {"status": "outside-scope", "job": outside_row(outside, field) | start}
     elif wanted[1] is None:  # a plain id not in the queue: finished, if the engine has a record of it
         job_id = wanted[0]
         document |= {"status": "finished", "job": None}
@@ -71,6 +72,17 @@ def explain(engine: Engine, wanted: tuple[int, int | None], text: str) -> dict[s
     if document["status"] == "finished" and not audit and not owned and engine.store.job(job_id) is None:
         document["status"] = "unknown"
     return document | {"job_id": job_id, "owned": owned, "audit": audit}
+
+
+def _expected_start(engine: Engine, plan: CyclePlan, job: Job | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`expected_starts` (what the simulation took; None unless the job is pending) and the job's
+    start fields, for its row. The simulation runs for a pending job only."""
+    from dike_slurm.cli.expected_start import forecast_row, safe_forecast, start_fields
+
+    if job is None:
+        return None, {}
+    forecast, why_none = safe_forecast(engine, plan) if job.state is JobState.PENDING else (None, "")
+    return forecast_row(forecast), start_fields(forecast, job.job_id, job.state.value, why_none)
 
 
 def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str, Any]],
@@ -85,9 +97,12 @@ def explain_published(engine: Engine, cluster: ClusterState, rows: list[dict[str
     found = next((j for j in cluster.jobs if _matches(j, wanted)), None)
     if found is None:
         return document | {"status": "unknown", "job": None}
+    from dike_slurm.cli.expected_start import PUBLISHED_NO_START, start_fields
+
     row = next(r for r in rows if r["job_id"] == found.job_id)
+    row = row | start_fields(None, found.job_id, row["state"], PUBLISHED_NO_START)
     status = "active" if row["managed"] else "outside-scope"
-    return document | {"status": status, "job_id": found.job_id, "job": row}
+    return document | {"status": status, "job_id": found.job_id, "job": row, "expected_starts": None}
 
 
 def billing(engine: Engine, job: Job) -> dict[str, Any]:
@@ -205,13 +220,21 @@ def explain_lines(document: dict[str, Any], verbose: bool = False) -> list[str]:
     elif status == "outside-scope":
         lines = [f"job {job['job']}: user {job['user']}, account {job['account']}, partition "
                  f"{job['partition']}, {job['state']}: outside the engine's scope ([scope] in the "
-                 "configuration): the engine neither ranks nor writes it"]
+                 "configuration): the engine neither ranks nor writes it"] + _start_lines(document)
     else:
-        lines = _job_lines(job) + _prior_lines(document) + _standing_lines(document)
+        lines = _job_lines(job) + _prior_lines(document) + _start_lines(document) + _standing_lines(document)
         if verbose:
             lines.append(_parameters_line(document))
         lines += _write_lines(document)
     return lines + _record_lines(document)
+
+
+def _start_lines(document: dict[str, Any]) -> list[str]:
+    """A pending job's expected start, or why there is none (docs/engine.md, "Expected start")."""
+    from dike_slurm.cli.expected_start import start_lines
+
+    job = document["job"]
+    return start_lines(job, document.get("expected_starts")) if job["state"] == "PENDING" else []
 
 
 def _prior_lines(document: dict[str, Any]) -> list[str]:
@@ -345,6 +368,7 @@ def _published_lines(document: dict[str, Any], verbose: bool) -> list[str]:
                         "nor writes it"]
     if job["slurm_reason"]:
         lines.append(_slurm_reason_line(job))
+    lines += _start_lines(document)
     if job["level"] is None:
         lines.append("  level: none published yet (the engine writes it into the job's AdminComment with its "
                      "first priority write, within a cycle or two)")

@@ -115,7 +115,7 @@ def _job_table(title: str, rows: list[dict], columns: list[tuple[str, str]], out
 
 
 # Which columns a narrow terminal keeps first: who and what, then the engine's view, then the rest.
-JOB_COLUMN_RANK = ("job", "user", "state", "gpus", "level", "expected_gpu_hours", "priority_now",
+JOB_COLUMN_RANK = ("job", "user", "state", "gpus", "level", "expected_start", "expected_gpu_hours", "priority_now",
                    "priority_planned", "slurm_reason", "partition", "name", "attained_gpu_hours",
                    "counted_gpu_hours", "account", "reason", "placement_now", "placement_planned", "note")
 FREE_TEXT = frozenset({"name", "reason", "note", "slurm_reason", "placement_now", "placement_planned"})
@@ -150,7 +150,7 @@ def fit_columns(columns: list[tuple[str, str]], widths: list[int], width: int) -
 QUEUE_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                  ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
                  ("GPU-h", "attained_gpu_hours"), ("expected GPU-h", "expected_gpu_hours"), ("priority", "priority_now"),
-                 ("placement", "placement_now"),
+                 ("expected start", "expected_start"), ("placement", "placement_now"),
                  ("Slurm's reason", "slurm_reason"), ("why (the policy now)", "reason"), ("note", "note")]
 STATUS_COLUMNS = [("job", "job"), ("name", "name"), ("user", "user"), ("account", "account"),
                   ("partition", "partition"), ("state", "state"), ("GPUs", "gpus"), ("level", "level"),
@@ -165,14 +165,18 @@ def queue_command(
     accounts: list[str] = ACCOUNT_OPTION,
     partitions: list[str] = PARTITION_OPTION,
     states: list[str] = STATE_OPTION,
+    start: bool = typer.Option(True, "--start/--no-start",
+                               help="each pending job's expected start (a forward simulation, at most a few "
+                                    "seconds on a large queue: docs/engine.md, \"Expected start\")"),
     config_path: Optional[Path] = CONFIG_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Pending and running jobs as the engine sees them: level, GPU-hours, priority, placement, why.
+    """Pending and running jobs as the engine sees them: level, GPU-hours, priority, expected start, placement, why.
 
     Like squeue, for every user: it reads Slurm and, read-only, the state store. A user sees why
     a job waits: its level, the service that put it there and the policy's reason.
     """
+    from dike_slurm.cli.expected_start import PUBLISHED_NO_START, forecast_row, safe_forecast, start_cell, with_starts
     from dike_slurm.cli.views import matching, queue_rows
 
     states = _check_states(_split(states))
@@ -182,19 +186,27 @@ def queue_command(
     filters = {"users": _split(users), "accounts": _split(accounts), "partitions": _split(partitions), "states": states}
     if viewer.restricted:
         engine, cluster = _published(config)
-        policy, note, view = engine.policy.name, viewer.why, "published"
-        rows = matching(_published_rows(config, engine, cluster), **filters)
+        policy, note, view, now = engine.policy.name, viewer.why, "published", cluster.time
+        rows = with_starts(matching(_published_rows(config, engine, cluster), **filters), None, PUBLISHED_NO_START)
+        forecast = None
     else:
         engine, note = _reader(config)
         plan = engine.plan()
-        policy, view = plan.policy, "engine"
-        rows = queue_rows(plan, engine.strategy_field.value, engine.store.jobs(), **filters)
+        policy, view, now = plan.policy, "engine", plan.time
+        forecast, why_none = safe_forecast(engine, plan) if start else (None, "not computed (--no-start)")
+        rows = with_starts(queue_rows(plan, engine.strategy_field.value, engine.store.jobs(), **filters), forecast,
+                           why_none)
     field = engine.strategy_field.value
     if as_json:
         emit_json("queue", source, {"state_file": str(config.engine.state_db), "policy": policy, "view": view,
-                                    "priority_field": field, "note": note, "jobs": rows})
+                                    "priority_field": field, "note": note, "jobs": rows,
+                                    "expected_starts": forecast_row(forecast)})
         return
-    _job_table(f"dike-slurm queue: policy {policy}; priority: {field}", rows, QUEUE_COLUMNS)
+    shown = [row | {"expected_start": start_cell(row, now)} for row in rows]
+    _job_table(f"dike-slurm queue: policy {policy}; priority: {field}", shown, QUEUE_COLUMNS)
+    if forecast is not None and any(row["state"] == "PENDING" for row in rows):
+        console.print(safe(f"expected start: {forecast.method()} (docs/engine.md, \"Expected start\")"),
+                      highlight=False)
     if note:
         err_console.print(safe(f"note: {note}"))
 

@@ -242,6 +242,8 @@ class Engine:
             adopted=adopted,
             phase_seconds=phase_seconds,
             prior_judged=prior_judged,
+            nodes=cluster.nodes,
+            topology=cluster.topology,
         )
 
     def _unconfirmed_writes(self, plans: list[JobPlan], memory: Mapping[int, JobMemory],

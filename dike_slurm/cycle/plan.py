@@ -11,7 +11,7 @@ from enum import Enum
 from dike_slurm.domain.fields import FieldValue, JobField, JobUpdate
 from dike_slurm.domain.decisions import PriorInForce, Requeue
 from dike_slurm.domain.freed_rooms import FreedRoom, RoomOutcome
-from dike_slurm.domain.model import Job, Placement
+from dike_slurm.domain.model import Job, Node, Placement, Topology
 from dike_slurm.domain.service_prior import Prediction
 from dike_slurm.store.state import OwnedField, SiteSpan
 from dike_slurm.slurm.usage import Run
@@ -105,6 +105,10 @@ class CyclePlan:
     # (predicted, attained) GPU-seconds of the jobs that finished since the last cycle, their
     # prediction being the service prior's last one while they were pending (the metrics export it)
     prior_judged: tuple[tuple[float, float], ...] = field(default=(), compare=False)
+    # the read's nodes and switch tree, whole (the snapshot keeps the nodes in scope): what the
+    # expected starts of `queue` and `explain` simulate on (sim/forward.py)
+    nodes: tuple[Node, ...] = field(default=(), compare=False)
+    topology: Topology | None = field(default=None, compare=False)
 
     def job(self, job_id: int) -> JobPlan | None:
         return next((p for p in self.jobs if p.job.job_id == job_id), None)
