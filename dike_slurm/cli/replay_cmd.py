@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the simulator (numpy, matplotlib) loads when a replay runs,
     from dike_slurm.sim.kernel.replay import PolicyRun, ReplayInput
     from dike_slurm.sim.kernel.records import SimSettings
 
+HISTORY_HELP = ("an earlier sacct dump of the same cluster: its jobs that ended by DUMP's first submission seed the "
+                "service prior and fair-share usage, as the live engine's accounting would (a warm start)")
 SWEEP_METRICS = ("avg_jct_s", "worst_user_slowdown", "heavy_consolidated_fraction")
 
 
@@ -57,6 +59,8 @@ def _parse_floats(text: str, option: str) -> list[float]:
 
 
 def _print_input(replay_input: ReplayInput) -> None:
+    from dike_slurm.sim.kernel.warm import start_sentence
+
     summary = replay_input.input_summary()
     console.print(
         f"[bold]{replay_input.dump}[/]: {summary['rows']} rows, {summary['jobs_in_dump']} jobs, "
@@ -70,6 +74,7 @@ def _print_input(replay_input: ReplayInput) -> None:
     unfinished = replay_input.trace.unfinished.sentence()
     if unfinished:
         console.print(f"  {unfinished}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"  {start_sentence(summary['history'])}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_reasons(title: str, reasons: dict[str, int]) -> None:
@@ -181,6 +186,7 @@ def replay_command(
         "all, none, or a share such as 0.5 drawn per job",
     ),
     out: Path = typer.Option(..., "--out", help="folder for summary.json, jobs-NAME.csv and report.html"),
+    history: Path | None = typer.Option(None, "--history", help=HISTORY_HELP),
 ) -> None:
     """Replay DUMP through each policy on the simulated cluster and compare the outcomes."""
     from dike_slurm.sim.kernel.replay import ReplayTask, load_input, preemptible_jobs, run_tasks, sim_settings
@@ -192,7 +198,7 @@ def replay_command(
         overrides["replay"]["interval_s"] = interval
     config, source = _config(config_path, overrides)
     sweep = _parse_floats(penalty_sweep, "--penalty-sweep") if penalty_sweep else []
-    replay_input = load_input(dump, slurm_conf, topology)
+    replay_input = load_input(dump, slurm_conf, topology, history)
     settings = sim_settings(
         config, replay_input.conf, comm_penalty=comm_penalty, seed=seed, preemptible=preemptible_share,
         source=str(slurm_conf),

@@ -17,6 +17,7 @@ from dike_slurm.policies.base import PolicyParams
 from dike_slurm.policies.dike import DikeParams, thresholds_gpu_s
 from dike_slurm.policies.tiresias import TiresiasParams
 from dike_slurm.sim.kernel.metrics import PolicyMetrics
+from dike_slurm.sim.kernel.warm import start_sentence
 from dike_slurm.sim.eval.report_compare import comparison, headline
 from dike_slurm.sim.eval.report_plots import build_plots, policy_colours, top_users
 
@@ -196,6 +197,7 @@ def render_report(
         title=report_title(case, input_section["dump"], preemption),
         input=input_section,
         unfinished=unfinished,
+        start=start_sentence(input_section["history"]),
         settings=settings,
         baseline=baseline,
         colours=policy_colours(names),

@@ -66,6 +66,11 @@ class SlurmOrder:
         if self.uses_fairshare:
             self.usage.change_rate(job.association, now, delta_gpus)  # type: ignore[arg-type]
 
+    def change_past_rate(self, association: tuple[str, str], at: float, delta_gpus: float) -> None:
+        """A past run of the association (a warm start's, sim/kernel/warm.py) starts or stops at `at`."""
+        if self.uses_fairshare:
+            self.usage.change_rate(association, at, delta_gpus)  # type: ignore[arg-type]
+
     def recalculate(self, now: float) -> None:
         """Slurm's periodic recalculation: every association's fair-share factor now."""
         if self.uses_fairshare:

@@ -26,6 +26,7 @@ from dike_slurm.sim.kernel.metrics import MetricsCollector, PolicyMetrics, summa
 from dike_slurm.sim.kernel.records import SimSettings, SimStats, Timeline
 from dike_slurm.sim.kernel.simulator import Simulator
 from dike_slurm.sim.kernel.trace import TraceBuild, build_trace, case_name
+from dike_slurm.sim.kernel.warm import History, read_history
 from dike_slurm.domain.slurm_priority import SlurmPriorityModel, effective_span, protection_reserve
 
 # Slurm's defaults for the SchedulerParameters the simulator honours.
@@ -55,6 +56,7 @@ class ReplayInput:
     conf: ClusterConf
     topology: Topology
     has_comment: bool = False  # the dump has the jobs' Comment: the engine's opt-in tag can be seen
+    history: History | None = None  # the warm start (--history); None: the replay starts cold
 
     @property
     def case(self) -> str:
@@ -74,11 +76,13 @@ class ReplayInput:
             "nodes": len([n for n in self.conf.nodes if n.available]),
             "gpus": sum(n.gpus for n in self.conf.nodes if n.available),
             "leaf_switches": len(self.topology.leaves),
+            "history": self.history.summary() if self.history is not None else None,
         }
 
 
-def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> ReplayInput:
-    """Read the dump and the cluster; a dump with nothing to replay is an error."""
+def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None, history: Path | None = None) -> ReplayInput:
+    """Read the dump and the cluster, and the earlier dump `history` for a warm start (sim/kernel/warm.py);
+    a dump with nothing to replay is an error."""
     conf, topology = load_cluster(slurm_conf, topology_conf)
     read = read_sacct_file(dump)
     trace = build_trace(read.records, conf)
@@ -86,8 +90,9 @@ def load_input(dump: Path, slurm_conf: Path, topology_conf: Path | None) -> Repl
         reasons = ", ".join(f"{reason}: {count}" for reason, count in {**read.skipped, **trace.excluded}.items())
         raise InputError(f"no job to replay ({reasons or 'no data rows'})", source=str(dump))
     jobs_in_dump = len({r.job_id for r in read.records})
+    past = read_history(history, conf, trace) if history is not None else None
     return ReplayInput(dump, read.rows, len(read.records), dict(read.skipped), jobs_in_dump, trace, conf, topology,
-                       read.has_comment)
+                       read.has_comment, past)
 
 
 def _int_parameter(parameters: dict[str, str], key: str, default: int, source: str) -> int:
@@ -238,7 +243,7 @@ def run_policy(
                 if finished % 500 == 0:
                     on_progress(finished)
 
-        simulator = Simulator(trace, cluster, policy, params, settings, timeline, sink)
+        simulator = Simulator(trace, cluster, policy, params, settings, timeline, sink, history=replay_input.history)
         gc_was_enabled = gc.isenabled()
         gc.disable()  # the replay allocates many small objects and frees none in cycles
         try:

@@ -41,6 +41,7 @@ from dike_slurm.sim.kernel.scheduler import Shape, SlurmScheduler, main_pass_tim
 from dike_slurm.sim.kernel.trace import TraceJob
 from dike_slurm.sim.kernel.usage import DecayedUsage
 from dike_slurm.sim.kernel.views import SnapshotViews
+from dike_slurm.sim.kernel.warm import History
 
 # Entry kinds, in the order they are handled within a round; the passes make a round of their own.
 # END_INSTANT closes an instant: it schedules the instant's passes.
@@ -98,6 +99,7 @@ class Simulator:
         on_finish: Callable[[JobResult], None],
         *,
         decides: bool = True,
+        history: History | None = None,
     ) -> None:
         self.trace: Iterator[TraceJob] = iter(trace)
         self.cluster = cluster
@@ -150,7 +152,28 @@ class Simulator:
         self.handlers: tuple[Callable[[float, int, SimJob | None], None], ...] = (
             self._on_finish, self._on_submit, self._on_wake, self._on_land, self._on_cycle, self._on_backfill_tick,
             self._on_main_pass, self._on_backfill_pass, self._on_end_instant)
+        if history is not None:
+            self._warm(history)
         self._push_next_submit()
+
+    def _warm(self, history: History) -> None:
+        """Seed what the live engine reads from accounting on the window's first day: the past
+        jobs' service and prior (in end order, as they finished) and the decayed usage of their
+        runs, Dike's and Slurm's, as if the simulator had run them (sim/kernel/warm.py)."""
+        model = self.settings.priority_model
+        changes: list[tuple[float, int, float, TraceJob]] = []
+        for past in history.jobs:
+            trace, attained = past.trace, 0.0
+            for run in past.runs:
+                billing = 1.0 if model is None else model.gpu_weight(trace.partition, run.gpu_types)
+                billed = trace.gpus * billing
+                attained += billed * (run.end - run.start)
+                changes += [(run.start, 1, billed, trace), (run.end, 0, -billed, trace)]
+            self.finished.add(past.end, trace, attained)
+        changes.sort(key=lambda change: (change[0], change[1]))  # each owner's changes in time order
+        for at, _, billed, trace in changes:
+            self.usage.change_rate(trace.account if self.usage_by_account else trace.user, at, billed)
+            self.slurm_order.change_past_rate((trace.account, trace.user), at, billed)
 
     # ------------------------------------------------------------------ the loop
 
