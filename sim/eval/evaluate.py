@@ -27,6 +27,7 @@ from dike_slurm.sim.eval.eval_report import (
 from dike_slurm.sim.eval.targets import TARGETS_FILE, TargetSet, find_targets_file, load_targets
 
 CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
+CASE_HISTORY = "history.txt"  # optional: the case's earlier dump, its warm start (sim/kernel/warm.py)
 
 
 @dataclass(frozen=True)
@@ -358,19 +359,20 @@ def _tabulate(result: dict, plan: Plan) -> None:
 
 
 def _case_inputs(cases: Sequence[Case], load_input) -> dict:
-    """Each case's replay input, each folder read once: a twin's is its case's, with users and
-    names shuffled across the jobs."""
-    from dike_slurm.sim.tracegen.shuffle import shuffle_identities
+    """Each case's replay input, each folder read once, warm where the folder holds a history.txt:
+    a twin's is its case's, with users and names shuffled across the jobs (its history's with them)."""
+    from dike_slurm.sim.tracegen.shuffle import shuffled_twin
 
     read: dict[Path, object] = {}
     inputs = {}
     for case in cases:
         replay_input = read.get(case.folder)
         if replay_input is None:
-            replay_input = read[case.folder] = load_input(*(case.folder / name for name in CASE_FILES))
+            history = case.folder / CASE_HISTORY
+            replay_input = read[case.folder] = load_input(*(case.folder / name for name in CASE_FILES),
+                                                          history if history.is_file() else None)
         if case.twin_of is not None:
-            trace = replace(replay_input.trace, jobs=shuffle_identities(replay_input.trace.jobs, TWIN_SEED))
-            replay_input = replace(replay_input, trace=trace)
+            replay_input = shuffled_twin(replay_input, TWIN_SEED)
         inputs[case.name] = replay_input
     return inputs
 

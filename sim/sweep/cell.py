@@ -160,7 +160,8 @@ def _replay(plan: dict, cell: dict) -> tuple[dict, dict]:
     config = Config.model_validate(plan["config"])
     source = cell["input"]
     topology = Path(source["topology"]) if source["topology"] else None
-    replay_input = load_input(Path(source["dump"]), Path(source["slurm_conf"]), topology)
+    history = Path(source["history"]) if source.get("history") else None  # plans written before it have none
+    replay_input = load_input(Path(source["dump"]), Path(source["slurm_conf"]), topology, history)
     settings = sim_settings(config, replay_input.conf, comm_penalty=cell["comm_penalty"], seed=cell["seed"],
                             preemptible=cell["preemptible"], source=source["slurm_conf"])
     run = run_policy(cell["policy"], replay_input, config, settings, params_override=cell["params"] or None)

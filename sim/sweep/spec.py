@@ -27,7 +27,7 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9._,:+-]+$")
 TOP_KEYS = {"name", "config", "dump", "corpus", "policies", "grid", "variant", "penalties", "seeds",
             "preemptible", "replay", "slurm"}
 SLURM_KEYS = {"partition", "account", "qos", "max_parallel", "mem_mb", "time_min", "cpus_per_task", "job_name"}
-DUMP_KEYS = {"path", "slurm_conf", "topology", "name"}
+DUMP_KEYS = {"path", "slurm_conf", "topology", "name", "history"}
 VARIANT_KEYS = {"label", "policy", "params"}
 
 
@@ -39,6 +39,7 @@ class SweepInput:
     dump: str
     slurm_conf: str
     topology: str | None = None
+    history: str | None = None  # the earlier dump of a warm start (sim/kernel/warm.py)
 
 
 @dataclass(frozen=True)
@@ -277,15 +278,15 @@ def _tables(data: dict, name: str, keys: set[str], source: str, expected: str) -
 
 
 def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
-    from dike_slurm.sim.eval.evaluate import find_cases
+    from dike_slurm.sim.eval.evaluate import CASE_HISTORY, find_cases
 
     inputs: list[SweepInput] = []
     for where, raw in _tables(data, "dump", DUMP_KEYS, source,
-                              "expected [[dump]] tables (path, slurm_conf, topology, name)"):
+                              "expected [[dump]] tables (path, slurm_conf, topology, history, name)"):
         paths = {}
-        for key in ("path", "slurm_conf", "topology"):
+        for key in ("path", "slurm_conf", "topology", "history"):
             if key not in raw:
-                if key == "topology":
+                if key in ("topology", "history"):
                     continue
                 raise _fail(source, f"{where}.{key}", "missing")
             if not isinstance(raw[key], str):
@@ -296,8 +297,9 @@ def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
         name = raw.get("name", case_name(paths["path"]))
         if not isinstance(name, str) or not name:
             raise _fail(source, f"{where}.name", "expected a non-empty text")
-        topology = paths.get("topology")
-        inputs.append(SweepInput(name, str(paths["path"]), str(paths["slurm_conf"]), str(topology) if topology else None))
+        topology, history = paths.get("topology"), paths.get("history")
+        inputs.append(SweepInput(name, str(paths["path"]), str(paths["slurm_conf"]), str(topology) if topology else None,
+                                 str(history) if history else None))
     folders = _str_list(data, "corpus", source)
     if folders:
         try:
@@ -306,8 +308,9 @@ def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
             raise _fail(source, "corpus", str(exc)) from None
         for case in cases:
             folder = case.folder.resolve()
+            history = folder / CASE_HISTORY
             inputs.append(SweepInput(case.name, str(folder / "sacct.txt"), str(folder / "slurm.conf"),
-                                     str(folder / "topology.conf")))
+                                     str(folder / "topology.conf"), str(history) if history.is_file() else None))
     if not inputs:
         raise _fail(source, "dump", "give at least one [[dump]] or a corpus folder")
     names = [i.name for i in inputs]

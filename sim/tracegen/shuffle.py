@@ -14,6 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
+from dike_slurm.sim.kernel.replay import ReplayInput
 from dike_slurm.sim.kernel.trace import TraceJob
 
 
@@ -29,3 +30,16 @@ def shuffle_identities(jobs: Sequence[TraceJob], seed: int) -> tuple[TraceJob, .
         replace(job, user=user, account=account, name=name)
         for job, (user, account), name in zip(jobs, owners, names)
     )
+
+
+def shuffled_twin(replay_input: ReplayInput, seed: int) -> ReplayInput:
+    """A replay input's twin: its jobs shuffled as `shuffle_identities` does. A warm start's past jobs
+    are shuffled with them, in one draw over both, so that its history predicts nothing either."""
+    jobs = replay_input.trace.jobs
+    history = replay_input.history
+    if history is None:
+        return replace(replay_input, trace=replace(replay_input.trace, jobs=shuffle_identities(jobs, seed)))
+    together = shuffle_identities(tuple(past.trace for past in history.jobs) + tuple(jobs), seed)
+    past = tuple(replace(job, trace=trace) for job, trace in zip(history.jobs, together))
+    return replace(replay_input, trace=replace(replay_input.trace, jobs=together[len(past):]),
+                   history=replace(history, jobs=past))

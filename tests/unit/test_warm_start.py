@@ -132,3 +132,46 @@ def test_a_missing_history_dump_is_one_clear_line_naming_it(split_dump, tmp_path
                                    env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert result.returncode in (1, 2) and "Traceback" not in result.stderr
     assert "nothing.txt" in result.stderr, result.stderr
+
+
+def test_a_case_folder_with_a_history_starts_warm_and_its_twin_shuffles_the_history_with_its_jobs(split_dump, tmp_path):
+    from dike_slurm.sim.eval.evaluate import Case, _case_inputs
+    from dike_slurm.sim.kernel.replay import load_input
+
+    earlier, window, conf = split_dump
+    case = tmp_path / "split"
+    case.mkdir()
+    for source, name in ((window, "sacct.txt"), (earlier, "history.txt"), (conf, "slurm.conf"),
+                         (conf.parent / "topology.conf", "topology.conf")):
+        (case / name).write_bytes(source.read_bytes())
+    inputs = _case_inputs([Case("split", case), Case("split-shuffled", case, twin_of="split")], load_input)
+    plain, twin = inputs["split"], inputs["split-shuffled"]
+    assert plain.history is not None and twin.history is not None and len(plain.history.jobs) > 40
+    past, shuffled_past = plain.history.jobs, twin.history.jobs
+    assert [(p.trace.job_id, p.runs) for p in shuffled_past] == [(p.trace.job_id, p.runs) for p in past]
+    # one draw over history and window: the same users and names, moved across both
+    def identities(input_):
+        jobs = [p.trace for p in input_.history.jobs] + list(input_.trace.jobs)
+        return [j.user for j in jobs], [j.name for j in jobs]
+
+    (users, names), (twin_users, twin_names) = identities(plain), identities(twin)
+    assert sorted(twin_users) == sorted(users) and sorted(twin_names) == sorted(names)
+    assert twin_users[:len(past)] != users[:len(past)] and twin_names[:len(past)] != names[:len(past)]
+
+
+def test_a_sweep_dump_takes_a_history_and_its_cells_start_warm(split_dump):
+    from dataclasses import asdict
+
+    from dike_slurm.config import Config
+    from dike_slurm.sim.sweep.cell import _replay
+    from dike_slurm.sim.sweep.spec import spec_from_data
+
+    earlier, window, conf = split_dump
+    spec = spec_from_data({"policies": ["dike"], "dump": [{"path": window.name, "slurm_conf": conf.name,
+                                                             "history": earlier.name}]},
+                          base=window.parent, source="sweep.toml")
+    assert spec.inputs[0].history == str(earlier)
+    cell = {"input": asdict(spec.inputs[0]), "policy": "dike", "comm_penalty": 1.0, "seed": 0, "preemptible": 0.0,
+            "params": {}}
+    _, input_section = _replay({"config": Config().model_dump(mode="json")}, cell)
+    assert input_section["history"]["jobs_seeded"] > 40
