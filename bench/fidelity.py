@@ -198,8 +198,9 @@ def run_config(spec: RunSpec, run_dir: Path, slurm_conf: Path) -> str:
     """The configuration of one run: the live engine's and, in [replay], the simulator's.
 
     Thresholds and waits are scaled to a workload of seconds: Dike's levels at 36 and 180
-    GPU-seconds, a 20 s consolidation wait. The fair-share term is off (fairness_weight 0): the
-    lab's accounting keeps the usage of earlier runs, which the replay of one run does not see.
+    GPU-seconds, a 20 s consolidation wait. The fair-share term is on, as sites run it: the lab's
+    accounting keeps the usage of earlier runs, and the run's replay starts warm from the same
+    accounting (history.txt, the run's `lookback_days` before it: `run_on_lab`).
     The priority span is wide enough (1e8, `priority_mode = "over"`: the lab's QOS tiers would cut
     it to 886,999) that Slurm's own multifactor terms (at most ~13,000 on the lab) never reorder
     two jobs the policy ranked.
@@ -240,7 +241,6 @@ preemptible = {1 if spec.preempt else 0}
 [policies.dike]
 levels = 3
 thresholds_gpuh = [0.01, 0.05]
-fairness_weight = 0.0
 wait_weight = 1.0
 wait_scale_s = 60
 comm_gpus = 16
@@ -336,6 +336,13 @@ def run_on_lab(spec: RunSpec, workload: Sequence[WorkJob], run_dir: Path, deadli
         if stale:
             _run(["scancel", *map(str, sorted(stale))], env)
             _wait(lambda: not _queue_ids(env), 60, "the lab's queue to empty before the run")
+        # What the engine's accounting holds as it starts (lookback_days = 1): the replay's warm start
+        since = datetime.datetime.fromtimestamp(time.time() - 86400).strftime("%Y-%m-%dT%H:%M:%S")
+        history = _run(["sacct", "--allusers", "--allocations", "--duplicates", "--parsable2", "-S", since, "-E", "now",
+                         f"--format={SACCT_FORMAT}"], env)
+        if history.returncode != 0:
+            raise FidelityError(f"sacct of the run's history failed: {history.stderr.strip().splitlines()[-1:]}")
+        (run_dir / "history.txt").write_text(history.stdout, encoding="utf-8")
         engine_log = (run_dir / "engine.log").open("w")
         engine = subprocess.Popen(
             [str(Path(sys.executable).parent / "dike-slurm"), "run", "--apply", "--config", str(config)],

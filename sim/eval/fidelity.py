@@ -169,7 +169,9 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
     from dike_slurm.sim.kernel.simulator import Simulator
 
     config = load_config(run_dir / "dike.toml", environ={}, offline=True)
-    replay_input = load_input(run_dir / "sacct.txt", run_dir / "slurm.conf", run_dir / "topology.conf")
+    history = run_dir / "history.txt"  # what the engine's accounting held as the run began (a warm start)
+    replay_input = load_input(run_dir / "sacct.txt", run_dir / "slurm.conf", run_dir / "topology.conf",
+                              history if history.is_file() else None)
     # The engine's writes reach Slurm one cycle time after its reads: the run's own, measured.
     settings = dataclasses.replace(sim_settings(config, replay_input.conf, source=str(run_dir / "slurm.conf")),
                                    cycle_latency_s=measured_cycle_s(run_dir / "state.sqlite"))
@@ -177,7 +179,7 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
     cluster = SimCluster(replay_input.conf, replay_input.topology)
     results = []
     simulator = Simulator(trace, cluster, default_registry().create(policy), config.policy_params(policy), settings,
-                          Timeline(origin=trace[0].submit, width=60.0), results.append)
+                          Timeline(origin=trace[0].submit, width=60.0), results.append, history=replay_input.history)
     stats = simulator.run()
     outcomes = {}
     for result in results:
