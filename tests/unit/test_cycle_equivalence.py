@@ -466,38 +466,61 @@ VALUES = {
     JobField.REQUIRED_NODES: st.lists(st.sampled_from(NODES), unique=True, max_size=1).map(tuple),
 }
 SCORES = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 1.0001, 2.0, 3.0]), st.floats(-1, 5))
+# The strategies the generators below draw from, built once: a strategy built inside a draw is built
+# again for every example (hypothesis caches none whose arguments hold a list), which cost about a
+# third of these tests' time. The same strategies, so the same examples.
+ENGINE_CHOICES = {
+    "priority_strategy": st.sampled_from(["site_factor", "priority", "nice"]),
+    "priority_span": st.sampled_from([1, 10, 100]),
+    "priority_tolerance": st.sampled_from([0.0, 0.01, 0.1, 0.5]),
+    "admin_comment": st.booleans(),
+    "max_changes_per_cycle": st.sampled_from([0, 3, 1000]),
+    "breaker_min_jobs": st.sampled_from([0, 1000]),
+    "breaker_change_fraction": st.sampled_from([0.5, 1.0]),
+    "head_window": st.sampled_from([None, 0, 1, 2, 5]),
+    "max_requeues_per_cycle": st.sampled_from([0, 2]),
+}
+SCOPES = st.sampled_from([{}, {"exempt_qos": ["low"]}, {"exempt_partitions": ["b"]},
+                          {"exempt_accounts": ["x"], "exempt_admin_tag": "hands off"}])
+JOB_IDS = st.lists(st.integers(1, 60), unique=True, max_size=25)
+STATES = st.sampled_from([JobState.PENDING, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED])
+JOB_COMMENTS = st.sampled_from(["", "dike:exempt", "x"])
+ATTAINED = st.sampled_from([0.0, 1080.0, 3600.0])
+PARTITIONS = st.sampled_from(["a", "a", "b", "a,b"])
+QOS = st.sampled_from(["normal", "normal", "low"])
+ACCOUNTS = st.sampled_from(["a", "a", "x"])
+REASONS = st.sampled_from(["", "", "", "Priority", "Dependency", "JobHeldUser"])
+ELIGIBLE = st.sampled_from([None, 0.0, 0.0, 60.0])
+OWNED_FIELDS = st.lists(st.sampled_from(list(JobField)), unique=True, max_size=4)
+LEVELS = st.one_of(st.none(), st.integers(0, 2))
+HANDS_OFF = st.lists(st.sampled_from(list(JobField)), unique=True, max_size=2)
+HANDS_OFF_REASONS = st.sampled_from(["", "a user changed it"])
+CEILINGS = st.one_of(st.none(), st.sampled_from([1.0, 3.0]))
+NEXT_STATES = st.sampled_from([JobState.PENDING, JobState.RUNNING])
+NEXT_COMMENTS = st.sampled_from(["", "dike:exempt"])
+NEXT_ATTAINED = st.sampled_from([0.0, 3600.0])
 
 
 @st.composite
 def cycles(draw):
     """A config, a queue, what Slurm and the state store hold for it, and a policy's decisions."""
-    config = Config.model_validate({"engine": {
-        "priority_strategy": draw(st.sampled_from(["site_factor", "priority", "nice"])),
-        "priority_span": draw(st.sampled_from([1, 10, 100])),
-        "priority_tolerance": draw(st.sampled_from([0.0, 0.01, 0.1, 0.5])),
-        "admin_comment": draw(st.booleans()),
-        "max_changes_per_cycle": draw(st.sampled_from([0, 3, 1000])),
-        "breaker_min_jobs": draw(st.sampled_from([0, 1000])),
-        "breaker_change_fraction": draw(st.sampled_from([0.5, 1.0])),
-        "head_window": draw(st.sampled_from([None, 0, 1, 2, 5])),
-        "max_requeues_per_cycle": draw(st.sampled_from([0, 2])),
-    }, "scope": draw(st.sampled_from([{}, {"exempt_qos": ["low"]}, {"exempt_partitions": ["b"]},
-                                       {"exempt_accounts": ["x"], "exempt_admin_tag": "hands off"}]))})
-    ids = draw(st.lists(st.integers(1, 60), unique=True, max_size=25))
+    config = Config.model_validate({"engine": {key: draw(choice) for key, choice in ENGINE_CHOICES.items()},
+                                    "scope": draw(SCOPES)})
+    ids = draw(JOB_IDS)
     jobs, owned, memory, site_factors, admin_comments = [], {}, {}, {}, {}
     for job_id in ids:
         jobs.append(Job(
             job_id=job_id, user="u", submit_time=0.0,
-            state=draw(st.sampled_from([JobState.PENDING, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED])),
-            placement=draw(PLACEMENTS), comment=draw(st.sampled_from(["", "dike:exempt", "x"])),
-            nice=draw(st.integers(-100, 5)), priority=draw(VALUES[JobField.PRIORITY]),
-            attained_gpu_s=draw(st.sampled_from([0.0, 1080.0, 3600.0])),
-            partition=draw(st.sampled_from(["a", "a", "b", "a,b"])),
-            qos=draw(st.sampled_from(["normal", "normal", "low"])), account=draw(st.sampled_from(["a", "a", "x"])),
-            slurm_reason=draw(st.sampled_from(["", "", "", "Priority", "Dependency", "JobHeldUser"])),
-            eligible_time=draw(st.sampled_from([None, 0.0, 0.0, 60.0])), requeueable=draw(st.booleans()),
+            state=draw(STATES),
+            placement=draw(PLACEMENTS), comment=draw(JOB_COMMENTS),
+            nice=draw(VALUES[JobField.NICE]), priority=draw(VALUES[JobField.PRIORITY]),
+            attained_gpu_s=draw(ATTAINED),
+            partition=draw(PARTITIONS),
+            qos=draw(QOS), account=draw(ACCOUNTS),
+            slurm_reason=draw(REASONS),
+            eligible_time=draw(ELIGIBLE), requeueable=draw(st.booleans()),
         ))
-        fields = draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=4))
+        fields = draw(OWNED_FIELDS)
         if fields:
             job = jobs[-1]
             # often what the engine wrote is what Slurm still holds, as in a quiet cycle
@@ -510,9 +533,9 @@ def cycles(draw):
             }
         if draw(st.booleans()):
             memory[job_id] = JobMemory(
-                job_id, 0.0, written_level=draw(st.one_of(st.none(), st.integers(0, 2))),
-                hands_off=tuple(draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=2))),
-                hands_off_reason=draw(st.sampled_from(["", "a user changed it"])),
+                job_id, 0.0, written_level=draw(LEVELS),
+                hands_off=tuple(draw(HANDS_OFF)),
+                hands_off_reason=draw(HANDS_OFF_REASONS),
             )
         if draw(st.booleans()):
             site_factors[job_id] = draw(VALUES[JobField.SITE_FACTOR])
@@ -530,7 +553,7 @@ def cycles(draw):
     )  # half of the constraints wanted are the ones the job holds already
     snapshot = Snapshot(time=0.0, jobs=tuple(jobs), nodes=())
     cluster = ClusterState(0.0, tuple(jobs), (), Topology(), site_factors, admin_comments)
-    ceiling = draw(st.one_of(st.none(), st.sampled_from([1.0, 3.0])))
+    ceiling = draw(CEILINGS)
     return snapshot, Decisions(priorities, placements), cluster, memory, owned, config, ceiling
 
 
@@ -575,9 +598,9 @@ def next_cycle(draw, cycle):
         if not kept():
             if draw(st.booleans()):
                 continue  # the job left the queue
-            job = replace(job, state=draw(st.sampled_from([JobState.PENDING, JobState.RUNNING])),
-                          placement=draw(PLACEMENTS), nice=draw(st.integers(-100, 5)),
-                          comment=draw(st.sampled_from(["", "dike:exempt"])), attained_gpu_s=draw(st.sampled_from([0.0, 3600.0])),
+            job = replace(job, state=draw(NEXT_STATES),
+                          placement=draw(PLACEMENTS), nice=draw(VALUES[JobField.NICE]),
+                          comment=draw(NEXT_COMMENTS), attained_gpu_s=draw(NEXT_ATTAINED),
                           requeueable=draw(st.booleans()))
         jobs.append(job)
     owned = {
@@ -587,8 +610,8 @@ def next_cycle(draw, cycle):
     }
     memory = {
         job_id: m if kept() else replace(m) if draw(st.booleans()) else replace(
-            m, written_level=draw(st.one_of(st.none(), st.integers(0, 2))),
-            hands_off=tuple(draw(st.lists(st.sampled_from(list(JobField)), unique=True, max_size=2))))
+            m, written_level=draw(LEVELS),
+            hands_off=tuple(draw(HANDS_OFF)))
         for job_id, m in memory.items()
     }
     site_factors = {j: v if kept() else draw(VALUES[JobField.SITE_FACTOR]) for j, v in cluster.site_factors.items()}
@@ -607,7 +630,7 @@ def next_cycle(draw, cycle):
     if not kept():  # another strategy, span, tolerance or exempt tag
         config = draw(cycles())[5]
     if not kept():
-        ceiling = draw(st.one_of(st.none(), st.sampled_from([1.0, 3.0])))
+        ceiling = draw(CEILINGS)
     return (Snapshot(time=0.0, jobs=tuple(jobs), nodes=()), Decisions(priorities, placements), 
             ClusterState(0.0, tuple(jobs), (), Topology(), site_factors, admin_comments), memory, owned, config, ceiling)
 
@@ -705,6 +728,10 @@ def test_the_order_walk_rewrites_the_jobs_the_straightforward_walk_rewrites(key,
     assert [c.needed for c in walked] == [c.needed for c in expected]
 
 
+PLACEMENT_FIELDS = st.lists(st.sampled_from(PLACEMENT_ORDER), unique=True)
+PLACEMENT_HANDS_OFF = st.lists(st.sampled_from(PLACEMENT_ORDER), unique=True, max_size=1)
+
+
 @settings(max_examples=400, deadline=None)
 @given(PLACEMENTS, st.data())
 def test_the_constraint_write_equals_the_straightforward_one(holding, data):
@@ -716,9 +743,9 @@ def test_the_constraint_write_equals_the_straightforward_one(holding, data):
     owned = {
         f: OwnedField(1, f, data.draw(VALUES[f]),
                       placement_value(holding, f) if data.draw(st.booleans()) else data.draw(VALUES[f]), 0.0)
-        for f in data.draw(st.lists(st.sampled_from(PLACEMENT_ORDER), unique=True))
+        for f in data.draw(PLACEMENT_FIELDS)
     }
-    hands_off = data.draw(st.lists(st.sampled_from(PLACEMENT_ORDER), unique=True, max_size=1))
+    hands_off = data.draw(PLACEMENT_HANDS_OFF)
     written = reconcile.placement_write(job, decision, owned, hands_off, 0)
     expected = reference_placement_write(job, decision, owned, set(hands_off), 0)
     assert written == expected
@@ -741,26 +768,34 @@ def test_one_step_builders_equal_the_constructors():
     assert hash(plan) == hash(JobPlan(**values))
 
 
+OPT_INS = st.sampled_from([{}, {"preemptible_partitions": ["gpu"]}, {"preemptible_qos": ["low"]}])
+ENRICH_PARTITIONS = st.sampled_from(["gpu", "cpu,gpu", ""])
+ENRICH_QOS = st.sampled_from(["low", "normal"])
+OVERRUNS = st.one_of(st.none(), st.floats(-10, 10))
+SCOPED = st.sampled_from([{}, {"partitions": ["gpu"]}, {"qos": ["low"]}])
+SITE_FACTOR_STEPS = st.sampled_from([0, 0, 0, 1])
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cycles(), st.data())
 def test_enrich_equals_the_per_job_copy(cycle, data):
     snapshot, _, cluster, memory, owned, _, _ = cycle
-    preemptible = data.draw(st.sampled_from([{}, {"preemptible_partitions": ["gpu"]}, {"preemptible_qos": ["low"]}]))
+    preemptible = data.draw(OPT_INS)
     config = Config.model_validate({"engine": preemptible})
     jobs = [
-        replace(j, requeueable=data.draw(st.booleans()), partition=data.draw(st.sampled_from(["gpu", "cpu,gpu", ""])),
-                qos=data.draw(st.sampled_from(["low", "normal"])))
+        replace(j, requeueable=data.draw(st.booleans()), partition=data.draw(ENRICH_PARTITIONS),
+                qos=data.draw(ENRICH_QOS))
         for j in snapshot.jobs
     ]
     service = {
         j.job_id: JobService(data.draw(st.floats(0, 1e6)), data.draw(st.integers(0, 3)), data.draw(st.floats(0, 1e4)),
-                             data.draw(st.one_of(st.none(), st.floats(-10, 10))))
+                             data.draw(OVERRUNS))
         for j in jobs if data.draw(st.booleans())
     }
     memory = {job_id: replace(m, requeues=data.draw(st.integers(0, 3)),
                               attained_at_promotion_gpu_s=data.draw(st.floats(0, 1e6)))
               for job_id, m in memory.items()}
-    scoped = Config.model_validate({"scope": data.draw(st.sampled_from([{}, {"partitions": ["gpu"]}, {"qos": ["low"]}]))})
+    scoped = Config.model_validate({"scope": data.draw(SCOPED)})
     assert [in_scope(j, scoped) for j in jobs] == [reference_in_scope(j, scoped) for j in jobs]
     engine = Engine(config, FakeBackend((), ()), StateStore(None))  # _enrich reads no backend
 
@@ -781,7 +816,7 @@ def test_enrich_equals_the_per_job_copy(cycle, data):
                    for job_id, got in service.items()}
         memory = {job_id: m if data.draw(st.integers(0, 3)) else replace(m, requeues=m.requeues + 1)
                   for job_id, m in memory.items()}
-        cluster = replace(cluster, site_factors={j: v + data.draw(st.sampled_from([0, 0, 0, 1]))
+        cluster = replace(cluster, site_factors={j: v + data.draw(SITE_FACTOR_STEPS)
                                                  for j, v in cluster.site_factors.items()})
         rooms = rooms if data.draw(st.booleans()) else draw_rooms(jobs)
         enriched = engine._enrich(jobs, service, memory, owned, cluster, rooms)
