@@ -323,6 +323,7 @@ def tune_command(
         None, "--sweep-out", metavar="DIR",
         help="write the replays as a sweep folder instead (run it with `sweep local DIR` or `sweep submit DIR`, then `sweep merge DIR`)",
     ),
+    history: Path | None = typer.Option(None, "--history", help=HISTORY_HELP),
 ) -> None:
     """Propose Dike's queue thresholds from DUMP's per-job GPU service and compare them by replay."""
     from dike_slurm.sim.kernel.replay import ReplayTask, load_input, policy_params, preemptible_jobs, run_tasks, sim_settings
@@ -335,7 +336,7 @@ def tune_command(
     dike = config.policy_params("dike")
     levels = dike.levels  # type: ignore[attr-defined]
     candidates = _tune_candidates(quantiles, levels) or candidate_quantiles(levels)
-    replay_input = load_input(dump, slurm_conf, topology)
+    replay_input = load_input(dump, slurm_conf, topology, history)
     _print_input(replay_input)
     settings = sim_settings(config, replay_input.conf, comm_penalty=comm_penalty, preemptible=preemptible_share,
                             source=str(slurm_conf))
@@ -409,8 +410,9 @@ def _tune_sweep(out: Path, tasks: list, proposals: list, known: dict, config: Co
     dump = replay_input.dump.resolve()
     spec = Spec(
         name="tune",
-        inputs=(SweepInput(replay_input.case, str(dump),
-                           str(slurm_conf.resolve()), str(topology.resolve()) if topology else None),),
+        inputs=(SweepInput(replay_input.case, str(dump), str(slurm_conf.resolve()),
+                           str(topology.resolve()) if topology else None,
+                           str(replay_input.history.dump.resolve()) if replay_input.history else None),),
         variants=tuple(SweepVariant(t.label, t.policy, dict(t.params_override or {})) for t in tasks),
         penalties=(settings.comm_penalty,),
         seeds=(settings.seed,),

@@ -108,7 +108,7 @@ def write_plan(spec: Spec, out: Path, *, python: str | None = None) -> Plan:
         "cells": len(cells),
         "keys": keys,
         "grid": {
-            "inputs": [asdict(i) for i in spec.inputs],
+            "inputs": [i.as_dict() for i in spec.inputs],
             "variants": [asdict(v) for v in spec.variants],
             "penalties": list(spec.penalties),
             "seeds": list(spec.seeds),

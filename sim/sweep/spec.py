@@ -41,6 +41,13 @@ class SweepInput:
     topology: str | None = None
     history: str | None = None  # the earlier dump of a warm start (sim/kernel/warm.py)
 
+    def as_dict(self) -> dict:
+        """Its fields; `history` only for a warm start, so that a cold input's cells keep their keys."""
+        fields = asdict(self)
+        if fields["history"] is None:
+            del fields["history"]
+        return fields
+
 
 @dataclass(frozen=True)
 class SweepVariant:
@@ -99,7 +106,7 @@ class Cell:
 
     def description(self) -> dict:
         return {
-            "input": asdict(self.input),
+            "input": self.input.as_dict(),
             "label": self.variant.label,
             "policy": self.variant.policy,
             "params": self.variant.params,

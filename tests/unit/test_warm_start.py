@@ -160,8 +160,6 @@ def test_a_case_folder_with_a_history_starts_warm_and_its_twin_shuffles_the_hist
 
 
 def test_a_sweep_dump_takes_a_history_and_its_cells_start_warm(split_dump):
-    from dataclasses import asdict
-
     from dike_slurm.config import Config
     from dike_slurm.sim.sweep.cell import _replay
     from dike_slurm.sim.sweep.spec import spec_from_data
@@ -171,7 +169,19 @@ def test_a_sweep_dump_takes_a_history_and_its_cells_start_warm(split_dump):
                                                              "history": earlier.name}]},
                           base=window.parent, source="sweep.toml")
     assert spec.inputs[0].history == str(earlier)
-    cell = {"input": asdict(spec.inputs[0]), "policy": "dike", "comm_penalty": 1.0, "seed": 0, "preemptible": 0.0,
+    cold = spec_from_data({"policies": ["dike"], "dump": [{"path": window.name, "slurm_conf": conf.name}]},
+                          base=window.parent, source="sweep.toml")
+    assert set(cold.inputs[0].as_dict()) == {"name", "dump", "slurm_conf", "topology"}  # cold cells keep their keys
+    cell = {"input": spec.inputs[0].as_dict(), "policy": "dike", "comm_penalty": 1.0, "seed": 0, "preemptible": 0.0,
             "params": {}}
     _, input_section = _replay({"config": Config().model_dump(mode="json")}, cell)
     assert input_section["history"]["jobs_seeded"] > 40
+
+
+def test_tune_takes_a_history_and_its_sweep_cells_carry_it(split_dump, tmp_path):
+    earlier, window, conf = split_dump
+    result = _dike_slurm("tune", str(window), "--slurm-conf", str(conf), "--history", str(earlier), "--quantiles", "0.5,0.9",
+                         "--sweep-out", str(tmp_path / "sweep"))
+    assert "Warm start:" in result.stdout
+    plan = json.loads((tmp_path / "sweep" / "plan.json").read_text())
+    assert [i["history"] for i in plan["grid"]["inputs"]] == [str(earlier.resolve())]
