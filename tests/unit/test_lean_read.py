@@ -72,25 +72,38 @@ REASONS = st.sampled_from([("None", ""), ("Priority", ""), ("Resources", ""), ("
                            ("Resources", "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions")])
 
 
+# job_specs' strategies, built once rather than in every example's draws (hypothesis caches no
+# strategy whose arguments hold a list): the same strategies, so the same examples
+JOB_IDS = st.lists(st.integers(1, 10**7), unique=True, max_size=8)
+STATES = st.sampled_from(["PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED"])
+ARRAYS = st.one_of(st.none(), st.tuples(st.integers(1, 10**7), st.one_of(st.integers(0, 999), st.just("0-2"))))
+ELIGIBLE = st.one_of(st.just(0), st.integers(1, 2**31))
+LIMITS = st.one_of(st.none(), st.integers(1, 10**6))
+FEATURES = st.one_of(st.none(), st.sampled_from(["leaf_s1", "leaf_s1|leaf_s2", "a&b", "[x*2]"]))
+EXCLUDED = st.sampled_from(["", "n3", "n[1-4]", "n[01-02],m7"])
+REQUIRED = st.sampled_from(["", "n1", "n[1-2]"])
+ALLOCATED = st.sampled_from(["n1", "n[1-2]", "gpu[001-128]"])
+SWITCHES = st.tuples(st.integers(0, 4), st.integers(0, 86400))
+
+
 @st.composite
 def job_specs(draw) -> list[dict]:
-    ids = draw(st.lists(st.integers(1, 10**7), unique=True, max_size=8))
+    ids = draw(JOB_IDS)
     specs = []
     for job_id in ids:
-        state = draw(st.sampled_from(["PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED"]))
-        array = draw(st.one_of(st.none(), st.tuples(st.integers(1, 10**7), st.one_of(st.integers(0, 999),
-                                                                                       st.just("0-2")))))
+        state = draw(STATES)
+        array = draw(ARRAYS)
         specs.append(dict(
             job_id=job_id, state=state, user=draw(WORD), account=draw(WORD), partition=draw(WORD), qos=draw(WORD),
             name=draw(FREE_TEXT), comment=draw(FREE_TEXT), admin_comment=draw(FREE_TEXT),
-            submit=draw(st.integers(1, 2**31)), eligible=draw(st.one_of(st.just(0), st.integers(1, 2**31))),
-            start=draw(st.integers(1, 2**31)), limit=draw(st.one_of(st.none(), st.integers(1, 10**6))),
+            submit=draw(st.integers(1, 2**31)), eligible=draw(ELIGIBLE),
+            start=draw(st.integers(1, 2**31)), limit=draw(LIMITS),
             nodes=draw(st.integers(1, 64)), cpus=draw(st.integers(1, 4096)), gpus=draw(st.integers(0, 512)),
-            features=draw(st.one_of(st.none(), st.sampled_from(["leaf_s1", "leaf_s1|leaf_s2", "a&b", "[x*2]"]))),
-            excluded=draw(st.sampled_from(["", "n3", "n[1-4]", "n[01-02],m7"])),
-            required=draw(st.sampled_from(["", "n1", "n[1-2]"])),
-            allocated=draw(st.sampled_from(["n1", "n[1-2]", "gpu[001-128]"])),
-            switches=draw(st.tuples(st.integers(0, 4), st.integers(0, 86400))),
+            features=draw(FEATURES),
+            excluded=draw(EXCLUDED),
+            required=draw(REQUIRED),
+            allocated=draw(ALLOCATED),
+            switches=draw(SWITCHES),
             priority=draw(st.integers(0, 2**32 - 2)), nice=draw(st.integers(-10000, 10000)),
             requeue=draw(st.booleans()), array=array, reason=draw(REASONS),
         ))
