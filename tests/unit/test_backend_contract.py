@@ -174,6 +174,21 @@ def test_the_lean_read_makes_exactly_these_calls_with_a_token_and_epoch_times():
     assert envs == [lean_env, lean_env, {"PATH": "/usr/bin", "TZ": "UTC"}, lean_env, {"PATH": "/usr/bin", "TZ": "UTC"}]
 
 
+def test_a_callers_slurm_time_format_reaches_no_command_but_the_lean_read():
+    """An admin's SLURM_TIME_FORMAT=%s made sacct print epoch seconds, which the reader skipped as bad
+    timestamps: every finished job was lost to the prior and fair share (seen on the lab)."""
+    recorder = Recorder(lean_reads())
+    cli = SlurmCliBackend(SlurmSettings(), runner=recorder, clock=lambda: 1796026000.0,
+                          environ={"PATH": "/usr/bin", "SLURM_TIME_FORMAT": "%s"},
+                          job_read="lean", token=lambda: TOKEN)
+    cli.read_cluster()
+    records = cli.accounting(1796000000.0, 1796026000.0).records
+    envs = {argv[0]: env for argv, env, _ in recorder.calls}
+    assert envs["sacct"] == envs["sprio"] == envs["scontrol"] == {"PATH": "/usr/bin", "TZ": "UTC"}
+    assert envs["squeue"] == envs["sinfo"] == {"PATH": "/usr/bin", "TZ": "UTC", "SLURM_TIME_FORMAT": "%s"}
+    assert records  # the recorded sacct text reads as records
+
+
 def test_the_lean_read_and_the_json_read_build_the_same_cluster():
     lean = backend(Recorder(lean_reads()), "lean").read_cluster()
     json_read = backend(Recorder(reads()), "json").read_cluster()

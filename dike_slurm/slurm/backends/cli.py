@@ -154,6 +154,10 @@ class SlurmCliBackend(Backend):
         self.clock = clock
         env = dict(os.environ if environ is None else environ)
         env["TZ"] = "UTC"
+        # A caller's SLURM_TIME_FORMAT (an admin's shell with %s, say) changes how sacct and scontrol
+        # print times: sacct's rows would then all be skipped as bad timestamps, and the prior and
+        # fair share would see no finished job. Our readers read Slurm's standard format.
+        env.pop("SLURM_TIME_FORMAT", None)
         if settings.slurm_conf is not None:
             if not Path(settings.slurm_conf).is_file():
                 raise ConfigError(f"slurm.slurm_conf: no such file {settings.slurm_conf}")
