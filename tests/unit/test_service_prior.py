@@ -307,7 +307,10 @@ def _gaming_trace(seed: int, naming: str):
 
 
 def _total_jct(jobs) -> tuple[float, float]:
-    """(u0's, the other users') total JCT under Dike's defaults, no job preemptible."""
+    """(u0's, the other users') total JCT under Dike's defaults but the prior in force whatever its
+    power (prior_min_power = -1), no job preemptible. At the defaults the gate keeps the prior out
+    of the cycles where its power is 0, and there the two namings replay identically (ratios exactly
+    1.0, 2026-12-07): the prior forced on is the case a gamer could exploit."""
     # preemptible=0: SimSettings' own default is every job preemptible
     from dike_slurm.domain.model import Topology
     from dike_slurm.slurm.slurm_conf import parse_slurm_conf
@@ -317,8 +320,8 @@ def _total_jct(jobs) -> tuple[float, float]:
     from dike_slurm.sim.kernel.simulator import Simulator
 
     policy, results = default_registry().create("dike"), []
-    Simulator(jobs, SimCluster(parse_slurm_conf(FOUR_NODES), Topology()), policy, policy.Params(), SimSettings(preemptible=0.0),
-              Timeline(origin=jobs[0].submit, width=60.0), results.append).run()
+    Simulator(jobs, SimCluster(parse_slurm_conf(FOUR_NODES), Topology()), policy, policy.Params(prior_min_power=-1),
+              SimSettings(preemptible=0.0), Timeline(origin=jobs[0].submit, width=60.0), results.append).run()
     return (sum(r.jct_s for r in results if r.user == "u0"), sum(r.jct_s for r in results if r.user != "u0"))
 
 
@@ -330,8 +333,8 @@ def test_a_user_who_names_long_jobs_like_short_ones_gains_no_more_than_one_who_n
     the long ones used.
 
     The tolerances are measured against naming alike, so the honest replays (which only scaled
-    them) are not run. On these three traces (2026-12-07): alike/mislabel 0.980 for the user and
-    mislabel/alike 1.004 for the others; honest/alike 1.164 and honest/mislabel 1.141 for the user.
+    them) are not run. On these three traces (2026-12-07, the prior forced on: `_total_jct`):
+    alike/mislabel 0.980 for the user and mislabel/alike 1.004 for the others; honest/alike 1.164 and honest/mislabel 1.141 for the user.
     Until then the test ran with every job preemptible (SimSettings' default), against what this
     line said: there alike/mislabel was 0.986 and 0.987, the same verdict (docs/results.md,
     "Gaming the prior"). A shortest-expected-first order pays a user who hides the spread of their
