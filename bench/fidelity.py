@@ -58,6 +58,7 @@ LOCK_FILE = Path("/tmp/dike-lab.lock")
 USERS = ("root", "dikeuser1", "dikeuser2")
 NAME_PREFIX = "fid-"
 ENGINE_INTERVAL_S = 3.0
+LOOKBACK_DAYS = 1  # the engine's accounting window, and so the replay's history (history.txt)
 # each kind twice: the second run of a kind against its first is the noise floor
 DEFAULT_RUNS = "fifo,fifo,dike,dike,dike+preempt,dike+preempt"
 LAB_GPUS = 32
@@ -229,7 +230,7 @@ command_timeout_s = 30
 
 [accounting]
 usage_half_life_h = 24
-lookback_days = 1
+lookback_days = {LOOKBACK_DAYS}
 
 [replay]
 interval_s = {ENGINE_INTERVAL_S}
@@ -336,8 +337,8 @@ def run_on_lab(spec: RunSpec, workload: Sequence[WorkJob], run_dir: Path, deadli
         if stale:
             _run(["scancel", *map(str, sorted(stale))], env)
             _wait(lambda: not _queue_ids(env), 60, "the lab's queue to empty before the run")
-        # What the engine's accounting holds as it starts (lookback_days = 1): the replay's warm start
-        since = datetime.datetime.fromtimestamp(time.time() - 86400).strftime("%Y-%m-%dT%H:%M:%S")
+        # What the engine's accounting holds as it starts (its lookback_days): the replay's warm start
+        since = datetime.datetime.fromtimestamp(time.time() - LOOKBACK_DAYS * 86400).strftime("%Y-%m-%dT%H:%M:%S")
         history = _run(["sacct", "--allusers", "--allocations", "--duplicates", "--parsable2", "-S", since, "-E", "now",
                          f"--format={SACCT_FORMAT}"], env)
         if history.returncode != 0:

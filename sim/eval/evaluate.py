@@ -30,6 +30,12 @@ CASE_FILES = ("sacct.txt", "slurm.conf", "topology.conf")
 CASE_HISTORY = "history.txt"  # optional: the case's earlier dump, its warm start (sim/kernel/warm.py)
 
 
+def case_history(folder: Path) -> Path | None:
+    """The folder's history.txt, the warm start of the dump beside it; None: the replay starts cold."""
+    history = folder / CASE_HISTORY
+    return history if history.is_file() else None
+
+
 @dataclass(frozen=True)
 class Variant:
     """A policy as the evaluation runs it: a label, the registry name, parameter overrides."""
@@ -368,9 +374,8 @@ def _case_inputs(cases: Sequence[Case], load_input) -> dict:
     for case in cases:
         replay_input = read.get(case.folder)
         if replay_input is None:
-            history = case.folder / CASE_HISTORY
             replay_input = read[case.folder] = load_input(*(case.folder / name for name in CASE_FILES),
-                                                          history if history.is_file() else None)
+                                                          case_history(case.folder))
         if case.twin_of is not None:
             replay_input = shuffled_twin(replay_input, TWIN_SEED)
         inputs[case.name] = replay_input

@@ -162,6 +162,7 @@ def real_outcomes(run_dir: Path, workload_index: Callable[[str], int | None]
 def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping[int, int]) -> tuple[dict[int, JobOutcome], dict]:
     """The run's dump replayed through the simulator under the run's configuration."""
     from dike_slurm.config import load_config
+    from dike_slurm.sim.eval.evaluate import case_history
     from dike_slurm.registry import default_registry
     from dike_slurm.sim.kernel.cluster import SimCluster
     from dike_slurm.sim.kernel.records import Timeline
@@ -169,9 +170,9 @@ def replay_outcomes(run_dir: Path, policy: str, origin: float, index_of: Mapping
     from dike_slurm.sim.kernel.simulator import Simulator
 
     config = load_config(run_dir / "dike.toml", environ={}, offline=True)
-    history = run_dir / "history.txt"  # what the engine's accounting held as the run began (a warm start)
+    # history.txt: what the engine's accounting held as the run began (a warm start)
     replay_input = load_input(run_dir / "sacct.txt", run_dir / "slurm.conf", run_dir / "topology.conf",
-                              history if history.is_file() else None)
+                              case_history(run_dir))
     # The engine's writes reach Slurm one cycle time after its reads: the run's own, measured.
     settings = dataclasses.replace(sim_settings(config, replay_input.conf, source=str(run_dir / "slurm.conf")),
                                    cycle_latency_s=measured_cycle_s(run_dir / "state.sqlite"))

@@ -285,7 +285,7 @@ def _tables(data: dict, name: str, keys: set[str], source: str, expected: str) -
 
 
 def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
-    from dike_slurm.sim.eval.evaluate import CASE_HISTORY, find_cases
+    from dike_slurm.sim.eval.evaluate import case_history, find_cases
 
     inputs: list[SweepInput] = []
     for where, raw in _tables(data, "dump", DUMP_KEYS, source,
@@ -315,9 +315,9 @@ def _inputs(data: dict, base: Path, source: str) -> list[SweepInput]:
             raise _fail(source, "corpus", str(exc)) from None
         for case in cases:
             folder = case.folder.resolve()
-            history = folder / CASE_HISTORY
+            history = case_history(folder)
             inputs.append(SweepInput(case.name, str(folder / "sacct.txt"), str(folder / "slurm.conf"),
-                                     str(folder / "topology.conf"), str(history) if history.is_file() else None))
+                                     str(folder / "topology.conf"), str(history) if history else None))
     if not inputs:
         raise _fail(source, "dump", "give at least one [[dump]] or a corpus folder")
     names = [i.name for i in inputs]
