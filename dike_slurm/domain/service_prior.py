@@ -31,7 +31,7 @@ import bisect
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 # The groups asked in turn, finest first: the user's own history before anyone else's, so that a
@@ -90,6 +90,11 @@ class Estimate:
 
     run_s: float
     count: int
+    # log(max(run_s, 1)): what `predict` folds, worked out once per estimate, not once per prediction
+    log_run: float = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_run", math.log(max(self.run_s, 1.0)))
 
 
 @dataclass(frozen=True)
@@ -297,21 +302,25 @@ class ServicePrior:
     def _predict(self, user: str, name: str, gpus: int, shrink_jobs: float) -> Prediction | None:
         if gpus <= 0:
             return None
+        # The groups from every job down to the finest, as `_keys` spells their keys (written out:
+        # a replay predicts every active job each cycle).
+        g = str(gpus)
+        recent, base = self._recent, self._base
         log_run: float | None = None
-        finest = None
-        for index, (key, shown) in reversed(list(enumerate(_keys(user, name, gpus)))):
-            estimate = self.estimate(key)
+        finest = -1
+        count = 0
+        for index, key in ((6, _EVERY_JOB), (5, (5, g)), (4, (4, name, g)), (3, (3, user)), (2, (2, user, g)),
+                           (1, (1, user, name)), (0, (0, user, name, g))):
+            estimate = recent[key] if key in recent else base.get(key)  # `estimate(key)`
             if estimate is None:
                 continue
-            mine = math.log(max(estimate.run_s, 1.0))
             if log_run is None:
-                log_run = mine
+                log_run = estimate.log_run
             else:
-                log_run += (mine - log_run) * estimate.count / (estimate.count + shrink_jobs)
-            finest = (index, shown, estimate.count)
-        if log_run is None or finest is None:
+                log_run += (estimate.log_run - log_run) * estimate.count / (estimate.count + shrink_jobs)
+            finest, count = index, estimate.count
+        if log_run is None:
             return None
-        index, shown, count = finest
         # The user's overrun factor, as it is: a user who hides long jobs among short ones is
         # predicted the mixed group's mean, what a user who names every job alike gets. Squared,
         # hiding would cost more than it gains in the gaming test, but a user of the sample whose
@@ -319,7 +328,8 @@ class ServicePrior:
         # against 425 (docs/results.md).
         overrun = self.estimate(_overrun_key(user))
         factor = overrun.run_s if overrun is not None else 1.0
-        return Prediction(math.exp(log_run) * gpus * factor, GROUPS[index], shown, count, factor)
+        shown = _keys(user, name, gpus)[finest][1]
+        return Prediction(math.exp(log_run) * gpus * factor, GROUPS[finest], shown, count, factor)
 
 
 class PriorLearner:

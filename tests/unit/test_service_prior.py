@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dike_slurm.domain.service_prior import NEVER_RAN_S, GROUPS, FinishedJob, PriorLearner, ServicePrior, _keys, never_ran
+from dike_slurm.domain.service_prior import (
+    NEVER_RAN_S, GROUPS, FinishedJob, Prediction, PriorLearner, ServicePrior, _keys, never_ran)
 
 
 def job(user="alice", name="train.sh", gpus=4, run_s=3600.0, end=0.0):
@@ -120,6 +121,47 @@ finished = st.builds(
     end=st.just(0.0),
     own_only=st.booleans(),
 )
+
+
+def plain_predict(prior: ServicePrior, user: str, name: str, gpus: int, shrink_jobs: float):
+    """The prediction as the module's docstring states it, group by group through `_keys` and
+    `estimate`, each group's log worked out where it is read: what `predict`'s written-out fold
+    must equal bit for bit."""
+    if gpus <= 0:
+        return None
+    log_run, finest = None, None
+    for index, (key, shown) in reversed(list(enumerate(_keys(user, name, gpus)))):
+        estimate = prior.estimate(key)
+        if estimate is None:
+            continue
+        mine = math.log(max(estimate.run_s, 1.0))
+        log_run = mine if log_run is None else log_run + (mine - log_run) * estimate.count / (estimate.count + shrink_jobs)
+        finest = (index, shown, estimate.count)
+    if log_run is None:
+        return None
+    index, shown, count = finest
+    overrun = prior.estimate((-1, user))
+    factor = overrun.run_s if overrun is not None else 1.0
+    return Prediction(math.exp(log_run) * gpus * factor, GROUPS[index], shown, count, factor)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), finished), max_size=80), st.sampled_from([0, 0.5, 2, 10]))
+def test_the_written_out_prediction_is_the_plain_fold_bit_for_bit(steps, shrink):
+    """predict folds the groups written out, with each estimate's log kept: on learner views (base
+    and recent changes both read) every answer equals the plain fold's, float for float."""
+    learner, held = PriorLearner(), []
+    for remove, item in steps:
+        if remove and held:
+            learner.remove(held.pop(0))
+        else:
+            learner.add(item)
+            held.append(item)
+        view = learner.view()
+        for user in "abz":
+            for name in "xz":
+                for gpus in (0, 1, 8, 3):
+                    assert view.predict(user, name, gpus, shrink) == plain_predict(view, user, name, gpus, shrink)
 
 
 @settings(max_examples=150, deadline=None)
