@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -280,32 +281,28 @@ def _rank_jobs(active: tuple[Job, ...], owners: list[str], inputs: _RankInputs
     shrink_jobs, sets_level = params.prior_shrink_jobs, params.prior_sets_level
     # A running job has waited 0 s: its wait term, score tail and reason tail are the owner's.
     running_wait = 0.0 / (0.0 + wait_scale)
-    running_wait_text = f"{running_wait:.2f}"
-    # (prediction, its reason text) by (user, name, GPUs); (None, ""): no prediction
-    predictions: dict[tuple[str, str, int], tuple[Prediction | None, str]] = {}
+    # the prediction by (user, name, GPUs)
+    predictions: dict[tuple[str, str, int], Prediction | None] = {}
     expected_of: dict[int, Prediction] = {}
     priorities: list[SetPriority] = []
     append = priorities.append
     pending_state = JobState.PENDING
-    zero_service = f"attained={0.0 / 3600:.2f}gpuh"  # most pending jobs never ran
     for job, owner in zip(active, owners):
         # levels_with_promotion, inlined for the common case (exactly the same arithmetic)
         service = job.attained_gpu_s - job.attained_at_promotion_gpu_s
         if not service > 0.0:
             service = 0.0
-        expected, expected_text = service, ""
+        expected, shown = service, None  # shown: the prediction the reason names
         if prior is not None:
             shape = (job.user, job.name, job.gpus)
-            known = predictions.get(shape)
-            if known is None:
-                prediction = prior.predict(job.user, job.name, job.gpus, shrink_jobs, trust)
-                known = predictions[shape] = (prediction, f" {prediction.reason}") if prediction is not None else (
-                    None, "")
-            prediction, text = known
+            if shape in predictions:
+                prediction = predictions[shape]
+            else:
+                prediction = predictions[shape] = prior.predict(job.user, job.name, job.gpus, shrink_jobs, trust)
             if prediction is not None:
                 expected_of[job.job_id] = prediction
                 if prediction.gpu_s > service:
-                    expected, expected_text = prediction.gpu_s, text
+                    expected, shown = prediction.gpu_s, prediction
         level = bisect_right(thresholds, expected if sets_level else service)
         promoted = False
         if job.state is pending_state:
@@ -316,15 +313,11 @@ def _rank_jobs(active: tuple[Job, ...], owners: list[str], inputs: _RankInputs
             if level > 0:
                 level, promoted, reason = levels_with_promotion(
                     job, now, thresholds, promote_knob, max_wait_s, expected if sets_level else 0.0)
-            elif service == 0.0:  # +0.0 only: a negative or zero difference became +0.0 above
-                reason = zero_service
             else:
-                reason = f"attained={service / 3600:.2f}gpuh"
+                reason = service  # stated when the reason is read (_reason)
             wait = waited / (waited + wait_scale)
-            wait_text = f"{wait:.2f}"
         else:
-            reason = f"attained={service / 3600:.2f}gpuh"
-            wait, wait_text = running_wait, running_wait_text
+            reason, wait = service, running_wait
         weighted_fairness, tail = by_owner[owner]
         mixed = weighted_fairness + wait_weight * wait
         if prior_weight:
@@ -342,9 +335,17 @@ def _rank_jobs(active: tuple[Job, ...], owners: list[str], inputs: _RankInputs
         elif mix > 1.0:
             mix = 1.0
         score = (top_level - level) + WITHIN_SPAN * mix
-        append(SetPriority(job.job_id, level, score, f"level={level} {reason}{expected_text}{tail}{wait_text}",
-                           promoted))
+        append(SetPriority(job.job_id, level, score, partial(_reason, level, reason, shown, tail, wait), promoted))
     return tuple(priorities), expected_of
+
+
+def _reason(level: int, attained: str | float, shown: Prediction | None, tail: str, wait: float) -> str:
+    """A job's reason, made when it is read (SetPriority): `level=1 attained=0.00gpuh expected=...
+    (...); thresholds ...; fair=0.50 wait=0.12`. `attained`: its text, or the service to state."""
+    if not isinstance(attained, str):
+        attained = f"attained={attained / 3600:.2f}gpuh"
+    expected = f" {shown.reason}" if shown is not None else ""
+    return f"level={level} {attained}{expected}{tail}{wait:.2f}"
 
 
 class CommunicationAware(Placing[DikeParams]):

@@ -618,8 +618,9 @@ def next_cycle(draw, cycle):
     admin_comments = {j.job_id: cluster.admin_comments[j.job_id] if j.job_id in cluster.admin_comments and kept()
                       else draw(COMMENTS) for j in jobs if j.job_id in cluster.admin_comments or not kept()}
     priorities = tuple(
-        replace(p) if kept() else replace(p, score=draw(SCORES), level=draw(st.integers(0, 2)),
-                                           reason=draw(st.sampled_from([p.reason, "changed"])), promoted=draw(st.booleans()))
+        SetPriority(*p) if kept() else SetPriority(p.job_id, score=draw(SCORES), level=draw(st.integers(0, 2)),
+                                                   made_reason=draw(st.sampled_from([p.reason, "changed"])),
+                                                   promoted=draw(st.booleans()))
         for p in decisions.priorities
     )
     placements = tuple(
@@ -638,7 +639,7 @@ def next_cycle(draw, cycle):
 def again(cycle):
     """The same cycle once more, with the policy's decisions as equal new objects (a quiet cluster)."""
     snapshot, decisions, *rest = cycle
-    return (snapshot, Decisions(tuple(replace(p) for p in decisions.priorities),
+    return (snapshot, Decisions(tuple(SetPriority(*p) for p in decisions.priorities),
                                 tuple(replace(p) for p in decisions.placements)), *rest)
 
 

@@ -475,3 +475,38 @@ def test_only_a_policy_that_reads_finished_jobs_service_is_handed_it():
     with_history = replace(snap, completed_service_gpu_s=tuple(float(i) for i in range(100)))
     rng = random.Random
     assert dike.decide(snap, configured, rng(0)) == dike.decide(with_history, configured, rng(0))
+
+
+def test_dike_reasons_made_when_read_state_level_service_prediction_thresholds_fair_share_and_wait():
+    """Dike hands its reasons over as functions (SetPriority: a replay reads none); read, each is
+    the text the ranking used to write at once, field for field: a pending job named by its
+    prediction, a pending job of no history, a running job (wait 0). Equal and hashed as the
+    same decision with the text given."""
+    from dike_slurm.domain.decisions import SetPriority
+    from dike_slurm.domain.service_prior import FinishedJob, ServicePrior
+
+    history = [FinishedJob("alice", "train.sh", 4, 3600.0 * (1 + i % 3), NOW - 600 * i) for i in range(1, 61)]
+    prior = ServicePrior.learn(history)
+    state = replace(snapshot([pending(1, "alice", gpus=4, name="train.sh", waited=600.0),
+                              pending(2, "bob", gpus=1, name="new.sh", waited=60.0),
+                              running(3, "carol", gpus=2, ran=7200.0)],
+                             history=[j.run_s * j.gpus for j in history]),
+                    service_prior=prior)
+    params = DikeParams(steer_light_jobs=False, prior_min_power=-1)
+    decisions = DikePolicy().decide(state, params, RNG)
+    by_id = {p.job_id: p for p in decisions.priorities}
+    assert all(not isinstance(p.made_reason, str) for p in decisions.priorities)
+    thresholds = by_id[1].reason.split("; thresholds ")[1].split("; fair=")[0]
+    assert thresholds.endswith("gpuh (derived from 60 finished jobs)")
+    alice = decisions.expected[1]
+    assert by_id[1].reason == (f"level={by_id[1].level} attained=0.00gpuh expected={alice.gpu_s / 3600:.2f}gpuh "
+                               f"({alice.describe()}); thresholds {thresholds}; fair=1.00 wait="
+                               f"{600 / (600 + params.wait_scale_s):.2f}")
+    bob = decisions.expected[2]
+    assert bob.gpu_s > 0 and by_id[2].reason.startswith(f"level={by_id[2].level} attained=0.00gpuh expected=")
+    assert by_id[2].reason.endswith(f"fair=1.00 wait={60 / (60 + params.wait_scale_s):.2f}")
+    assert by_id[3].reason.startswith(f"level={by_id[3].level} attained={2 * 7200 / 3600:.2f}gpuh")
+    assert by_id[3].reason.endswith("wait=0.00")
+    for decision in decisions.priorities:
+        given = SetPriority(decision.job_id, decision.level, decision.score, decision.reason, decision.promoted)
+        assert given == decision and hash(given) == hash(decision) and repr(given) == repr(decision)
