@@ -38,5 +38,8 @@ class FifoPolicy(StagedPolicy[FifoParams]):
     def reads_completed_service(self, params: FifoParams) -> bool:
         return False
 
+    def replay_may_postpone(self, params: FifoParams) -> bool:
+        return True  # submit order: deciding later orders the same jobs the same way
+
     def replays_as_priority_basic(self, params: FifoParams) -> bool:
         return True

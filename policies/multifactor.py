@@ -27,5 +27,8 @@ class MultifactorPolicy(Policy):
     def reads_completed_service(self, params: PolicyParams) -> bool:
         return False
 
+    def replay_may_postpone(self, params: PolicyParams) -> bool:
+        return True  # it decides nothing
+
     def decide(self, snapshot: Snapshot, params: PolicyParams, rng: random.Random) -> Decisions:
         return Decisions()

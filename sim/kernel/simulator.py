@@ -115,7 +115,10 @@ class Simulator:
         self.scheduler = SlurmScheduler(
             cluster, settings, self.stats, timeline.origin, self._start, self._wake, self.slurm_order)
         self.declared_ceiling = policy.score_ceiling(params)
-        self.may_requeue = policy.requeue_min_run_s(params) is not None
+        # decided at every cycle it falls due, as the live engine decides, unless the policy says
+        # deciding later is the same (Policy.replay_may_postpone) and it never requeues
+        self.decides_when_due = (policy.requeue_min_run_s(params) is not None
+                                 or not policy.replay_may_postpone(params))
         self.requeue_limits = requeue_limits(policy, params, settings.max_requeues_per_cycle)
         self.events: list[tuple[float, int, int, int, SimJob | None]] = []
         self.sequence = 0
@@ -461,9 +464,9 @@ class Simulator:
     # ------------------------------------------------------------------ policy cycles
 
     def _on_cycle(self, now: float, token: int, job: None) -> None:
-        """A policy cycle is due. It is evaluated now if one of the jobs waiting now could start
-        (or the policy may requeue); otherwise it is postponed until one could, as until then its
-        decisions would change nothing the scheduler does for those jobs."""
+        """A policy cycle is due. It is evaluated now, as the live engine decides, unless the policy
+        lets the replay postpone it (Policy.replay_may_postpone): then only if one of the jobs
+        waiting now could start, else when one could."""
         if not self.pending_count:
             self.cycle_armed = False
             return
@@ -477,7 +480,7 @@ class Simulator:
         self._check_not_stuck(now)
         self._push(now + self.settings.interval_s, CYCLE)
         self.postponed_cycle = now
-        if self.may_requeue or self._waiting_job_could_start(self.scheduler.fitting_shapes()):
+        if self.decides_when_due or self._waiting_job_could_start(self.scheduler.fitting_shapes()):
             self._evaluate(now)
         else:
             self.stats.postponed_cycles += 1

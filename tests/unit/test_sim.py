@@ -616,3 +616,23 @@ def test_utilisation_counts_useful_work_not_rework():
     makespan = summary["makespan_s"]
     assert summary["gpu_utilization"] == pytest.approx(useful / (8 * makespan), abs=1e-4)
     assert collector.gpu_seconds == pytest.approx(useful + lost)  # busy, rework included
+
+
+def test_a_policy_is_decided_when_each_cycle_falls_due_unless_it_lets_the_replay_postpone():
+    """The live engine decides every interval. The replay postpones a cycle at which no waiting job
+    could start only for a policy that says deciding later orders the same (fifo, multifactor).
+    Dike with preemption off is decided at every cycle, as Dike with preemption on is: where no
+    job is preemptible the two replay alike (postponed, Dike without preemption had replayed the
+    bundled sample's day one 23% faster than the engine it stands for would run it)."""
+    trace = [job(i, submit=30.0 * i, gpus=(2, 4, 8)[i % 3], duration=900.0 + 600 * (i % 4), user=f"u{i % 3}",
+                 name=("train", "eval")[i % 2]) for i in range(1, 31)]
+    dike = default_registry().create("dike")
+    settings = dict(preemptible=0.0, cycle_latency_s=1.0)
+    off, off_sim = simulate(trace, dike, dike.Params(preemption=False), **settings)
+    on, on_sim = simulate(trace, dike, dike.Params(), **settings)
+    assert off_sim.stats.postponed_cycles == 0 and off_sim.stats.decide_calls == off_sim.stats.cycles > 10
+    assert off == on and on_sim.stats.decide_calls == off_sim.stats.decide_calls
+    for name in ("fifo", "multifactor"):
+        policy = default_registry().create(name)
+        _, postponing = simulate(trace, policy, policy.Params(), **settings)
+        assert postponing.stats.postponed_cycles > 0 and postponing.stats.decide_calls < postponing.stats.cycles
