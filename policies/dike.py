@@ -430,6 +430,8 @@ class WorseLevels(Victims[DikeParams]):
             # Anti-thrash: a run is never cut before min_runtime_s, and every earlier preemption
             # of the same job multiplies the run it needs first by `backoff`, so no job is cut more
             # than about log_backoff(run time / min_runtime_s) times, and long jobs are never immune.
+            if not victim.requeueable:
+                return False
             ran = now - victim.start_time if victim.start_time is not None else 0.0
             needed = min_run
             expected = expected_of.get(victim.job_id) if share > 0 else None
@@ -437,7 +439,7 @@ class WorseLevels(Victims[DikeParams]):
                 # a run expected to be short is cut after a share of it, so that a site whose
                 # typical job is shorter than min_runtime_s still preempts
                 needed = min(needed, max(floor, share * expected.gpu_s / victim.gpus))
-            return victim.requeueable and ran >= needed * backoff**victim.preemptions
+            return ran >= needed * backoff**victim.preemptions
 
         def loss(victim: Job) -> float:
             ran = now - victim.start_time if victim.start_time is not None else 0.0

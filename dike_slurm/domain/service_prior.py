@@ -134,12 +134,23 @@ def _overrun_of(groups: Iterable[list[float]]) -> Estimate:
     their run time over the groups' count x median, at least 1. A user who names long jobs like
     their short ones pays for it on every job: the median of the mixed group stays short, its total
     does not. Over `groups` in key order, so that it adds up the same however it was learned."""
+    return _overrun_from(_group_totals(runs) for runs in groups)
+
+
+def _group_totals(runs: list[float]) -> tuple[float, float, int]:
+    """One (user, name, GPUs) group's part of its user's overrun: the run time its jobs used, what
+    its median says they would (count x median) and its count."""
+    return sum(runs), len(runs) * _median_estimate(runs).run_s, len(runs)
+
+
+def _overrun_from(totals: Iterable[tuple[float, float, int]]) -> Estimate:
+    """`_overrun_of` from each group's `_group_totals`, added in the same order."""
     used = predicted = 0.0
     jobs = 0
-    for runs in groups:
-        used += sum(runs)
-        predicted += len(runs) * _median_estimate(runs).run_s
-        jobs += len(runs)
+    for group_used, group_predicted, count in totals:
+        used += group_used
+        predicted += group_predicted
+        jobs += count
     return Estimate(used / predicted if used > predicted > 0 else 1.0, jobs)
 
 
@@ -346,6 +357,9 @@ class PriorLearner:
         # the power's moments: each grouping's totals, and each of its groups' (n, sum, sum of squares)
         self._moments = {grouping: PowerMoments() for grouping in POWER_GROUPS}
         self._group_sums: dict[Key, tuple[int, int, int]] = {}
+        # each (user, name, GPUs) group's _group_totals, kept as the group changes, so that a
+        # user's overrun adds up their groups' without going over every run again
+        self._own_totals: dict[Key, tuple[float, float, int]] = {}
 
     def add(self, job: FinishedJob) -> None:
         if job.gpus <= 0:
@@ -396,8 +410,11 @@ class PriorLearner:
         runs = self._runs.get(key)
         if runs:
             self._estimates[key] = _median_estimate(runs)
+            if key[0] == 0:
+                self._own_totals[key] = _group_totals(runs)
         else:
             self._estimates.pop(key, None)
+            self._own_totals.pop(key, None)
         self._changed.add(key)
         self._view = None
 
@@ -405,7 +422,7 @@ class PriorLearner:
         key = _overrun_key(user)
         groups = sorted(self._own.get(user, ()))
         if groups:
-            self._estimates[key] = _overrun_of(self._runs[group] for group in groups)
+            self._estimates[key] = _overrun_from(self._own_totals[group] for group in groups)
         else:
             self._own.pop(user, None)
             self._estimates.pop(key, None)
