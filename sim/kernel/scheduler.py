@@ -99,6 +99,7 @@ class SlurmScheduler:
         self.order_epoch = 0
         self.slots = self._slot_table()
         self.fit_cache: dict[Shape, bool] = {}
+        self.cpus_at_least: dict[int, np.ndarray] = {}  # _cpus_at_least's masks
 
     # ------------------------------------------------------------------ the queue
 
@@ -195,6 +196,13 @@ class SlurmScheduler:
             row[held] = -INFINITY
             row.sort()
         self.fit_cache.clear()
+
+    def _cpus_at_least(self, cpus: int) -> np.ndarray:
+        """The nodes with at least this many CPUs (the cluster's, which never change)."""
+        mask = self.cpus_at_least.get(cpus)
+        if mask is None:
+            mask = self.cpus_at_least[cpus] = self.cluster.cpus >= cpus
+        return mask
 
     def _slot_table(self) -> np.ndarray:
         """Per node, the planned end of each GPU's current job (-inf free, +inf no such GPU), sorted."""
@@ -346,27 +354,28 @@ class SlurmScheduler:
         trace = job.trace
         cluster = self.cluster
         gpus_per_node, count = trace.gpus_per_node, trace.num_nodes
-        usable = allowed & (cluster.cpus >= trace.cpus_per_node)
+        usable = allowed & self._cpus_at_least(trace.cpus_per_node)
         column = gpus_per_node - 1 + reservations.reserved
-        width = self.slots.shape[1]
-        ready = np.full(len(cluster), INFINITY)
-        inside = usable & (column < width)
-        rows = np.flatnonzero(inside)
-        ready[rows] = self.slots[rows, column[rows]]
-        np.maximum(ready, now, out=ready)
+        rows = np.flatnonzero(usable & (column < self.slots.shape[1]))
+        # when each of those nodes has the job's GPUs (past what is promised) free, by the running
+        # jobs' limits, and not before now; every other node never
+        ready = np.maximum(self.slots[rows, column[rows]], now)
         if single_leaf:
             start = INFINITY
-            for leaf in np.unique(cluster.leaf_of[rows]).tolist():
-                times = ready[rows[cluster.leaf_of[rows] == leaf]]
+            leaves = cluster.leaf_of[rows]
+            for leaf in np.unique(leaves).tolist():
+                times = ready[leaves == leaf]
                 if len(times) >= count:
                     start = min(start, float(np.partition(times, count - 1)[count - 1]))
         elif len(rows) >= count:
-            start = float(np.partition(ready[rows], count - 1)[count - 1])
+            start = float(np.partition(ready, count - 1)[count - 1])
         else:
             start = INFINITY
         if start == INFINITY or start > now + self.settings.bf_window_s:
             return False
-        nodes = cluster.choose(ready <= start, count, single_leaf)
+        in_time = np.zeros(len(cluster), dtype=bool)
+        in_time[rows[ready <= start]] = True
+        nodes = cluster.choose(in_time, count, single_leaf)
         if nodes is None:
             return False
         for node in nodes:

@@ -6,6 +6,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import Field
 
 from dike_slurm.domain.decisions import Decisions, Requeue, SetPlacement, SetPriority
@@ -636,3 +638,75 @@ def test_a_policy_is_decided_when_each_cycle_falls_due_unless_it_lets_the_replay
         policy = default_registry().create(name)
         _, postponing = simulate(trace, policy, policy.Params(), **settings)
         assert postponing.stats.postponed_cycles > 0 and postponing.stats.decide_calls < postponing.stats.cycles
+
+
+def plain_reserve(scheduler, entry, reservations, now):
+    """SlurmScheduler._reserve as first written (a full-width ready time per node): what the
+    row-only version must equal, reservation for reservation."""
+    import numpy as np
+
+    job, allowed, single_leaf, _ = entry
+    trace, cluster = job.trace, scheduler.cluster
+    gpus_per_node, count = trace.gpus_per_node, trace.num_nodes
+    usable = allowed & (cluster.cpus >= trace.cpus_per_node)
+    column = gpus_per_node - 1 + reservations.reserved
+    ready = np.full(len(cluster), float("inf"))
+    rows = np.flatnonzero(usable & (column < scheduler.slots.shape[1]))
+    ready[rows] = scheduler.slots[rows, column[rows]]
+    np.maximum(ready, now, out=ready)
+    if single_leaf:
+        start = float("inf")
+        for leaf in np.unique(cluster.leaf_of[rows]).tolist():
+            times = ready[rows[cluster.leaf_of[rows] == leaf]]
+            if len(times) >= count:
+                start = min(start, float(np.partition(times, count - 1)[count - 1]))
+    elif len(rows) >= count:
+        start = float(np.partition(ready[rows], count - 1)[count - 1])
+    else:
+        start = float("inf")
+    if start == float("inf") or start > now + scheduler.settings.bf_window_s:
+        return False
+    nodes = cluster.choose(ready <= start, count, single_leaf)
+    if nodes is None:
+        return False
+    for node in nodes:
+        held_by_then = int(np.searchsorted(scheduler.slots[node], start, side="right"))
+        spare = held_by_then - int(reservations.reserved[node]) - gpus_per_node
+        reservations.by_node.setdefault(node, []).append([start, spare])
+        reservations.reserved[node] += gpus_per_node
+    reservations.count += 1
+    return True
+
+
+EIGHT_NODES = ("NodeName=n[1-5] Gres=gpu:8 CPUs=64\nNodeName=n[6-8] Gres=gpu:4 CPUs=16\n"
+               "PartitionName=gpu Nodes=n[1-8] Default=YES\n")
+THREE_LEAVES = "SwitchName=s1 Nodes=n[1-3]\nSwitchName=s2 Nodes=n[4-6]\nSwitchName=s3 Nodes=n[7-8]\nSwitchName=top Switches=s[1-3]\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_backfill_reservation_equals_the_full_width_plain_one(data):
+    """_reserve reads only the usable nodes' slots: on random slot tables (free, ending, unlimited
+    and absent GPUs), promised GPUs, allowed nodes and job shapes, it reserves exactly what the
+    plain full-width version does, a pass's reservations in a row included."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dike_slurm.sim.kernel.scheduler import SLOT_UNLIMITED, Reservations
+
+    _, simulator = simulate([job(1, 0, 1, 60)], conf=EIGHT_NODES, topology=THREE_LEAVES)
+    scheduler = simulator.scheduler
+    times = st.sampled_from([-np.inf, 0.0, 50.0, 100.0, 100.0, 3000.0, 90_000.0, SLOT_UNLIMITED])
+    for node, gpus in enumerate(scheduler.cluster.gpus.tolist()):
+        scheduler.slots[node, :gpus] = sorted(data.draw(st.lists(times, min_size=gpus, max_size=gpus)))
+    now = data.draw(st.sampled_from([0.0, 60.0, 100.0]))
+    ours, plain = Reservations(8), Reservations(8)
+    for _ in range(data.draw(st.integers(1, 4))):
+        trace = SimpleNamespace(gpus_per_node=data.draw(st.integers(1, 8)), num_nodes=data.draw(st.integers(1, 4)),
+                                cpus_per_node=data.draw(st.sampled_from([1, 16, 32])))
+        allowed = np.array(data.draw(st.lists(st.booleans(), min_size=8, max_size=8)))
+        entry = (SimpleNamespace(trace=trace), allowed, data.draw(st.booleans()), ())
+        assert scheduler._reserve(entry, ours, now) == plain_reserve(scheduler, entry, plain, now)
+        assert ours.by_node == plain.by_node and ours.count == plain.count
+        assert ours.reserved.tolist() == plain.reserved.tolist()
