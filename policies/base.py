@@ -72,7 +72,7 @@ class Policy(ABC, Generic[P]):
         the bundled sample, average JCT within 0.01 s either way). Where decisions follow the clock
         (attained service, waits, usage, the prior) they do not: Dike without preemption, postponed,
         gave 15,213 s on the sample's day one against 19,860 s decided when due, and the
-        non-preemptive oracle 11,087 s against 10,543 s. The safe default is False."""
+        non-preemptive oracle 11,087 s against 10,543 s (docs/replay.md). The safe default is False."""
         return False
 
     def requeue_min_run_s(self, params: P) -> float | None:
