@@ -23,8 +23,8 @@ class SetPriority(_PriorityFields):
     """Put a job in a queue level with a score: higher scores run first, levels dominate.
 
     The reason may be given as a function that makes it, called when `reason` is read: a replay
-    decides for every active job every cycle and reads no reason, and their text was a third of a
-    Dike replay's CPU. Equal, and hashed, by what it shows (the reason made)."""
+    decides for every active job every cycle and reads no reason, and making their text was about a
+    third of Dike's decide. Equal, and hashed, by what it shows (the reason made)."""
 
     __slots__ = ()
 
