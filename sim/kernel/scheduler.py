@@ -64,6 +64,16 @@ class Reservations:
                         break
         return candidates
 
+    def hold(self, slots: np.ndarray, nodes: Iterable[int], gpus_per_node: int, start: float) -> None:
+        """Promise a blocked job these nodes' GPUs from `start` (`slots`: the scheduler's table of
+        each GPU's planned end), each entry with what the node has to spare at that time."""
+        for node in nodes:
+            held_by_then = int(np.searchsorted(slots[node], start, side="right"))
+            spare = held_by_then - int(self.reserved[node]) - gpus_per_node
+            self.by_node.setdefault(node, []).append([start, spare])
+            self.reserved[node] += gpus_per_node
+        self.count += 1
+
     def consume(self, nodes: Iterable[int], gpus_per_node: int, end: float) -> None:
         for node in nodes:
             for entry in self.by_node.get(node, ()):
@@ -378,10 +388,5 @@ class SlurmScheduler:
         nodes = cluster.choose(in_time, count, single_leaf)
         if nodes is None:
             return False
-        for node in nodes:
-            held_by_then = int(np.searchsorted(self.slots[node], start, side="right"))
-            spare = held_by_then - int(reservations.reserved[node]) - gpus_per_node
-            reservations.by_node.setdefault(node, []).append([start, spare])
-            reservations.reserved[node] += gpus_per_node
-        reservations.count += 1
+        reservations.hold(self.slots, nodes, gpus_per_node, start)
         return True

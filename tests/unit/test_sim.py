@@ -625,24 +625,25 @@ def test_a_policy_is_decided_when_each_cycle_falls_due_unless_it_lets_the_replay
     could start only for a policy that says deciding later orders the same (fifo, multifactor).
     Dike with preemption off is decided at every cycle, as Dike with preemption on is: where no
     job is preemptible the two replay alike (postponed, Dike without preemption had replayed the
-    bundled sample's day one 23% faster than the engine it stands for would run it)."""
+    bundled sample's day one at 15,213 s average JCT against 19,860 s decided when due)."""
     trace = [job(i, submit=30.0 * i, gpus=(2, 4, 8)[i % 3], duration=900.0 + 600 * (i % 4), user=f"u{i % 3}",
                  name=("train", "eval")[i % 2]) for i in range(1, 31)]
     dike = default_registry().create("dike")
-    settings = dict(preemptible=0.0, cycle_latency_s=1.0)
-    off, off_sim = simulate(trace, dike, dike.Params(preemption=False), **settings)
-    on, on_sim = simulate(trace, dike, dike.Params(), **settings)
+    timing = dict(preemptible=0.0, cycle_latency_s=1.0)
+    off, off_sim = simulate(trace, dike, dike.Params(preemption=False), **timing)
+    on, on_sim = simulate(trace, dike, dike.Params(), **timing)
     assert off_sim.stats.postponed_cycles == 0 and off_sim.stats.decide_calls == off_sim.stats.cycles > 10
     assert off == on and on_sim.stats.decide_calls == off_sim.stats.decide_calls
     for name in ("fifo", "multifactor"):
         policy = default_registry().create(name)
-        _, postponing = simulate(trace, policy, policy.Params(), **settings)
+        _, postponing = simulate(trace, policy, policy.Params(), **timing)
         assert postponing.stats.postponed_cycles > 0 and postponing.stats.decide_calls < postponing.stats.cycles
 
 
 def plain_reserve(scheduler, entry, reservations, now):
-    """SlurmScheduler._reserve as first written (a full-width ready time per node): what the
-    row-only version must equal, reservation for reservation."""
+    """SlurmScheduler._reserve's choice as first written (a full-width ready time per node): what
+    the row-only version must equal, reservation for reservation (both hold through
+    Reservations.hold)."""
     import numpy as np
 
     job, allowed, single_leaf, _ = entry
@@ -669,12 +670,7 @@ def plain_reserve(scheduler, entry, reservations, now):
     nodes = cluster.choose(ready <= start, count, single_leaf)
     if nodes is None:
         return False
-    for node in nodes:
-        held_by_then = int(np.searchsorted(scheduler.slots[node], start, side="right"))
-        spare = held_by_then - int(reservations.reserved[node]) - gpus_per_node
-        reservations.by_node.setdefault(node, []).append([start, spare])
-        reservations.reserved[node] += gpus_per_node
-    reservations.count += 1
+    reservations.hold(scheduler.slots, nodes, gpus_per_node, start)
     return True
 
 
