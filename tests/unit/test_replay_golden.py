@@ -1,8 +1,10 @@
-"""The bundled sample's replay metrics, pinned.
+"""The bundled sample's reading and replays, pinned.
 
 The simulator is deterministic, so any change in these numbers is a change in behaviour:
-of the reader, the simulator, a policy or a default. When the change is intended, regenerate
-the golden file and commit it with the change that explains it:
+of the reader, the simulator, a policy or a default. Each replay pins its summary metrics and
+every job's end (a digest of the ends in finish order), so a change that moves jobs but leaves
+the averages is caught too. When the change is intended, regenerate the golden file and commit
+it with the change that explains it:
 
     DIKE_REGEN_GOLDEN=1 .venv/bin/pytest tests/unit/test_replay_golden.py
 
@@ -12,13 +14,16 @@ workers; regenerating updates each test's own entry of the one file, under a loc
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dike_slurm.config import Config
@@ -31,11 +36,30 @@ POLICIES = ("fifo", "tiresias", "dike")
 # Both figures `make demo` shows: the default configuration (the engine's opt-in rule; the sample
 # tags no job, so on day one none is preemptible), and every job preemptible.
 SETTINGS = {"day_one": None, "every_job_preemptible": 1.0}
+# The replays run the jobs submitted in the sample's first three days (874 of its 2,229 replayed
+# jobs), each to its end: a third of the whole sample's CPU (34 s against 116 s for the six,
+# 2026-12-07), with a queue of hours and preemptions in every replay that preempts. `make demo`
+# and `make eval` replay the whole sample.
+WINDOW_DAYS = 3
 
 
 @cache
 def _sample() -> ReplayInput:
     return load_input(SAMPLE / "sacct.txt", SAMPLE / "slurm.conf", SAMPLE / "topology.conf")
+
+
+@cache
+def _window() -> ReplayInput:
+    """The sample with only the jobs submitted in its first WINDOW_DAYS days."""
+    sample = _sample()
+    first = sample.trace.jobs[0].submit
+    jobs = tuple(job for job in sample.trace.jobs if job.submit < first + WINDOW_DAYS * 86400.0)
+    return dataclasses.replace(sample, trace=dataclasses.replace(sample.trace, jobs=jobs))
+
+
+def _ends_digest(ends: np.ndarray) -> str:
+    """Every job's end (ms, in finish order), hashed."""
+    return hashlib.sha256(np.round(ends, 3).astype("<f8").tobytes()).hexdigest()
 
 
 def _golden(update: Callable[[dict], None]) -> dict:
@@ -58,19 +82,20 @@ def test_the_sample_reads_as_pinned():
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("label", SETTINGS)
-def test_bundled_sample_replay_matches_the_golden_file(label, policy):
-    replay_input, config = _sample(), Config()
+def test_the_sample_window_replay_matches_the_golden_file(label, policy):
+    replay_input, config = _window(), Config()
     settings = sim_settings(config, replay_input.conf, preemptible=SETTINGS[label])
     (run,) = run_tasks([ReplayTask(policy, policy, settings.comm_penalty)], replay_input, config, settings)
-    summary = run.metrics.summary
+    summary = {**run.metrics.summary, "ends_sha256": _ends_digest(run.metrics.finished_end)}
     if label == "day_one" and policy == "dike":
         assert summary["preemptions"] == 0
 
     def update(golden: dict) -> None:
         policies = golden.get(label, {}).get("policies", {}) | {policy: summary}
-        golden[label] = {"comm_penalty": settings.comm_penalty,
+        golden[label] = {"window_days": WINDOW_DAYS, "comm_penalty": settings.comm_penalty,
                          "policies": {name: policies[name] for name in POLICIES if name in policies}}
 
     expected = _golden(update)[label]
-    assert settings.comm_penalty == expected["comm_penalty"]
+    assert (WINDOW_DAYS, settings.comm_penalty) == (expected["window_days"], expected["comm_penalty"])
+    assert summary["jobs"] == len(replay_input.trace.jobs) == 874
     assert summary == expected["policies"][policy]
