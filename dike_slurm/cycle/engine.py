@@ -20,7 +20,7 @@ from dike_slurm.cycle.apply import Applier, CycleReport, unconfirmed_site_factor
 from dike_slurm.slurm.backends.base import Backend, ClusterState, WriteOutcome
 from dike_slurm.domain.fields import JobField
 from dike_slurm.config import Config
-from dike_slurm.cycle.memory import CycleMemory, EnrichInputs, Enriched
+from dike_slurm.cycle.memory import CycleMemory, EnrichInputs, Enriched, LearnedPrior
 from dike_slurm.errors import PolicyError, SlurmError
 from dike_slurm.domain.freed_rooms import LANDED, FreedRoom, follow_rooms
 from dike_slurm.cycle.gcpause import paused_gc
@@ -287,10 +287,17 @@ class Engine:
                 completed_service(runs, now) if self.policy.reads_completed_service(self.params) else ()
             ),
             site_priority=self.site_priority,
-            service_prior=(
-                ServicePrior.learn(finished_jobs(runs, now)) if self.policy.reads_service_prior(self.params) else None
-            ),
+            service_prior=self._learned_prior(runs, now) if self.policy.reads_service_prior(self.params) else None,
         )
+
+    def _learned_prior(self, runs: list[Run], now: float) -> ServicePrior:
+        """The service prior of the finished jobs in `runs`: last cycle's when they are the same jobs in
+        the same order (learning is pure; the order decides its sums' last bits)."""
+        finished = finished_jobs(runs, now)
+        kept = self.memory.prior
+        if kept is None or kept.finished != finished:
+            kept = self.memory.prior = LearnedPrior(finished, ServicePrior.learn(finished))
+        return kept.prior
 
     def _decide(self, snapshot: Snapshot, admin_comments: Mapping[int, str],
                 limits: RequeueLimits) -> tuple[Decisions, list[str]]:

@@ -9,6 +9,9 @@ reuse key (reconcile.DiffMemory). Each step compares its real inputs, so a cycle
 plans what a new engine would (tests/unit/test_engine_simulated.py checks every cycle of a
 replay; test_cycle_equivalence.py and test_lean_read.py each step with hypothesis).
 
+The service prior is kept with the finished jobs it was learned from, and learned again when
+they differ (LearnedPrior).
+
 The state store keeps its own read of its tables between cycles (StateStore._kept_read): that is
 the file's content, keyed by the store's own write counters, and the same for any reader.
 """
@@ -20,6 +23,7 @@ from typing import NamedTuple
 
 from dike_slurm.cycle.reconcile import DiffMemory
 from dike_slurm.domain.model import Job
+from dike_slurm.domain.service_prior import FinishedJob, ServicePrior
 from dike_slurm.slurm.backends.base import ReadMemory
 from dike_slurm.slurm.usage import JobService
 from dike_slurm.store.state import SiteSpan
@@ -44,6 +48,14 @@ class Enriched(NamedTuple):
     copy: Job  # the enriched Job the cycle used
 
 
+class LearnedPrior(NamedTuple):
+    """The service prior a cycle learned, and the finished jobs, in order, it learned it from: the
+    next cycle with the same finished jobs uses it (and the predictions it keeps) again."""
+
+    finished: list[FinishedJob]
+    prior: ServicePrior
+
+
 @dataclass
 class CycleMemory:
     """Everything a running engine keeps between cycles; a new engine starts with an empty one
@@ -58,3 +70,4 @@ class CycleMemory:
     # left the queue) of the jobs that left and whose final run is not in accounting yet.
     predicted: dict[int, float] = field(default_factory=dict)
     left: dict[int, tuple[float, float]] = field(default_factory=dict)
+    prior: LearnedPrior | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import in_process
@@ -86,16 +87,26 @@ class LastRead(SimulatedBackend):
         return self.last
 
 
-def run_to_the_end(cfg: Config, *, apply: bool, against_fresh: bool = True) -> tuple[SimulatedBackend, list, int]:
+class Kept(NamedTuple):
+    """What a running engine's memory kept over a run: jobs' sides of the diff taken from the cycle
+    before, and cycles that used the service prior learned by the cycle before."""
+
+    sides: int
+    priors: int
+
+
+def run_to_the_end(cfg: Config, *, apply: bool, against_fresh: bool = True) -> tuple[SimulatedBackend, list, Kept]:
     """Every cycle of an engine on the simulated cluster, planned then applied (what
     `Engine.cycle` does). Each plan is checked against the plan of an engine just started on the
     same read and state file (unless `against_fresh` is False): what a running engine keeps between
-    cycles (its CycleMemory, and the store's maps) changes nothing. Also returns how many jobs'
-    sides the diffs kept from the cycle before."""
+    cycles (its CycleMemory, and the store's maps) changes nothing. The service prior is learned
+    again exactly when the finished jobs differ from the cycle before's. Also returns what the
+    memory kept."""
     backend = LastRead.from_config(cfg)
     engine = Engine(cfg, backend, StateStore(cfg.engine.state_db, read_only=not apply))
     reports = []
-    carried = 0  # jobs whose side of the diff was kept from the cycle before
+    carried = priors = 0  # jobs whose side of the diff was kept from the cycle before; priors kept
+    learned = None
     while not backend.finished():
         if apply:
             planned = engine.plan()
@@ -111,12 +122,19 @@ def run_to_the_end(cfg: Config, *, apply: bool, against_fresh: bool = True) -> t
             assert planned == replace(fresh, read_calls=planned.read_calls, site_span=planned.site_span)
             assert fresh.site_span is not None and fresh.site_span.span == engine.priority_span(planned.time)[0].span
         carried += engine.memory.diff.carried
+        if engine.memory.prior is not None:
+            if learned is not None and learned.finished == engine.memory.prior.finished:
+                assert engine.memory.prior.prior is learned.prior
+                priors += 1
+            else:
+                assert learned is None or engine.memory.prior.prior is not learned.prior
+            learned = engine.memory.prior
         reports.append(engine.apply(planned) if apply else report)
         assert len(reports) < 20000, "the simulation did not end"
         if apply:  # the owned fields and jobs the store keeps between cycles are the ones the file holds
             fresh_store = StateStore(cfg.engine.state_db, read_only=True)
             assert engine.store.owned() == fresh_store.owned() and engine.store.jobs() == fresh_store.jobs()
-    return backend, reports, carried
+    return backend, reports, Kept(carried, priors)
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +146,9 @@ def default_run(small_trace, tmp_path_factory) -> tuple[Config, SimulatedBackend
 
 
 def test_the_engine_runs_a_simulated_cluster_to_the_end_of_its_trace(default_run):
-    _, backend, reports, carried = default_run
-    assert carried > 0, "the diff kept no job's side from one cycle to the next"
+    _, backend, reports, kept = default_run
+    assert kept.sides > 0, "the diff kept no job's side from one cycle to the next"
+    assert 0 < kept.priors < len(reports), "the prior was never kept, or never learned again"
     summary = backend.summary()
     replayed = len(backend.accounts)
     assert summary["jobs"] == replayed > 0
@@ -142,8 +161,8 @@ def test_the_engine_runs_a_simulated_cluster_to_the_end_of_its_trace(default_run
 
 
 def test_a_dry_run_on_the_simulated_cluster_writes_nothing_and_is_deterministic(small_trace, tmp_path):
-    first, reports, carried = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
-    assert carried > 0
+    first, reports, kept = run_to_the_end(config(small_trace, tmp_path / "none.sqlite"), apply=False)
+    assert kept.sides > 0
     assert first.raw == {} and all(r.write_calls == 0 for r in reports)
     assert any(r.plan.writes for r in reports)  # there was something to plan
     # the same run again, without the first one's check of every plan against a fresh engine's
@@ -217,8 +236,8 @@ def test_the_engine_reproduces_the_replay_with_dikes_node_hold(busy_trace, tmp_p
     Preemption off: with every job preemptible the hold leaves blocked jobs to the planner."""
     cfg = config(busy_trace, tmp_path / "state.sqlite")
     cfg = cfg.model_copy(update={"policies": {"dike": {**cfg.policies["dike"], "hold_nodes": "blocked", "preemption": False}}})
-    backend, reports, carried = run_to_the_end(cfg, apply=True)
-    assert carried > 0
+    backend, reports, kept = run_to_the_end(cfg, apply=True)
+    assert kept.sides > 0
     replay_input = load_input(busy_trace / "sacct.txt", busy_trace / "slurm.conf", None)
     replayed = run_policy("dike", replay_input, cfg, sim_settings(cfg, replay_input.conf))
     assert backend.summary() == replayed.metrics.summary
