@@ -37,9 +37,9 @@ POLICIES = ("fifo", "tiresias", "dike")
 # tags no job, so on day one none is preemptible), and every job preemptible.
 SETTINGS = {"day_one": None, "every_job_preemptible": 1.0}
 # The replays run the jobs submitted in the sample's first three days (874 of its 2,229 replayed
-# jobs), each to its end: a third of the whole sample's CPU (34 s against 116 s for the six,
-# 2026-12-07), with a queue of hours and preemptions in every replay that preempts. `make demo`
-# and `make eval` replay the whole sample.
+# jobs), each to its end: a quarter of the whole sample's CPU (about 30 s against 116 s for the
+# six, 2026-12-07), with average waits of 0.6-1.0 h, longest waits of 70-106 h, and 145-205
+# preemptions in each replay that preempts. `make demo` and `make eval` replay the whole sample.
 WINDOW_DAYS = 3
 
 
