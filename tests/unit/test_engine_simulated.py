@@ -123,11 +123,10 @@ def run_to_the_end(cfg: Config, *, apply: bool, against_fresh: bool = True) -> t
             assert fresh.site_span is not None and fresh.site_span.span == engine.priority_span(planned.time)[0].span
         carried += engine.memory.diff.carried
         if engine.memory.prior is not None:
-            if learned is not None and learned.finished == engine.memory.prior.finished:
-                assert engine.memory.prior.prior is learned.prior
-                priors += 1
-            else:
-                assert learned is None or engine.memory.prior.prior is not learned.prior
+            if learned is not None:  # the same prior exactly when the same finished jobs
+                same = engine.memory.prior.finished == learned.finished
+                assert (engine.memory.prior.prior is learned.prior) == same
+                priors += same
             learned = engine.memory.prior
         reports.append(engine.apply(planned) if apply else report)
         assert len(reports) < 20000, "the simulation did not end"
